@@ -7,6 +7,7 @@ names are camelCase on the wire (aliases) and snake_case in Python.
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -363,7 +364,7 @@ class RolloutSpec(Model):
     @field_validator("promotion_steps")
     @classmethod
     def _steps(cls, steps: list[int]) -> list[int]:
-        if any(b <= a for a, b in zip(steps, steps[1:], strict=False)) or steps[-1] != 100:
+        if any(b <= a for a, b in itertools.pairwise(steps)) or steps[-1] != 100:
             raise ValueError("must rise strictly and end at 100")
         return steps
 

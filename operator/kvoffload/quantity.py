@@ -97,7 +97,7 @@ def format_duration(seconds: float) -> str:
     """A short Go-style duration: ``90`` -> ``1m30s``, ``0.0189`` -> ``18.9ms``."""
     if seconds < 1:
         return f"{seconds * 1000:.1f}ms"
-    whole = int(round(seconds))
+    whole = round(seconds)
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     parts = [f"{hours}h" if hours else "", f"{minutes}m" if minutes else "", f"{secs}s" if secs else ""]
