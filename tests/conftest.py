@@ -1,0 +1,8 @@
+"""Shared pytest setup: fixtures live in tests/support, one module per real part."""
+
+pytest_plugins = [
+    "tests.support.prometheus",
+    "tests.support.vllm",
+    "tests.support.kube",
+    "tests.support.engines",
+]

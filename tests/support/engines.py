@@ -1,0 +1,1 @@
+"""pytest fixtures: engines (owned by one helper; registered in tests/conftest.py)."""

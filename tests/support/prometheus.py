@@ -1,0 +1,1 @@
+"""pytest fixtures: prometheus (owned by one helper; registered in tests/conftest.py)."""
