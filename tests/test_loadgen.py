@@ -1,0 +1,47 @@
+"""The trace replay keeps the trace's reuse: shared block ids become shared token prefixes."""
+
+from __future__ import annotations
+
+from kvoffload.loadgen import TraceRequest, block_tokens, prompt_tokens, read_trace, schedule
+
+
+def test_bundled_trace_is_the_mooncake_conversation_trace() -> None:
+    trace = read_trace()
+    assert len(trace) == 12_031
+    assert trace[0].at == 0.0
+    assert trace[-1].at == 3536.999
+    assert all(len(r.hash_ids) * 512 >= r.input_length for r in trace[:1000])
+
+
+def test_requests_sharing_leading_block_ids_share_a_token_prefix() -> None:
+    a = TraceRequest(0.0, 1024, 1, (7, 8))
+    b = TraceRequest(0.0, 1024, 1, (7, 9))
+    ta, tb = prompt_tokens(a), prompt_tokens(b)
+    assert ta[:512] == tb[:512]
+    assert ta[512:] != tb[512:]
+
+
+def test_scaling_keeps_block_structure_and_length() -> None:
+    req = TraceRequest(0.0, 1000, 1, (1, 2))
+    tokens = prompt_tokens(req, scale=0.25)
+    assert len(tokens) == 250
+    assert tokens[:128] == block_tokens(1, 128)
+    assert tokens[128:] == block_tokens(2, 128)[:122]
+
+
+def test_same_block_id_always_maps_to_the_same_tokens() -> None:
+    assert block_tokens(42) == block_tokens(42)
+    assert block_tokens(42) != block_tokens(43)
+
+
+def test_schedule_compresses_time_and_loops_to_fill_the_duration() -> None:
+    trace = [TraceRequest(0.0, 1, 1, (1,)), TraceRequest(9.0, 1, 1, (2,))]
+    sends = list(schedule(trace, speedup=10.0, duration=3.0))
+    offsets = [round(o, 3) for o, _ in sends]
+    # one lap spans 10 s of trace time = 1 s of wall time at 10x
+    assert offsets == [0.0, 0.9, 1.0, 1.9, 2.0, 2.9]
+
+
+def test_schedule_without_duration_plays_the_trace_once() -> None:
+    trace = [TraceRequest(0.0, 1, 1, (1,)), TraceRequest(2.0, 1, 1, (2,))]
+    assert [o for o, _ in schedule(trace, speedup=2.0)] == [0.0, 1.0]
