@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict, JsonValue
 
 from kvoffload.quantity import (
     DURATION_PATTERN,
@@ -59,12 +60,39 @@ MANAGED_FLAGS = frozenset(
 RESERVED_LEVEL_NAMES = frozenset({"gpu-only", "cpu-pilot", "cpu"})
 
 
+# --- CEL rules ---------------------------------------------------------------
+# Each pydantic validator below has a twin CEL rule in the generated CRD, so the
+# API server refuses what `kvoffload plan` refuses. Rules run on the object
+# after the API server applied the schema defaults.
+
+
+def _cel_list(names: frozenset[str]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in sorted(names)) + "]"
+
+
+def cel_rules(*rules: tuple[str, str] | tuple[str, str, str]) -> JsonDict:
+    """``json_schema_extra`` holding CEL rules as (rule, message[, fieldPath]) tuples."""
+    entries: list[JsonValue] = []
+    for rule in rules:
+        entry: JsonDict = {"rule": rule[0], "message": rule[1]}
+        if len(rule) == 3:
+            entry["fieldPath"] = rule[2]
+        entries.append(entry)
+    return {"x-kubernetes-validations": entries}
+
+
 # --- field types -------------------------------------------------------------
+
+
+# Bounds the cost the API server estimates for the CEL quantity() rules.
+QUANTITY_MAX_LENGTH = 64
 
 
 def _quantity(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError("must be a Kubernetes quantity such as 32Gi, 500Mi or 8")
+    if len(str(value)) > QUANTITY_MAX_LENGTH:
+        raise ValueError(f"must be at most {QUANTITY_MAX_LENGTH} characters")
     parse_quantity(value)
     return str(value)
 
@@ -94,20 +122,35 @@ def _positive_duration(value: str) -> str:
     return value
 
 
-_QUANTITY_SCHEMA = {
+_QUANTITY_SCHEMA: JsonDict = {
     "anyOf": [{"type": "integer"}, {"type": "string"}],
     "pattern": QUANTITY_PATTERN,
+    "maxLength": QUANTITY_MAX_LENGTH,
     "x-kubernetes-int-or-string": True,
 }
-_DURATION_SCHEMA = {"type": "string", "pattern": DURATION_PATTERN, "maxLength": 32}
+_POSITIVE_QUANTITY_SCHEMA: JsonDict = _QUANTITY_SCHEMA | cel_rules(
+    ("quantity(string(self)).sign() == 1", "must be greater than zero")
+)
+_NON_NEGATIVE_QUANTITY_SCHEMA: JsonDict = _QUANTITY_SCHEMA | cel_rules(
+    ("quantity(string(self)).sign() >= 0", "must not be negative")
+)
+_DURATION_SCHEMA: JsonDict = {
+    "type": "string",
+    "pattern": DURATION_PATTERN,
+    "maxLength": 32,
+    **cel_rules(("duration(self) > duration('0s')", "must be longer than zero")),
+}
 
 Quantity = Annotated[
-    str, BeforeValidator(_quantity), AfterValidator(_positive_quantity), WithJsonSchema(_QUANTITY_SCHEMA)
+    str, BeforeValidator(_quantity), AfterValidator(_positive_quantity), WithJsonSchema(_POSITIVE_QUANTITY_SCHEMA)
 ]
 """A Kubernetes quantity that must be greater than zero."""
 
 NonNegativeQuantity = Annotated[
-    str, BeforeValidator(_quantity), AfterValidator(_non_negative_quantity), WithJsonSchema(_QUANTITY_SCHEMA)
+    str,
+    BeforeValidator(_quantity),
+    AfterValidator(_non_negative_quantity),
+    WithJsonSchema(_NON_NEGATIVE_QUANTITY_SCHEMA),
 ]
 Duration = Annotated[
     str, BeforeValidator(_duration), AfterValidator(_positive_duration), WithJsonSchema(_DURATION_SCHEMA)
@@ -159,9 +202,21 @@ class TierType(StrEnum):
 class Architecture(Model):
     """The KV-relevant shape of a model; overrides the built-in catalog."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "has(self.kvLoraRank) != (has(self.numKVHeads) && has(self.headDim))",
+                "give either numKVHeads and headDim (MHA/GQA) or kvLoraRank and qkRopeHeadDim (MLA)",
+            )
+        )
+    )
+
     num_layers: int = Field(ge=1, le=1024, description="Transformer layers that hold KV (num_hidden_layers).")
     num_kv_heads: int | None = Field(
-        default=None, ge=1, le=1024, description="KV heads per layer (num_key_value_heads); omit for MLA."
+        default=None,
+        alias="numKVHeads",
+        ge=1,
+        le=1024, description="KV heads per layer (num_key_value_heads); omit for MLA."
     )
     head_dim: int | None = Field(default=None, ge=1, le=4096, description="Dimension of one attention head.")
     kv_lora_rank: int | None = Field(default=None, ge=1, le=65536, description="MLA only: compressed KV rank.")
@@ -224,7 +279,16 @@ class ModelSpec(Model):
         default=None, description="A ConfigMap holding the model's HF config.json, instead of the catalog."
     )
     extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
-        default_factory=list, max_length=128, description="More `vllm serve` arguments; managed flags are refused."
+        default_factory=list,
+        max_length=128,
+        description="More `vllm serve` arguments; managed flags are refused.",
+        json_schema_extra=cel_rules(
+            (
+                f"self.all(a, !{_cel_list(MANAGED_FLAGS)}.exists(f, a == f || a.startsWith(f + '=')))",
+                f"may not set a flag the operator manages ({', '.join(sorted(MANAGED_FLAGS))}); "
+                "set the matching spec field instead",
+            )
+        ),
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description="More environment variables.")
 
@@ -291,6 +355,16 @@ class HostPathSource(Model):
 class TierVolume(Model):
     """Where a filesystem tier lives: exactly one source."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "(has(self.emptyDir) ? 1 : 0) + (has(self.persistentVolumeClaim) ? 1 : 0)"
+                " + (has(self.hostPath) ? 1 : 0) == 1",
+                "set exactly one of emptyDir, persistentVolumeClaim or hostPath",
+            )
+        )
+    )
+
     empty_dir: EmptyDirSource | None = Field(default=None, description="Node-local scratch space.")
     persistent_volume_claim: PVCSource | None = Field(default=None, description="A claim, e.g. local NVMe.")
     host_path: HostPathSource | None = Field(default=None, description="A path on the node.")
@@ -312,11 +386,21 @@ class SecondaryTier(Model):
     path: str = Field(min_length=2, max_length=1024, pattern=r"^/", description="Mount path in the container.")
     read_threads: int = Field(default=16, ge=1, le=1024, description="Reader threads.")
     write_threads: int = Field(default=8, ge=1, le=1024, description="Writer threads.")
-    volume: TierVolume = Field(default_factory=lambda: TierVolume(emptyDir=EmptyDirSource()), description="Volume.")
+    volume: TierVolume = Field(default_factory=lambda: TierVolume(empty_dir=EmptyDirSource()), description="Volume.")
 
 
 class OffloadSpec(Model):
     """The offload tiers to climb to."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "!has(self.storeThreshold) || !has(self.secondaryTiers) || size(self.secondaryTiers) == 0",
+                "storeThreshold applies only to a single CPU tier, without secondaryTiers",
+                ".storeThreshold",
+            )
+        )
+    )
 
     backend: Backend = Field(default=Backend.NATIVE, description="native (vLLM OffloadingConnector) or lmcache.")
     cpu: Quantity = Field(description="CPU tier size, total across TP ranks (--kv-offloading-size).")
@@ -326,7 +410,16 @@ class OffloadSpec(Model):
         default=None, ge=0, le=1000, description="Store a block only after this many hits; single CPU tier only."
     )
     secondary_tiers: list[SecondaryTier] = Field(
-        default_factory=list, max_length=8, description="Filesystem tiers, in order, after the CPU tier."
+        default_factory=list,
+        max_length=8,
+        description="Filesystem tiers, in order, after the CPU tier.",
+        json_schema_extra=cel_rules(
+            ("self.all(t, self.exists_one(u, u.name == t.name))", "secondaryTiers names must be unique"),
+            (
+                f"self.all(t, !(t.name in {_cel_list(RESERVED_LEVEL_NAMES)}))",
+                f"secondaryTiers may not be named {', '.join(sorted(RESERVED_LEVEL_NAMES))}: those name ladder levels",
+            ),
+        ),
     )
     overhead_factor: float = Field(
         default=1.0, ge=1.0, le=4.0, description="Pinned pool / configured CPU tier; >1 where vLLM overshoots."
@@ -357,6 +450,13 @@ class RolloutSpec(Model):
         min_length=1,
         max_length=20,
         description="Percent of replicas on the new level, step by step; ends at 100.",
+        # isSorted() is Kubernetes' CEL list library; with exists_one it means strictly rising.
+        json_schema_extra=cel_rules(
+            (
+                "self.isSorted() && self.all(s, self.exists_one(t, t == s)) && self[size(self) - 1] == 100",
+                "must rise strictly and end at 100",
+            )
+        ),
     )
     progress_deadline: Duration = Field(default="20m", description="A canary not Ready by then is a failure.")
     auto_promote: bool = Field(default=True, description="false: wait for `kvoffload promote` at each level.")
@@ -410,6 +510,32 @@ class PrometheusSpec(Model):
 
 class KVOffloadPolicySpec(Model):
     """The desired state: a vLLM fleet and the offload ladder it should climb."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "self.gpu.count == self.model.tensorParallelSize",
+                "gpu.count must equal model.tensorParallelSize (one engine spans its GPUs)",
+                ".gpu.count",
+            ),
+            (
+                "!has(self.rollout.pilotCpu)"
+                " || quantity(string(self.rollout.pilotCpu)).isLessThan(quantity(string(self.offload.cpu)))",
+                "rollout.pilotCpu must be smaller than offload.cpu",
+                ".rollout.pilotCpu",
+            ),
+            (
+                "self.rollout.maxSurge != 0 || self.rollout.canaryReplicas < self.replicas",
+                "rollout.canaryReplicas must be fewer than replicas when maxSurge is 0",
+                ".rollout.canaryReplicas",
+            ),
+            (
+                "!(has(self.model.architecture) && has(self.model.configMap))",
+                "set model.architecture or model.configMap, not both",
+                ".model.configMap",
+            ),
+        )
+    )
 
     model: ModelSpec = Field(description="The model and engine.")
     gpu: GPUSpec = Field(description="The GPU class and count per replica.")
@@ -562,6 +688,18 @@ class KVOffloadPolicyStatus(Status):
         default_factory=dict, description="Manual-control annotation values already acted on."
     )
     message: str = Field(default="", description="A one-line summary.")
+    # Display strings for `kubectl get kvop`: printer columns take one JSONPath and cannot join or format.
+    tiers_summary: str = Field(
+        default="",
+        description="Offload tiers of the current stage joined for display, e.g. cpu+nvme; none if GPU-only.",
+    )
+    canary_summary: str = Field(default="", description="Canary and stable replicas for display, e.g. 1/3.")
+    ttft_p99: str = Field(
+        default="", description="Latest p99 time to first token for display (canary while one runs), e.g. 212ms."
+    )
+    external_share: str = Field(
+        default="", description="Latest share of prompt tokens loaded from offload tiers for display, e.g. 31.0%."
+    )
 
 
 class KVOffloadPolicy(BaseModel):

@@ -1,0 +1,132 @@
+"""Wrong policies are refused with every offending field path, by the models, the API server and the CLI.
+
+Each file in tests/data/invalid/ holds one kind of mistake (schema-mistakes.yaml
+holds several). The models report a cross-field mistake at the model that
+checks it (``spec``), while the CRD's CEL rule points at the field
+(``spec.rollout.pilotCpu``), so both paths are listed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from kvoffload.cli import EXIT_BAD_INPUT, main
+from kvoffload.validation import PolicyError, load_policy, parse_policy
+from tests.support.crd_admission import admit
+
+INVALID = Path(__file__).resolve().parent / "data" / "invalid"
+
+SCHEMA_MISTAKES = {
+    "spec.model.image",  # missing
+    "spec.gpu.memoryUtilization",  # 1.5 > 0.99
+    "spec.offload.backend",  # not an enum value
+    "spec.offload.cpu",  # 32GB is no quantity
+    "spec.offload.cpuSize",  # unknown field
+    "spec.offload.secondaryTiers[0].name",  # not a DNS label
+    "spec.analysis.window",  # not a duration
+}
+
+# file -> (paths the models report, paths the API server reports through the CRD schema and CEL rules)
+EXPECTED: dict[str, tuple[set[str], set[str]]] = {
+    "pilot-cpu-not-smaller.yaml": ({"spec"}, {"spec.rollout.pilotCpu"}),
+    "store-threshold-with-tiers.yaml": ({"spec.offload"}, {"spec.offload.storeThreshold"}),
+    "gpu-count-not-tp.yaml": ({"spec"}, {"spec.gpu.count"}),
+    "canary-is-whole-fleet.yaml": ({"spec"}, {"spec.rollout.canaryReplicas"}),
+    "tier-volume-two-sources.yaml": (
+        {"spec.offload.secondaryTiers[0].volume"},
+        {"spec.offload.secondaryTiers[0].volume"},
+    ),
+    "duplicate-tier-names.yaml": ({"spec.offload"}, {"spec.offload.secondaryTiers"}),
+    "reserved-tier-name.yaml": ({"spec.offload"}, {"spec.offload.secondaryTiers"}),
+    "promotion-steps-fall.yaml": ({"spec.rollout.promotionSteps"}, {"spec.rollout.promotionSteps"}),
+    "managed-flag-in-extra-args.yaml": ({"spec.model.extraArgs"}, {"spec.model.extraArgs"}),
+    "zero-and-negative-sizes.yaml": (
+        {"spec.resources.baseMemory", "spec.resources.headroom", "spec.offload.cpu"},
+        {"spec.resources.baseMemory", "spec.resources.headroom", "spec.offload.cpu"},
+    ),
+    "zero-durations.yaml": (
+        {"spec.rollout.stepDuration", "spec.analysis.interval"},
+        {"spec.rollout.stepDuration", "spec.analysis.interval"},
+    ),
+    "architecture-gqa-and-mla.yaml": ({"spec.model.architecture"}, {"spec.model.architecture"}),
+    "architecture-and-configmap.yaml": ({"spec"}, {"spec.model.configMap"}),
+    "schema-mistakes.yaml": (SCHEMA_MISTAKES, SCHEMA_MISTAKES),
+}
+
+# The words each models error must contain, so the path is not right by accident.
+MODEL_MESSAGES = {
+    "pilot-cpu-not-smaller.yaml": "rollout.pilotCpu must be smaller than offload.cpu",
+    "store-threshold-with-tiers.yaml": "storeThreshold applies only to a single CPU tier",
+    "gpu-count-not-tp.yaml": "gpu.count must equal model.tensorParallelSize",
+    "canary-is-whole-fleet.yaml": "canaryReplicas must be fewer than replicas",
+    "duplicate-tier-names.yaml": "names must be unique",
+    "reserved-tier-name.yaml": "may not be named",
+    "architecture-and-configmap.yaml": "not both",
+    "managed-flag-in-extra-args.yaml": "--max-model-len is managed by the operator",
+}
+
+CASES = pytest.mark.parametrize("name", sorted(EXPECTED))
+
+
+def test_every_invalid_file_has_expectations() -> None:
+    assert {p.name for p in INVALID.glob("*.yaml")} == set(EXPECTED)
+
+
+@CASES
+def test_models_name_every_offending_path(name: str) -> None:
+    with pytest.raises(PolicyError) as caught:
+        load_policy(INVALID / name)
+    assert {e.path for e in caught.value.errors} == EXPECTED[name][0]
+    if name in MODEL_MESSAGES:
+        assert any(MODEL_MESSAGES[name] in e.message for e in caught.value.errors), caught.value.render()
+
+
+@CASES
+def test_api_server_names_every_offending_path(name: str) -> None:
+    _, problems = admit(yaml.safe_load((INVALID / name).read_text()))
+    assert {p.path for p in problems} == EXPECTED[name][1]
+
+
+@pytest.mark.parametrize("command", ["plan", "render"])
+@pytest.mark.parametrize("name", ["schema-mistakes.yaml", "pilot-cpu-not-smaller.yaml", "tier-volume-two-sources.yaml"])
+def test_cli_reports_every_path_and_exits_2_without_a_traceback(command: str, name: str) -> None:
+    result = CliRunner().invoke(main, [command, str(INVALID / name)])
+    assert result.exit_code == EXIT_BAD_INPUT, result.output
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    for path in EXPECTED[name][0]:
+        assert f"  - {path}: " in result.stderr
+    assert result.stderr.startswith(f"{INVALID / name}: invalid KVOffloadPolicy")
+
+
+def test_cli_refuses_a_file_without_a_policy(tmp_path: Path) -> None:
+    empty = tmp_path / "nothing.yaml"
+    empty.write_text("apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x}\n")
+    result = CliRunner().invoke(main, ["plan", str(empty)])
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "expected exactly one KVOffloadPolicy document, found 0" in result.stderr
+    assert result.stdout == ""
+
+
+def test_cli_refuses_yaml_that_does_not_parse(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("spec: [unclosed\n")
+    result = CliRunner().invoke(main, ["render", str(broken)])
+    assert result.exit_code == EXIT_BAD_INPUT
+    assert "not valid YAML" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_overlong_quantity_is_refused_by_models_and_schema() -> None:
+    # maxLength bounds the cost the API server estimates for the quantity() rules; the models match it.
+    obj = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "qwen3-0.6b-cpu.yaml").read_text())
+    obj["spec"]["offload"]["cpu"] = "1" * 65
+    _, problems = admit(obj)
+    assert {(p.source, p.path) for p in problems} == {("schema", "spec.offload.cpu")}
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(obj)
+    assert [e.path for e in caught.value.errors] == ["spec.offload.cpu"]

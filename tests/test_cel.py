@@ -1,0 +1,296 @@
+"""Every CEL rule in the CRD, evaluated by a real CEL interpreter against values it must take and refuse.
+
+cel-python runs the rules; tests/support/cel_k8s.py adds the Kubernetes quantity
+and list libraries it lacks. Each rule mirrors one pydantic validator, and the
+mirror is checked too: for every case, the models refuse exactly what CEL refuses.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from decimal import Decimal
+from typing import Any
+
+import celpy
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from pydantic import ValidationError
+
+from kvoffload.models import (
+    MANAGED_FLAGS,
+    RESERVED_LEVEL_NAMES,
+    KVOffloadPolicySpec,
+)
+from kvoffload.quantity import parse_quantity
+from tests.support.cel_k8s import compile_rule, evaluate, every_rule, rule_failures
+from tests.support.crd_admission import apply_defaults, openapi_schema
+
+SPEC_SCHEMA = openapi_schema()["properties"]["spec"]
+
+BASE_SPEC: dict[str, Any] = {
+    "model": {"name": "Qwen/Qwen3-8B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 32768},
+    "gpu": {"class": "nvidia-l40s"},
+    "replicas": 4,
+    "resources": {"baseMemory": "24Gi"},
+    "offload": {"cpu": "32Gi"},
+}
+
+
+def spec(**changes: Any) -> dict[str, Any]:
+    """The base spec with dotted-path changes, defaulted as the API server would before running rules."""
+    out = copy.deepcopy(BASE_SPEC)
+    for dotted, value in changes.items():
+        node = out
+        *parents, leaf = dotted.split("__")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    defaulted: dict[str, Any] = apply_defaults(SPEC_SCHEMA, out)
+    return defaulted
+
+
+def tier(name: str = "nvme", **extra: Any) -> dict[str, Any]:
+    return {"name": name, "size": "500Gi", "path": "/mnt/kv-cache", "volume": {"emptyDir": {}}, **extra}
+
+
+# message -> (values the rule takes, values it refuses); `self` is the node the rule sits on.
+CASES: dict[str, tuple[list[Any], list[Any]]] = {
+    "must be greater than zero": (["32Gi", "1", 1, "0.5", "500m", "1e3", "+2Ki"], ["0", 0, "-1Gi", -5, "0.0", "-0.5"]),
+    "must not be negative": (["0", 0, "4Gi", "1e-3"], ["-1", -1, "-4Gi", "-1m"]),
+    # Not "1ns": cel-python keeps durations as timedelta (microseconds); Kubernetes' CEL keeps nanoseconds.
+    "must be longer than zero": (["30s", "1500ms", "1h30m", "0.5s", "1us", "0m1s"], ["0s", "0m", "0h0m0s", "0.0s"]),
+    "give either numKVHeads and headDim (MHA/GQA) or kvLoraRank and qkRopeHeadDim (MLA)": (
+        [
+            {"numLayers": 36, "numKVHeads": 8, "headDim": 128},
+            {"numLayers": 61, "kvLoraRank": 512, "qkRopeHeadDim": 64},
+        ],
+        [
+            {"numLayers": 36},
+            {"numLayers": 36, "numKVHeads": 8},
+            {"numLayers": 36, "numKVHeads": 8, "headDim": 128, "kvLoraRank": 512},
+        ],
+    ),
+    "may not set a flag the operator manages": (
+        [[], ["--enable-prefix-caching"], ["--model-impl=vllm", "--portable"], ["--max-num-seqs", "256"]],
+        [["--max-model-len=4096"], ["--enable-prefix-caching", "--port"], ["--kv-transfer-config={}"]]
+        + [[flag] for flag in sorted(MANAGED_FLAGS)],
+    ),
+    "set exactly one of emptyDir, persistentVolumeClaim or hostPath": (
+        [{"emptyDir": {}}, {"persistentVolumeClaim": {"claimName": "kv"}}, {"hostPath": {"path": "/mnt/nvme"}}],
+        [
+            {},
+            {"emptyDir": {}, "hostPath": {"path": "/mnt/nvme"}},
+            {"emptyDir": {}, "persistentVolumeClaim": {"claimName": "kv"}},
+        ],
+    ),
+    "storeThreshold applies only to a single CPU tier, without secondaryTiers": (
+        [{"cpu": "32Gi", "storeThreshold": 2}, {"cpu": "32Gi", "secondaryTiers": [tier()]}, {"cpu": "32Gi"}],
+        [
+            {"cpu": "32Gi", "storeThreshold": 2, "secondaryTiers": [tier()]},
+            {"cpu": "32Gi", "storeThreshold": 0, "secondaryTiers": [tier()]},
+        ],
+    ),
+    "secondaryTiers names must be unique": (
+        [[], [tier("nvme")], [tier("nvme"), tier("ssd")]],
+        [[tier("nvme"), tier("nvme")], [tier("a"), tier("b"), tier("a")]],
+    ),
+    "secondaryTiers may not be named cpu, cpu-pilot, gpu-only: those name ladder levels": (
+        [[tier("nvme")], [tier("cpu2"), tier("gpu")]],
+        [[tier(name)] for name in sorted(RESERVED_LEVEL_NAMES)] + [[tier("nvme"), tier("cpu")]],
+    ),
+    "must rise strictly and end at 100": (
+        [[100], [25, 50, 100], [1, 2, 3, 100], [99, 100]],
+        [[50], [25, 50], [50, 25, 100], [50, 50, 100], [25, 100, 100], [100, 50], [10, 100, 50]],
+    ),
+    "gpu.count must equal model.tensorParallelSize (one engine spans its GPUs)": (
+        [spec(), spec(gpu__count=4, model__tensorParallelSize=4)],
+        [spec(gpu__count=2), spec(model__tensorParallelSize=4), spec(gpu__count=8, model__tensorParallelSize=4)],
+    ),
+    "rollout.pilotCpu must be smaller than offload.cpu": (
+        [spec(), spec(rollout__pilotCpu="4Gi"), spec(rollout__pilotCpu="32767Mi"), spec(rollout__pilotCpu=1024)],
+        [spec(rollout__pilotCpu="32Gi"), spec(rollout__pilotCpu="64Gi"), spec(rollout__pilotCpu="34359738368")],
+    ),
+    "rollout.canaryReplicas must be fewer than replicas when maxSurge is 0": (
+        [spec(), spec(replicas=2), spec(replicas=1, rollout__maxSurge=1), spec(rollout__canaryReplicas=3)],
+        [spec(replicas=1), spec(rollout__canaryReplicas=4), spec(replicas=2, rollout__canaryReplicas=5)],
+    ),
+    "set model.architecture or model.configMap, not both": (
+        [spec(), spec(model__configMap={"name": "cfg"})],
+        [
+            spec(
+                model__architecture={"numLayers": 36, "numKVHeads": 8, "headDim": 128},
+                model__configMap={"name": "cfg"},
+            )
+        ],
+    ),
+}
+
+
+def rules_by_message() -> dict[str, str]:
+    """Each distinct rule of the CRD, keyed by the start of its message."""
+    found: dict[str, str] = {}
+    for _, _, entry in every_rule(openapi_schema()):
+        key = next((k for k in CASES if entry["message"].startswith(k)), entry["message"])
+        assert found.get(key, entry["rule"]) == entry["rule"], f"two different rules say {key!r}"
+        found[key] = entry["rule"]
+    return found
+
+
+def test_every_rule_has_cases_and_every_case_a_rule() -> None:
+    assert set(rules_by_message()) == set(CASES)
+
+
+def test_every_rule_compiles() -> None:
+    for _, _, entry in every_rule(openapi_schema()):
+        compile_rule(entry["rule"])  # raises CELParseError
+
+
+def test_every_rule_has_a_message_and_valid_field_path() -> None:
+    for path, node, entry in every_rule(openapi_schema()):
+        assert entry["message"], path
+        target = node
+        for part in entry.get("fieldPath", "").strip(".").split(".") if "fieldPath" in entry else []:
+            assert part in target.get("properties", {}), f"{path}: fieldPath {entry['fieldPath']} is not a field"
+            target = target["properties"][part]
+
+
+CASE_PARAMS = [
+    pytest.param(message, value, ok, id=f"{message[:40]}-{'takes' if ok else 'refuses'}-{i}")
+    for message, (good, bad) in CASES.items()
+    for ok, values in ((True, good), (False, bad))
+    for i, value in enumerate(values)
+]
+
+
+@pytest.mark.parametrize(("message", "value", "ok"), CASE_PARAMS)
+def test_rule_takes_or_refuses(message: str, value: Any, ok: bool) -> None:
+    assert evaluate(rules_by_message()[message], value) == ok
+
+
+# --- the models refuse what CEL refuses ---------------------------------------------
+
+SPEC_LEVEL = [
+    "gpu.count must equal model.tensorParallelSize (one engine spans its GPUs)",
+    "rollout.pilotCpu must be smaller than offload.cpu",
+    "rollout.canaryReplicas must be fewer than replicas when maxSurge is 0",
+    "set model.architecture or model.configMap, not both",
+]
+
+
+@pytest.mark.parametrize("message", SPEC_LEVEL)
+def test_models_mirror_the_spec_level_rules(message: str) -> None:
+    good, bad = CASES[message]
+    for value in good:
+        KVOffloadPolicySpec.model_validate(value)
+    for value in bad:
+        with pytest.raises(ValidationError, match=re.escape(message)):
+            KVOffloadPolicySpec.model_validate(value)
+
+
+def _spec_with(path: str, value: Any) -> dict[str, Any]:
+    """The base spec with one nested node replaced, for mirroring node-level rules through the models."""
+    out = spec()
+    node = out
+    *parents, leaf = path.split(".")
+    for part in parents:
+        node = node[part]
+    node[leaf] = value
+    return out
+
+
+NODE_LEVEL = {
+    "must be greater than zero": "offload.cpu",
+    "must not be negative": "resources.headroom",
+    "must be longer than zero": "analysis.window",
+    "give either numKVHeads and headDim (MHA/GQA) or kvLoraRank and qkRopeHeadDim (MLA)": "model.architecture",
+    "may not set a flag the operator manages": "model.extraArgs",
+    "storeThreshold applies only to a single CPU tier, without secondaryTiers": "offload",
+    "secondaryTiers names must be unique": "offload.secondaryTiers",
+    "secondaryTiers may not be named cpu, cpu-pilot, gpu-only: those name ladder levels": "offload.secondaryTiers",
+    "must rise strictly and end at 100": "rollout.promotionSteps",
+}
+
+
+@pytest.mark.parametrize("message", list(NODE_LEVEL))
+def test_models_mirror_the_node_level_rules(message: str) -> None:
+    good, bad = CASES[message]
+    for value in good:
+        KVOffloadPolicySpec.model_validate(_spec_with(NODE_LEVEL[message], value))
+    for value in bad:
+        with pytest.raises(ValidationError):
+            KVOffloadPolicySpec.model_validate(_spec_with(NODE_LEVEL[message], value))
+
+
+def test_tier_volume_rule_mirrors_the_model() -> None:
+    good, bad = CASES["set exactly one of emptyDir, persistentVolumeClaim or hostPath"]
+    for value in good:
+        KVOffloadPolicySpec.model_validate(spec(offload__secondaryTiers=[tier(volume=value)]))
+    for value in bad:
+        with pytest.raises(ValidationError, match="set exactly one"):
+            KVOffloadPolicySpec.model_validate(spec(offload__secondaryTiers=[tier(volume=value)]))
+
+
+def test_node_and_spec_cases_cover_every_rule() -> None:
+    covered = set(SPEC_LEVEL) | set(NODE_LEVEL) | {"set exactly one of emptyDir, persistentVolumeClaim or hostPath"}
+    assert covered == set(CASES)
+
+
+QUANTITIES = st.one_of(
+    st.integers(min_value=1, max_value=2**40),
+    st.builds(
+        lambda n, unit: f"{n}{unit}",
+        st.integers(min_value=1, max_value=4096),
+        st.sampled_from(["Ki", "Mi", "Gi", "Ti", "k", "M", "G", "T", "", "m"]),
+    ),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(pilot=QUANTITIES, cpu=QUANTITIES)
+def test_pilot_rule_and_model_agree_on_any_pair_of_quantities(pilot: int | str, cpu: int | str) -> None:
+    value = spec(rollout__pilotCpu=pilot, offload__cpu=cpu)
+    cel_ok = not [f for f in rule_failures(SPEC_SCHEMA, value) if f.path.endswith("pilotCpu")]
+    assert cel_ok == (parse_quantity(pilot) < parse_quantity(cpu))
+    try:
+        KVOffloadPolicySpec.model_validate(value)
+        model_ok = True
+    except ValidationError as exc:
+        model_ok = "pilotCpu" not in str(exc)
+    assert cel_ok == model_ok
+
+
+# --- the Kubernetes quantity library, as implemented for the tests -----------------
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("quantity('1Gi').isLessThan(quantity('1025Mi'))", True),
+        ("quantity('1Gi').isLessThan(quantity('1024Mi'))", False),
+        ("quantity('1G').isGreaterThan(quantity('1Gi'))", False),
+        ("quantity('2Gi').isGreaterThan(quantity('2G'))", True),
+        ("quantity('1Gi').compareTo(quantity('1024Mi'))", 0),
+        ("quantity('500m').compareTo(quantity('1'))", -1),
+        ("quantity('1.5Gi').asInteger()", 1610612736),
+        ("quantity('1500m').asApproximateFloat()", 1.5),
+        ("quantity('-3Gi').sign()", -1),
+        ("quantity('0').sign()", 0),
+        ("quantity('1e3').asInteger()", 1000),
+        ("isQuantity('32Gi') && !isQuantity('32GB')", True),
+        ("[1, 2, 2].isSorted() && ![2, 1].isSorted()", True),
+    ],
+)
+def test_kubernetes_quantity_library(expr: str, expected: Any) -> None:
+    assert evaluate(expr, None) == expected
+
+
+@pytest.mark.parametrize("expr", ["quantity('32GB')", "quantity('500m').asInteger()", "quantity(5)"])
+def test_quantity_errors_are_cel_errors(expr: str) -> None:
+    with pytest.raises(celpy.CELEvalError):
+        evaluate(expr, None)
+
+
+def test_cel_and_python_parse_quantities_alike() -> None:
+    assert evaluate("quantity('1.5Gi').asInteger()", None) == int(parse_quantity("1.5Gi")) == Decimal(1610612736)

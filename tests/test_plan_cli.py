@@ -1,0 +1,132 @@
+"""`kvoffload plan FILE [-o json]`: the sizing an SRE reads before a rollout."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import yaml
+from click.testing import CliRunner, Result
+
+from kvoffload.cli import main
+
+CONFIGS = Path(__file__).parent / "data" / "configs"
+
+POLICY = """\
+apiVersion: kvoffload.io/v1alpha1
+kind: KVOffloadPolicy
+metadata: {name: qwen3-chat, namespace: llm}
+spec:
+  model: {name: Qwen/Qwen3-0.6B, image: "vllm/vllm-openai:v0.32.0", maxModelLen: 4096}
+  gpu: {class: nvidia-h100-80gb}
+  replicas: 4
+  resources: {baseMemory: 24Gi, headroom: 4Gi}
+  offload:
+    cpu: 512Mi
+    secondaryTiers:
+      - {name: nvme, size: 64Gi, path: /mnt/kv-cache}
+  rollout: {pilotCpu: 256Mi}
+"""
+
+
+def plan(tmp_path: Path, text: str, *args: str) -> Result:
+    path = tmp_path / "policy.yaml"
+    path.write_text(text)
+    return CliRunner().invoke(main, ["plan", str(path), *args])
+
+
+def test_the_table_shows_the_seed_figures_for_qwen3_0_6b(tmp_path: Path) -> None:
+    result = plan(tmp_path, POLICY)
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "llm/qwen3-chat" in out
+    assert "114,688 B/token" in out
+    assert "4,681 tokens" in out  # 512 MiB
+    assert "2,340 tokens" in out  # the 256 MiB pilot
+    assert "Tier nvme: 64.0 GiB, holds 599,186 tokens" in out
+    assert "TierBelowMaxModelLen (cpu-pilot)" in out
+    assert "CpuTierBelowGpuKvCache" in out
+
+
+def test_the_table_has_one_aligned_row_per_level(tmp_path: Path) -> None:
+    out = plan(tmp_path, POLICY).stdout.splitlines()
+    header = next(i for i, line in enumerate(out) if line.startswith("LEVEL"))
+    rows = out[header : header + 5]
+    assert [r.split()[1] for r in rows[1:]] == ["gpu-only", "cpu-pilot", "cpu", "nvme"]
+    # Right-aligned columns end where their header ends.
+    end = rows[0].index("MEMORY REQ=LIMIT") + len("MEMORY REQ=LIMIT")
+    assert [r[:end].endswith("GiB") for r in rows[1:]] == [True] * 4
+    assert re.search(r"\b28\.0 GiB$", rows[1][:end])
+    assert re.search(r"\b28\.5 GiB$", rows[3][:end])  # 24 + 0.5 + 4
+
+
+def test_json_output_carries_every_level_and_the_warnings(tmp_path: Path) -> None:
+    result = plan(tmp_path, POLICY, "-o", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kvBytesPerToken"] == 114_688
+    assert [lv["name"] for lv in doc["levels"]] == ["gpu-only", "cpu-pilot", "cpu", "nvme"]
+    cpu = doc["levels"][2]
+    assert cpu["cpuTokens"] == 4_681
+    assert cpu["pinnedBytes"] == 512 * 1024**2
+    assert cpu["shmBytes"] == 512 * 1024**2 + 1024**3
+    assert cpu["memoryRequestBytes"] == cpu["memoryLimitBytes"] == (28 * 1024 + 512) * 1024**2
+    assert {"code": "TierBelowMaxModelLen", "level": "cpu-pilot"}.items() <= doc["warnings"][0].items()
+
+
+def test_a_policy_with_a_config_map_is_sized_from_the_configmap_in_the_same_file(tmp_path: Path) -> None:
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "qwen3-8b-config", "namespace": "llm"},
+        "data": {"config.json": (CONFIGS / "Qwen3-8B.json").read_text()},
+    }
+    text = POLICY.replace("name: Qwen/Qwen3-0.6B,", "name: /models/qwen3-8b, configMap: {name: qwen3-8b-config},")
+    result = plan(tmp_path, text + "---\n" + yaml.safe_dump(config_map), "-o", "json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["kvBytesPerToken"] == 147_456
+    assert doc["architectureSource"] == "spec.model.architecture"
+    assert "GpuKvCacheUnknown" in [w["code"] for w in doc["warnings"]]
+
+
+def test_a_config_map_missing_from_the_file_is_bad_input_at_its_path(tmp_path: Path) -> None:
+    text = POLICY.replace("name: Qwen/Qwen3-0.6B,", "name: /models/x, configMap: {name: x-config},")
+    result = plan(tmp_path, text)
+    assert result.exit_code == 2
+    assert "spec.model.configMap: ConfigMap 'x-config' is not in this file" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_a_config_map_with_a_broken_config_json_is_bad_input(tmp_path: Path) -> None:
+    config_map = {
+        "kind": "ConfigMap",
+        "metadata": {"name": "x-config"},
+        "data": {"config.json": '{"num_hidden_layers": 2}'},
+    }
+    text = POLICY.replace("name: Qwen/Qwen3-0.6B,", "name: /models/x, configMap: {name: x-config},")
+    result = plan(tmp_path, text + "---\n" + yaml.safe_dump(config_map))
+    assert result.exit_code == 2
+    assert "spec.model.configMap" in result.stderr
+    assert "num_attention_heads" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("edit", "path"),
+    [
+        (("nvidia-h100-80gb", "nvidia-h100"), "spec.gpu.class"),
+        (("Qwen/Qwen3-0.6B", "acme/unknown-model"), "spec.model.name"),
+        (("cpu: 512Mi", "cpu: lots"), "spec.offload.cpu"),
+    ],
+    ids=["unknown-gpu-class", "unknown-model", "bad-quantity"],
+)
+def test_bad_input_exits_2_naming_the_field_without_a_traceback(
+    tmp_path: Path, edit: tuple[str, str], path: str
+) -> None:
+    result = plan(tmp_path, POLICY.replace(*edit))
+    assert result.exit_code == 2
+    assert f"{path}:" in result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.output
