@@ -1,0 +1,376 @@
+"""The metric dialect table: which Prometheus series each vLLM version exposes.
+
+Names here are the names Prometheus stores (``__name__``): counters carry their
+``_total`` suffix, histograms are given by their base name (the series are
+``<base>_bucket``, ``<base>_sum`` and ``<base>_count``), gauges are plain.
+
+Choose a dialect from the image tag or ``spec.model.vllmVersion``
+(:func:`dialect_for`), then correct it against the names Prometheus actually
+holds (:func:`confirm_dialect`): release boundaries of the newer metrics are
+taken from the PRs that added them and can be off by one release, the series
+present in Prometheus are not.
+
+Evidence for each change (see also ``DIALECT_CHANGES``):
+
+- ``vllm:inter_token_latency_seconds`` replaced ``vllm:time_per_output_token_seconds``
+  in 0.11 (vLLM PR 24015; ``v1/metrics/loggers.py``: "Deprecated in 0.11 -
+  Renamed as vllm:inter_token_latency_seconds").
+- ``vllm:kv_cache_usage_perc`` replaced ``vllm:gpu_cache_usage_perc`` (vLLM PR
+  18354; the old name hidden by default from 0.10).
+- ``vllm:cache_config_info`` got ``kv_offloading_size`` / ``kv_offloading_backend``
+  labels with the ``--kv-offloading-*`` flags (vLLM PR 27621, 0.12).
+- Offload transfer counters ``vllm:kv_offload_total_bytes_total`` /
+  ``vllm:kv_offload_total_time_total`` with ``transfer_type`` = ``CPU_to_GPU`` |
+  ``GPU_to_CPU`` (vLLM PR 27942, 0.12).
+- ``vllm:prompt_tokens_by_source_total{source}`` (vLLM PR 33290, 0.16).
+- Flat ``vllm:kv_offload_{load,store}_{bytes,time}_total`` without a
+  transfer_type label (vLLM PR 35669, RFC issue 44008, 0.23); the legacy
+  labelled counters are still emitted next to them for the CPU spec (checked in
+  the 0.32.0 source, ``offloading/metrics.py``).
+- ``vllm:kv_offload_cpu_cache_usage_perc`` (vLLM PR 45737, 0.24).
+- ``vllm:prompt_tokens_cached_by_source_total{source}`` with sources
+  device/host/p2p/disk/external_unspecified (vLLM PR 56318; present in the
+  0.32.0 capture ``shared/fixtures/vllm-0.32.0-cpu-metrics.txt``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, replace
+from typing import Final
+
+VersionTuple = tuple[int, ...]
+
+# Label values of vllm:prompt_tokens_by_source_total.
+SOURCE_LOCAL_COMPUTE: Final = "local_compute"
+SOURCE_LOCAL_CACHE_HIT: Final = "local_cache_hit"
+SOURCE_EXTERNAL_KV_TRANSFER: Final = "external_kv_transfer"
+PROMPT_TOKEN_SOURCES: Final = (SOURCE_LOCAL_COMPUTE, SOURCE_LOCAL_CACHE_HIT, SOURCE_EXTERNAL_KV_TRANSFER)
+
+# Label values of vllm:prompt_tokens_cached_by_source_total: the tier that supplied a hit.
+CACHED_SOURCE_DEVICE: Final = "device"
+CACHED_SOURCE_HOST: Final = "host"
+CACHED_SOURCE_P2P: Final = "p2p"
+CACHED_SOURCE_DISK: Final = "disk"
+CACHED_SOURCE_EXTERNAL_UNSPECIFIED: Final = "external_unspecified"
+CACHED_TOKEN_SOURCES: Final = (
+    CACHED_SOURCE_DEVICE,
+    CACHED_SOURCE_HOST,
+    CACHED_SOURCE_P2P,
+    CACHED_SOURCE_DISK,
+    CACHED_SOURCE_EXTERNAL_UNSPECIFIED,
+)
+
+# transfer_type label values of the legacy offload counters.
+TRANSFER_LOAD: Final = "CPU_to_GPU"
+TRANSFER_STORE: Final = "GPU_to_CPU"
+
+# Labels of vllm:cache_config_info that show the live offload level.
+LABEL_OFFLOADING_SIZE: Final = "kv_offloading_size"
+LABEL_OFFLOADING_BACKEND: Final = "kv_offloading_backend"
+
+HISTOGRAM_SUFFIXES: Final = ("_bucket", "_count", "_sum")
+
+
+@dataclass(frozen=True)
+class OffloadSeries:
+    """How one vLLM version reports offload transfers (GPU <-> offload tiers).
+
+    ``load_selector``/``store_selector`` are PromQL label matchers (without braces)
+    to add to the bytes/time series; empty for the flat names.
+    """
+
+    load_bytes: str
+    load_time: str
+    store_bytes: str
+    store_time: str
+    load_selector: str = ""
+    store_selector: str = ""
+    legacy: bool = False
+
+    def families(self) -> tuple[str, ...]:
+        """The distinct series names, in a stable order."""
+        return tuple(dict.fromkeys((self.load_bytes, self.load_time, self.store_bytes, self.store_time)))
+
+
+FLAT_OFFLOAD: Final = OffloadSeries(
+    load_bytes="vllm:kv_offload_load_bytes_total",
+    load_time="vllm:kv_offload_load_time_total",
+    store_bytes="vllm:kv_offload_store_bytes_total",
+    store_time="vllm:kv_offload_store_time_total",
+)
+
+# Registered by vLLM as Counter("vllm:kv_offload_total_bytes"), which
+# prometheus_client exposes with a second "_total": the series really is
+# vllm:kv_offload_total_bytes_total (checked with prometheus_client 0.26).
+LEGACY_OFFLOAD: Final = OffloadSeries(
+    load_bytes="vllm:kv_offload_total_bytes_total",
+    load_time="vllm:kv_offload_total_time_total",
+    store_bytes="vllm:kv_offload_total_bytes_total",
+    store_time="vllm:kv_offload_total_time_total",
+    load_selector=f'transfer_type="{TRANSFER_LOAD}"',
+    store_selector=f'transfer_type="{TRANSFER_STORE}"',
+    legacy=True,
+)
+
+
+@dataclass(frozen=True)
+class Dialect:
+    """The series names one vLLM version exposes. ``None``: that version lacks the metric."""
+
+    name: str
+    """The first vLLM version this dialect describes, e.g. ``"0.32"``."""
+    ttft: str = "vllm:time_to_first_token_seconds"
+    """Histogram base name."""
+    itl: str = "vllm:inter_token_latency_seconds"
+    """Histogram base name."""
+    e2e: str = "vllm:e2e_request_latency_seconds"
+    """Histogram base name."""
+    request_success: str = "vllm:request_success_total"
+    prompt_tokens: str = "vllm:prompt_tokens_total"
+    generation_tokens: str = "vllm:generation_tokens_total"
+    prompt_tokens_by_source: str | None = "vllm:prompt_tokens_by_source_total"
+    """Label ``source``: local_compute, local_cache_hit, external_kv_transfer."""
+    prompt_tokens_cached_by_source: str | None = "vllm:prompt_tokens_cached_by_source_total"
+    """Label ``source``: device, host, p2p, disk, external_unspecified."""
+    kv_cache_usage: str = "vllm:kv_cache_usage_perc"
+    prefix_cache_queries: str = "vllm:prefix_cache_queries_total"
+    prefix_cache_hits: str = "vllm:prefix_cache_hits_total"
+    cache_config_info: str = "vllm:cache_config_info"
+    config_offload_labels: bool = True
+    """Whether cache_config_info carries kv_offloading_size / kv_offloading_backend."""
+    offload: OffloadSeries | None = FLAT_OFFLOAD
+    """Offload transfer counters; only emitted when an offloading connector runs."""
+    offload_cpu_usage: str | None = "vllm:kv_offload_cpu_cache_usage_perc"
+    """Gauge; only emitted with the native CPU offloading spec."""
+
+    @property
+    def ttft_bucket(self) -> str:
+        return self.ttft + "_bucket"
+
+    @property
+    def itl_bucket(self) -> str:
+        return self.itl + "_bucket"
+
+    def required_families(self) -> tuple[str, ...]:
+        """Every non-offload series name this dialect names (histograms by base name).
+
+        An engine of this version shows all of them from start, offload or not.
+        """
+        names: list[str | None] = [
+            self.ttft,
+            self.itl,
+            self.e2e,
+            self.request_success,
+            self.prompt_tokens,
+            self.generation_tokens,
+            self.prompt_tokens_by_source,
+            self.prompt_tokens_cached_by_source,
+            self.kv_cache_usage,
+            self.prefix_cache_queries,
+            self.prefix_cache_hits,
+            self.cache_config_info,
+        ]
+        return tuple(n for n in names if n is not None)
+
+    def offload_families(self) -> tuple[str, ...]:
+        """The series only an engine with an offloading connector shows."""
+        names = list(self.offload.families()) if self.offload else []
+        if self.offload_cpu_usage:
+            names.append(self.offload_cpu_usage)
+        return tuple(names)
+
+    def histograms(self) -> tuple[str, ...]:
+        """Base names of the histogram families."""
+        return (self.ttft, self.itl, self.e2e)
+
+
+@dataclass(frozen=True)
+class DialectChange:
+    """One row of the table: from ``since`` on, these fields hold."""
+
+    since: VersionTuple
+    changes: dict[str, object]
+    evidence: str
+
+
+# Oldest first; each row applies on top of the ones before it. The base is the
+# oldest V1 metric set we know (before 0.10).
+_BASE: Final = Dialect(
+    name="0.9",
+    itl="vllm:time_per_output_token_seconds",
+    prompt_tokens_by_source=None,
+    prompt_tokens_cached_by_source=None,
+    kv_cache_usage="vllm:gpu_cache_usage_perc",
+    config_offload_labels=False,
+    offload=None,
+    offload_cpu_usage=None,
+)
+
+DIALECT_CHANGES: Final[tuple[DialectChange, ...]] = (
+    DialectChange(
+        (0, 10),
+        {"kv_cache_usage": "vllm:kv_cache_usage_perc"},
+        "vLLM PR 18354 deprecated vllm:gpu_cache_usage_perc for vllm:kv_cache_usage_perc",
+    ),
+    DialectChange(
+        (0, 11),
+        {"itl": "vllm:inter_token_latency_seconds"},
+        "vLLM PR 24015; loggers.py 'Deprecated in 0.11 - Renamed as vllm:inter_token_latency_seconds'",
+    ),
+    DialectChange(
+        (0, 12),
+        {"config_offload_labels": True, "offload": LEGACY_OFFLOAD},
+        "vLLM PR 27621 (--kv-offloading-size/--kv-offloading-backend), "
+        "PR 27942 (OffloadPromMetrics: vllm:kv_offload_total_bytes{transfer_type})",
+    ),
+    DialectChange(
+        (0, 16),
+        {"prompt_tokens_by_source": "vllm:prompt_tokens_by_source_total"},
+        "vLLM PR 33290 (issue 33289): vllm:prompt_tokens_by_source_total{source}",
+    ),
+    DialectChange(
+        (0, 23),
+        {"offload": FLAT_OFFLOAD},
+        "vLLM PR 35669 / RFC issue 44008: flat vllm:kv_offload_load_bytes etc.; legacy kept as deprecated",
+    ),
+    DialectChange(
+        (0, 24),
+        {"offload_cpu_usage": "vllm:kv_offload_cpu_cache_usage_perc"},
+        "vLLM PR 45737: vllm:kv_offload_cpu_cache_usage_perc",
+    ),
+    DialectChange(
+        (0, 32),
+        {"prompt_tokens_cached_by_source": "vllm:prompt_tokens_cached_by_source_total"},
+        "vLLM PR 56318; present in the vllm-0.32.0 capture",
+    ),
+)
+
+
+def _build_table() -> tuple[tuple[VersionTuple, Dialect], ...]:
+    rows: list[tuple[VersionTuple, Dialect]] = [((0,), _BASE)]
+    current = _BASE
+    for change in DIALECT_CHANGES:
+        name = ".".join(str(p) for p in change.since)
+        current = replace(current, name=name, **change.changes)  # type: ignore[arg-type]
+        rows.append((change.since, current))
+    return tuple(rows)
+
+
+DIALECTS: Final = _build_table()
+"""(first version, dialect), oldest first."""
+
+NEWEST: Final = DIALECTS[-1][1]
+
+# v?MAJOR.MINOR[.PATCH[.POST]] then an optional suffix that starts with a letter
+# after an optional separator (rc1, .post1, -cu128, +cpu).
+_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[-+._]?[A-Za-z][\w.+-]*)?$", re.I)
+
+
+def parse_version(version: str) -> VersionTuple:
+    """``"0.32.0"``, ``"v0.10.1.1"``, ``"0.11.0rc2"`` -> a tuple of ints.
+
+    Pre-release and build suffixes are dropped: a 0.32.0 release candidate
+    speaks the 0.32 dialect. Raises ValueError on anything else.
+    """
+    match = _VERSION_RE.match(version.strip())
+    if match is None:
+        raise ValueError(f"not a vLLM version: {version!r} (want e.g. 0.32.0)")
+    return tuple(int(p) for p in match.groups() if p is not None)
+
+
+def version_from_image(image: str) -> str | None:
+    """The vLLM version an image reference's tag names (numeric part only), or None.
+
+    ``vllm/vllm-openai:v0.32.0`` -> ``"0.32.0"``; ``registry:5000/vllm:0.11.0-cu128@sha256:..``
+    -> ``"0.11.0"``; a bare tag ``"0.11.2"`` -> ``"0.11.2"``; ``:latest``, ``:nightly``,
+    a bare digest or no tag -> None.
+    """
+    ref = image.strip().split("@", 1)[0]
+    last = ref.rsplit("/", 1)[-1]
+    tag = last.split(":", 1)[1] if ":" in last else last
+    try:
+        return ".".join(str(p) for p in parse_version(tag))
+    except ValueError:
+        return None
+
+
+def dialect_for(version: str | None) -> Dialect:
+    """The dialect of a vLLM version; None (unknown) gives the newest.
+
+    Raises ValueError when the string is not a version.
+    """
+    if version is None:
+        return NEWEST
+    wanted = parse_version(version)
+    chosen = DIALECTS[0][1]
+    for since, dialect in DIALECTS:
+        if wanted >= since:
+            chosen = dialect
+    return chosen
+
+
+def has_family(name: str, present: Iterable[str] | set[str]) -> bool:
+    """Whether Prometheus holds the series ``name`` (a histogram base counts via its suffixes)."""
+    names = present if isinstance(present, set | frozenset) else set(present)
+    return name in names or any(name + s in names for s in HISTOGRAM_SUFFIXES)
+
+
+def confirm_dialect(dialect: Dialect, present: set[str] | frozenset[str]) -> Dialect:
+    """Correct ``dialect`` to the names Prometheus actually holds.
+
+    ``present`` is the set of ``__name__`` values found (for the engines in
+    question). For each metric that exists under two names across versions, the
+    name that is present wins when the dialect's choice is absent. Optional
+    families (by-source counters) absent while the engine is clearly scraped
+    (its TTFT histogram is there) become None. With no vLLM series at all,
+    nothing can be confirmed and the dialect comes back unchanged.
+    """
+    if not any(n.startswith("vllm:") for n in present):
+        return dialect
+    changes: dict[str, object] = {}
+
+    def prefer(field: str, current: str, alternative: str) -> None:
+        if not has_family(current, present) and has_family(alternative, present):
+            changes[field] = alternative
+
+    prefer(
+        "itl",
+        dialect.itl,
+        "vllm:time_per_output_token_seconds"
+        if dialect.itl == "vllm:inter_token_latency_seconds"
+        else "vllm:inter_token_latency_seconds",
+    )
+    prefer(
+        "kv_cache_usage",
+        dialect.kv_cache_usage,
+        "vllm:gpu_cache_usage_perc"
+        if dialect.kv_cache_usage == "vllm:kv_cache_usage_perc"
+        else "vllm:kv_cache_usage_perc",
+    )
+
+    scraped = has_family(dialect.ttft, present)
+    for field, canonical in (
+        ("prompt_tokens_by_source", "vllm:prompt_tokens_by_source_total"),
+        ("prompt_tokens_cached_by_source", "vllm:prompt_tokens_cached_by_source_total"),
+    ):
+        current = getattr(dialect, field)
+        if current is None and canonical in present:
+            changes[field] = canonical
+        elif current is not None and scraped and current not in present:
+            changes[field] = None
+
+    # Offload series exist only while a connector runs: switch names only on
+    # evidence of the other variant, never drop them.
+    flat_seen = FLAT_OFFLOAD.load_bytes in present or FLAT_OFFLOAD.store_bytes in present
+    legacy_seen = LEGACY_OFFLOAD.load_bytes in present
+    if flat_seen:
+        changes["offload"] = FLAT_OFFLOAD
+    elif legacy_seen:
+        changes["offload"] = LEGACY_OFFLOAD
+    if dialect.offload_cpu_usage is None and "vllm:kv_offload_cpu_cache_usage_perc" in present:
+        changes["offload_cpu_usage"] = "vllm:kv_offload_cpu_cache_usage_perc"
+
+    changes = {k: v for k, v in changes.items() if getattr(dialect, k) != v}
+    return replace(dialect, **changes) if changes else dialect  # type: ignore[arg-type]
