@@ -53,8 +53,21 @@ def main() -> None:
 @OUTPUT
 @reports_bad_input
 def plan(file: Path, output: str) -> None:
-    """Size a policy: KV bytes per token, tokens per tier, pinned pool, /dev/shm, host memory, warnings."""
-    raise click.ClickException("plan: not implemented yet")
+    """Size a policy: KV bytes per token, tokens per tier, pinned pool, /dev/shm, host memory, warnings.
+
+    A policy with spec.model.configMap is sized from a ConfigMap of that name in the same file.
+    """
+    import json
+
+    from kvoffload.sizing import format_plan, plan_policy, resolve_config_map
+    from kvoffload.validation import iter_documents, load_policy
+
+    policy = resolve_config_map(load_policy(file), iter_documents(file), str(file))
+    result = plan_policy(policy)
+    if output == "json":
+        click.echo(json.dumps(result.model_dump(mode="json", by_alias=True), indent=2))
+    else:
+        click.echo(format_plan(result))
 
 
 @main.command()
@@ -64,10 +77,247 @@ def plan(file: Path, output: str) -> None:
 @reports_bad_input
 def render(file: Path, level: int | None, stage: str | None) -> None:
     """Print the manifests (Deployment, Service, PodMonitor) of one ladder level, for GitOps."""
-    raise click.ClickException("render: not implemented yet")
+    from kvoffload.ladder import build_ladder, find_level
+    from kvoffload.render import dump_yaml, render_level
+    from kvoffload.validation import load_policy
+
+    if level is not None and stage is not None:
+        click.echo("give --level or --stage, not both", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    policy = load_policy(file)
+    try:
+        chosen = find_level(build_ladder(policy.spec), index=level, name=stage)
+    except KeyError as exc:
+        click.echo(f"{file}: {exc.args[0]}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    text = dump_yaml(render_level(policy, chosen))  # whole text first: nothing printed on error
+    click.echo(text, nl=False)
 
 
 @main.command()
 def crd() -> None:
     """Print the KVOffloadPolicy CustomResourceDefinition generated from the models."""
-    raise click.ClickException("crd: not implemented yet")
+    from kvoffload.crd import crd_yaml
+
+    click.echo(crd_yaml(), nl=False)
+
+
+def _env(name: str) -> str:
+    return f"KVOFFLOAD_EMULATE_{name}"
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    short_help="An engine that speaks vLLM's /metrics and /v1/completions, for demos and tests.",
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--model", default=None, help="What `vllm serve` would load (also taken from `serve MODEL`).")
+@click.option("--served-model-name", default=None)
+@click.option("--kv-offloading-size", type=float, default=None, help="CPU tier, GiB (vLLM's flag).")
+@click.option("--kv-offloading-backend", type=click.Choice(["native", "lmcache"]), default=None)
+@click.option("--kv-transfer-config", default=None, help="JSON, as vLLM takes it (OffloadingConnector, LMCache).")
+@click.option("--max-model-len", type=int, default=None)
+@click.option("--block-size", type=int, default=None, help="Tokens per KV block (default 16).")
+@click.option("--gpu-memory-utilization", type=float, default=None)
+@click.option("--tensor-parallel-size", "-tp", type=int, default=None)
+@click.option("--kv-cache-dtype", default=None)
+@click.option(
+    "--kv-bytes-per-token",
+    type=int,
+    default=None,
+    envvar=_env("KV_BYTES_PER_TOKEN"),
+    help="Default: the model catalog's figure, else 114688 (Qwen3-0.6B).",
+)
+@click.option(
+    "--gpu-kv-blocks",
+    type=int,
+    default=None,
+    envvar=_env("GPU_KV_BLOCKS"),
+    help="GPU KV cache capacity in blocks (default 4096).",
+)
+@click.option(
+    "--vllm-version", default=None, envvar=_env("VLLM_VERSION"), help="Metric dialect to speak (default 0.32.0)."
+)
+@click.option(
+    "--startup-delay",
+    type=float,
+    default=None,
+    envvar=_env("STARTUP_DELAY"),
+    help="Seconds before the port opens (models pinning the CPU pool).",
+)
+@click.option("--itl", type=float, default=None, envvar=_env("ITL"), help="Seconds between output tokens (0.010).")
+@click.option(
+    "--added-latency", type=float, default=0.0, envvar=_env("ADDED_LATENCY"), help="Seconds added to every TTFT."
+)
+@click.option("--ttft-multiplier", type=float, default=1.0, envvar=_env("TTFT_MULTIPLIER"))
+@click.option(
+    "--ttft-multiplier-after",
+    type=float,
+    default=None,
+    envvar=_env("TTFT_MULTIPLIER_AFTER"),
+    help="Seconds from start before --ttft-multiplier applies.",
+)
+@click.option("--itl-multiplier", type=float, default=1.0, envvar=_env("ITL_MULTIPLIER"))
+@click.option("--itl-multiplier-after", type=float, default=None, envvar=_env("ITL_MULTIPLIER_AFTER"))
+@click.option(
+    "--outage-after",
+    type=float,
+    default=None,
+    envvar=_env("OUTAGE_AFTER"),
+    help="Seconds from start before every endpoint answers 503.",
+)
+@click.option(
+    "--outage-for",
+    type=float,
+    default=None,
+    envvar=_env("OUTAGE_FOR"),
+    help="How long the outage lasts (default: for good).",
+)
+def emulate(args: tuple[str, ...], port: int, host: str, **options: Any) -> None:
+    """Run an emulated vLLM engine: block-level GPU/CPU/disk caches priced by a cost model,
+    vLLM 0.32's exact /metrics families, and fault knobs (also `POST /emulator/faults`).
+
+    Accepts a Deployment's `vllm serve MODEL --flag ...` arguments; flags it does not know
+    are ignored with a warning.
+    """
+    import logging
+    import time
+
+    from kvoffload import emulator
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config, faults, ignored = emulator.build({"args": args, **options}, time.monotonic())
+    except emulator.ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if ignored:
+        click.echo(f"warning: ignoring arguments the emulator does not model: {' '.join(ignored)}", err=True)
+    emulator.run(emulator.Emulator(config, faults), host, port)
+
+
+EXIT_FAIL = 1
+EXIT_INCONCLUSIVE = 3
+
+
+@main.command()
+@POLICY_FILE
+@click.option("--prometheus", "prometheus_url", default=None, help="Prometheus base URL. Default: spec.prometheus.url.")
+@click.option("--level", type=int, default=None, help="Ladder level the canary runs (0 = GPU-only). Default: the top.")
+@click.option("--guard", is_flag=True, help="No canary runs: judge the stable variant against the absolute budgets.")
+@click.option("--warming-up", is_flag=True, help="Judge as in a step's first half: offload hit checks not gated.")
+@click.option(
+    "--variant-labels",
+    default="kvoffload_io_policy,kvoffload_io_variant",
+    show_default=True,
+    help="The series labels naming the policy and the variant, as POLICY_LABEL,VARIANT_LABEL.",
+)
+@click.option("--bearer-token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), default=None, help="CA bundle for TLS.")
+@click.option("--insecure-skip-tls-verify", is_flag=True, help="Do not verify Prometheus's TLS certificate.")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds per query.")
+@OUTPUT
+@reports_bad_input
+def analyze(
+    file: Path,
+    prometheus_url: str | None,
+    level: int | None,
+    guard: bool,
+    warming_up: bool,
+    variant_labels: str,
+    bearer_token_file: Path | None,
+    ca_bundle: str | None,
+    insecure_skip_tls_verify: bool,
+    timeout: float,
+    output: str,
+) -> None:
+    """Run one analysis cycle now: canary vs stable, every metric with its value, threshold and verdict.
+
+    Exit status: 0 Pass, 1 Fail, 3 Inconclusive (too few requests, no data, Prometheus unreachable),
+    2 bad input.
+    """
+    import json
+    from dataclasses import replace
+
+    from kvoffload.analysis import assess, format_metric_value, format_threshold
+    from kvoffload.dialects import confirm_dialect, dialect_for, version_from_image
+    from kvoffload.ladder import build_ladder, find_level
+    from kvoffload.models import Verdict
+    from kvoffload.prometheus import LabelNames, PrometheusProvider, Target
+    from kvoffload.validation import load_policy
+
+    policy = load_policy(file)
+    spec = policy.spec
+    labels = [part.strip() for part in variant_labels.split(",")]
+    if len(labels) != 2 or not all(labels):
+        raise click.BadParameter("want POLICY_LABEL,VARIANT_LABEL", param_hint="--variant-labels")
+    try:
+        chosen = find_level(build_ladder(spec), index=level)
+    except KeyError as exc:
+        raise click.BadParameter(str(exc.args[0]), param_hint="--level") from None
+    try:
+        dialect = dialect_for(spec.model.vllm_version or version_from_image(spec.model.image))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="spec.model.vllmVersion") from None
+
+    provider = PrometheusProvider(
+        prometheus_url or spec.prometheus.url,
+        bearer_token_file=bearer_token_file,
+        verify=False if insecure_skip_tls_verify else (ca_bundle or True),
+        timeout=timeout,
+        labels=LabelNames(policy=labels[0], variant=labels[1]),
+    )
+    namespace = policy.metadata.namespace
+    target = Target(
+        namespace,
+        policy.metadata.name,
+        spec.analysis.window,
+        dialect,
+        spec.prometheus.extra_matchers,
+        with_canary=not guard,
+    )
+    # The image tag can be off by a release: the series Prometheus holds decide.
+    target = replace(target, dialect=confirm_dialect(dialect, set(provider.present_metric_names(target))))
+    measurements = provider.measure([target])[target.key]
+    result = assess(spec, chosen, measurements, warmed_up=not warming_up)
+
+    if output == "json":
+        doc = {
+            "policy": policy.metadata.name,
+            "namespace": namespace,
+            "level": {"index": chosen.index, "name": chosen.name, "tiers": chosen.tiers},
+            "mode": "guard" if guard else "canary",
+            "window": spec.analysis.window,
+            "dialect": target.dialect.name,
+            "verdict": result.verdict.value,
+            "message": result.message,
+            "metrics": [m.model_dump(mode="json", by_alias=True) for m in result.metrics],
+        }
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        who = "stable only (guard)" if guard else "canary vs stable"
+        click.echo(
+            f"{namespace}/{policy.metadata.name}: level {chosen.index} ({chosen.name}), {who}, "
+            f"window {spec.analysis.window}, vLLM dialect {target.dialect.name}, Prometheus {provider.url}"
+        )
+        rows = [("METRIC", "CANARY", "STABLE", "THRESHOLD", "RESULT", "WHY")]
+        for m in result.metrics:
+            verdict = {True: "pass", False: "FAIL", None: "-"}[m.passed]
+            rows.append(
+                (
+                    m.name,
+                    format_metric_value(m.name, m.canary),
+                    format_metric_value(m.name, m.stable),
+                    format_threshold(m.name, m.threshold),
+                    verdict,
+                    m.message,
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        for r in rows if result.metrics else []:
+            click.echo("  ".join(cell.ljust(w) for cell, w in zip(r[:5], widths, strict=True)) + "  " + r[5])
+        click.echo(f"verdict: {result.verdict.value}: {result.message}")
+    codes = {Verdict.PASS: 0, Verdict.FAIL: EXIT_FAIL, Verdict.INCONCLUSIVE: EXIT_INCONCLUSIVE}
+    sys.exit(codes[result.verdict])

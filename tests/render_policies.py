@@ -1,0 +1,91 @@
+"""The policies the rendering tests run over: tests/data/render-*.yaml and every examples/*.yaml."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kvoffload.ladder import Level, build_ladder
+from kvoffload.models import KVOffloadPolicy
+from kvoffload.validation import load_policy, parse_policy
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data"
+EXAMPLES = ROOT / "examples"
+GOLDEN = ROOT / "tests" / "golden"
+
+
+def _is_policy_file(path: Path) -> bool:
+    docs = list(yaml.safe_load_all(path.read_text()))
+    return any(isinstance(d, dict) and d.get("kind") == "KVOffloadPolicy" for d in docs)
+
+
+def policy_files() -> list[Path]:
+    """Our own render test policies, then the examples (whenever another change adds them)."""
+    examples = [p for p in sorted(EXAMPLES.glob("*.yaml")) if _is_policy_file(p)] if EXAMPLES.is_dir() else []
+    return sorted(DATA.glob("render-*.yaml")) + examples
+
+
+def case_id(path: Path) -> str:
+    """``data-render-qwen3-small`` or ``examples-qwen3-0.6b-cpu``: unique across both folders."""
+    return f"{path.parent.name}-{path.stem}"
+
+
+@dataclass(frozen=True)
+class LevelCase:
+    file: Path
+    policy: KVOffloadPolicy
+    level: Level
+
+    @property
+    def id(self) -> str:
+        return f"{case_id(self.file)}/{self.level.index}-{self.level.name}"
+
+
+def level_cases() -> list[LevelCase]:
+    """Every level of every policy."""
+    cases = []
+    for path in policy_files():
+        policy = load_policy(path)
+        cases += [LevelCase(path, policy, level) for level in build_ladder(policy.spec)]
+    return cases
+
+
+BASE: dict[str, Any] = {
+    "apiVersion": "kvoffload.io/v1alpha1",
+    "kind": "KVOffloadPolicy",
+    "metadata": {"name": "chat", "namespace": "llm"},
+    "spec": {
+        "model": {"name": "Qwen/Qwen3-8B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 16384},
+        "gpu": {"class": "nvidia-h100-80gb"},
+        "replicas": 4,
+        "resources": {"baseMemory": "24Gi"},
+        "offload": {"cpu": "32Gi"},
+    },
+}
+
+
+def merge(base: Any, patch: Any) -> Any:
+    """``patch`` laid over ``base``: mappings merge key by key, anything else replaces."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        out = dict(base)
+        for key, value in patch.items():
+            out[key] = merge(base[key], value) if key in base else value
+        return out
+    return patch
+
+
+def policy_object(metadata: dict[str, Any] | None = None, **spec_patch: Any) -> dict[str, Any]:
+    """A Qwen3-8B policy object (valid unless the patch breaks it), ``spec_patch`` merged into its spec."""
+    obj: dict[str, Any] = merge(BASE, {"spec": spec_patch})
+    if metadata is not None:
+        obj = merge(obj, {"metadata": metadata})
+    return obj
+
+
+def make_policy(metadata: dict[str, Any] | None = None, **spec_patch: Any) -> KVOffloadPolicy:
+    """The policy of ``policy_object``, validated as the operator validates it."""
+    return parse_policy(policy_object(metadata, **spec_patch))
