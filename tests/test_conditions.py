@@ -1,0 +1,105 @@
+"""Conditions keep Kubernetes conventions, and the phase is read off them."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from kvoffload import conditions as cond
+from kvoffload.conditions import Reason
+from kvoffload.models import Condition, Phase, StageStatus
+
+T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+LATER = T0 + timedelta(minutes=5)
+
+
+def test_a_new_condition_gets_now_as_its_transition_time():
+    conditions = cond.set_condition([], cond.READY, True, Reason.LADDER_COMPLETE, "done", T0, generation=3)
+
+    assert conditions == [
+        Condition(
+            type="Ready",
+            status="True",
+            reason="LadderComplete",
+            message="done",
+            last_transition_time=T0,
+            observed_generation=3,
+        )
+    ]
+
+
+def test_an_unchanged_status_keeps_last_transition_time_even_when_reason_and_message_change():
+    before = cond.set_condition([], cond.PROGRESSING, True, Reason.CANARY_RUNNING, "canary cpu", T0)
+
+    after = cond.set_condition(before, cond.PROGRESSING, True, Reason.PROMOTION_RUNNING, "cpu at 50%", LATER)
+
+    (progressing,) = after
+    assert progressing.last_transition_time == T0
+    assert (progressing.reason, progressing.message) == ("PromotionRunning", "cpu at 50%")
+
+
+def test_a_changed_status_moves_last_transition_time():
+    before = cond.set_condition([], cond.DEGRADED, False, Reason.AS_EXPECTED, "", T0)
+
+    after = cond.set_condition(before, cond.DEGRADED, True, Reason.CANARY_OOM_KILLED, "pod x OOMKilled", LATER)
+
+    assert after[0].status == "True"
+    assert after[0].last_transition_time == LATER
+
+
+def test_setting_a_condition_leaves_the_input_list_and_the_other_conditions_alone():
+    before = cond.set_condition([], cond.READY, False, Reason.ROLLOUT_IN_PROGRESS, "", T0)
+    before = cond.set_condition(before, cond.PAUSED, False, Reason.NOT_PAUSED, "", T0)
+    snapshot = [c.model_copy() for c in before]
+
+    after = cond.set_condition(before, cond.PAUSED, True, Reason.PAUSED, "by hand", LATER)
+
+    assert before == snapshot
+    assert [c.type for c in after] == ["Ready", "Paused"]
+    assert after[0] is before[0]
+
+
+def _conds(**statuses: bool | tuple[bool, Reason]) -> list[Condition]:
+    out: list[Condition] = []
+    for type_, value in statuses.items():
+        status, reason = value if isinstance(value, tuple) else (value, Reason.AS_EXPECTED)
+        out = cond.set_condition(out, type_, status, reason, "", T0)
+    return out
+
+
+def _stage(step: int) -> StageStatus:
+    return StageStatus(index=2, name="cpu", step=step, started_at=T0)
+
+
+@pytest.mark.parametrize(
+    ("conditions", "stage", "phase"),
+    [
+        pytest.param([], None, Phase.PENDING, id="nothing-yet-is-pending"),
+        pytest.param(
+            _conds(Progressing=(True, Reason.BASELINE_RUNNING)), _stage(0), Phase.BASELINE, id="baseline-running"
+        ),
+        pytest.param(_conds(Progressing=(True, Reason.CANARY_RUNNING)), _stage(0), Phase.CANARY, id="step-0-canary"),
+        pytest.param(
+            _conds(Progressing=(True, Reason.PROMOTION_RUNNING)), _stage(2), Phase.PROMOTING, id="step-2-promoting"
+        ),
+        pytest.param(
+            _conds(Progressing=(True, Reason.AWAITING_PROMOTION)), _stage(0), Phase.CANARY, id="awaiting-is-canary"
+        ),
+        pytest.param(_conds(Ready=True, Progressing=False), _stage(0), Phase.STABLE, id="ready-is-stable"),
+        pytest.param(_conds(Ready=False, Degraded=True), _stage(0), Phase.ROLLED_BACK, id="degraded-rolled-back"),
+        pytest.param(
+            _conds(Progressing=(True, Reason.CANARY_RUNNING), Paused=True), _stage(0), Phase.PAUSED, id="paused-wins"
+        ),
+        pytest.param(
+            _conds(Progressing=(True, Reason.CANARY_RUNNING), AnalysisInconclusive=True),
+            _stage(0),
+            Phase.PAUSED,
+            id="inconclusive-pauses",
+        ),
+        pytest.param(_conds(Degraded=True, Paused=True), _stage(0), Phase.PAUSED, id="paused-over-rolled-back"),
+        pytest.param(_conds(Ready=True, Invalid=True, Paused=True), _stage(0), Phase.INVALID, id="invalid-wins-all"),
+    ],
+)
+def test_the_phase_is_derived_from_the_conditions(conditions, stage, phase):
+    assert cond.derive_phase(conditions, stage) is phase
