@@ -1,0 +1,88 @@
+# kvoffload: `make demo` and `make test` set up everything they need on a fresh Debian 12 machine.
+# Setup steps leave stamp files (in the venvs, and the built model) so a second run skips them.
+
+PYTHON ?= python3
+VENV := .venv
+VLLM_VENV := .venv-vllm
+TINY_MODEL := .tiny-model
+LINT_PATHS := operator tests bench scripts
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv
+VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+IMAGE ?= kvoffload:$(VERSION)
+# apt-get needs root; use sudo only where we are not root already.
+SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
+
+# Tests and the demo start `kvoffload`, `hadolint`, ... by name.
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.DEFAULT_GOAL := help
+.PHONY: help setup system-deps test lint demo lock image
+
+help:
+	@echo "make demo    set up, then run 'kvoffload demo' (the whole loop on this machine)"
+	@echo "make test    set up, then ruff, mypy and the whole pytest suite, real vLLM tier included"
+	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .tiny-model)"
+	@echo "make lock    regenerate requirements/*.lock with uv"
+	@echo "make image   build the operator image (needs a Docker engine)"
+
+setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(TINY_MODEL)/config.json
+
+# Debian packages: Prometheus (with promtool) for the Prometheus tier, and venv support for a
+# Debian-packaged Python. Nothing to do when both are there.
+system-deps:
+	@missing=""; \
+	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
+	if [ -n "$$missing" ]; then \
+		echo "apt-get install:$$missing"; \
+		$(SUDO) apt-get update -q && \
+		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
+	fi
+
+# The development venv: exactly the hash-pinned test lock, then kvoffload itself, editable.
+$(VENV)/.kvoffload-setup: requirements/test.lock pyproject.toml
+	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements/test.lock
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	touch $@
+
+# vLLM for CPU in a venv of its own (its torch and transformers pins are not ours).
+$(VLLM_VENV)/.kvoffload-setup: scripts/setup-vllm.sh requirements/vllm.lock
+	PYTHON=$(PYTHON) scripts/setup-vllm.sh $(VLLM_VENV)
+	touch $@
+
+$(TINY_MODEL)/config.json: scripts/make_tiny_model.py $(VLLM_VENV)/.kvoffload-setup
+	$(VLLM_VENV)/bin/python scripts/make_tiny_model.py $(TINY_MODEL)
+
+lint: $(VENV)/.kvoffload-setup
+	$(VENV)/bin/ruff check $(LINT_PATHS)
+	$(VENV)/bin/ruff format --check $(LINT_PATHS)
+	$(VENV)/bin/mypy
+
+test: setup lint
+	$(VENV)/bin/pytest --durations=15
+
+# The demo runs emulated engines, so it needs neither vLLM nor the tiny model.
+demo: system-deps $(VENV)/.kvoffload-setup
+	$(VENV)/bin/kvoffload demo
+
+$(UV):
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
+
+# Keeps the pins already there unless asked (uv reads the old lock as preferences);
+# `make lock UV_FLAGS=--upgrade` moves everything to the newest allowed versions. The vLLM lock
+# leaves out the CUDA torchvision/torchaudio/torchcodec and triton (see scripts/setup-vllm.sh).
+lock: $(UV)
+	$(UV) pip compile --quiet pyproject.toml --generate-hashes --python-version 3.11 $(UV_FLAGS) \
+		-o requirements/runtime.lock
+	$(UV) pip compile --quiet pyproject.toml --extra test --generate-hashes --python-version 3.11 $(UV_FLAGS) \
+		-c requirements/runtime.lock -o requirements/test.lock
+	$(UV) pip compile --quiet requirements/build.in --generate-hashes --python-version 3.11 $(UV_FLAGS) \
+		-o requirements/build.lock
+	$(UV) pip compile --quiet requirements/vllm.in --generate-hashes --python-version 3.11 $(UV_FLAGS) \
+		--find-links /opt/wheels --no-emit-package triton --no-emit-package torchvision \
+		--no-emit-package torchaudio --no-emit-package torchcodec -o requirements/vllm.lock
+
+image:
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
