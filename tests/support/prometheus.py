@@ -1,1 +1,265 @@
-"""pytest fixtures: prometheus (owned by one helper; registered in tests/conftest.py)."""
+"""pytest fixtures: the real Prometheus (Debian's /usr/bin/prometheus), started per test.
+
+The server itself lives in the package (:mod:`kvoffload.promserver`, used by the demo too);
+this module wraps it so a timeout fails the test, and adds a synthetic fleet exporter.
+
+Targets are added at runtime through ``file_sd_configs``; each target carries
+the labels the rendered PodMonitor would give its series (``namespace``,
+``pod``, ``kvoffload_io_policy``, ``kvoffload_io_variant``), so queries run
+against the same label layout as in a cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+
+from kvoffload import promserver
+from kvoffload.dialects import NEWEST, Dialect
+from kvoffload.promserver import PROMETHEUS_BIN, SCRAPE_INTERVAL_S, PrometheusError, free_port  # noqa: F401  (re-exported)
+
+T = TypeVar("T")
+
+
+def wait_until(check: Callable[[], T | None], deadline: float, what: str, poll: float = 0.2) -> T:
+    """Poll ``check`` until it returns something truthy, or fail the test naming ``what`` after ``deadline`` s."""
+    try:
+        return promserver.wait_until(check, deadline, what, poll)
+    except PrometheusError as exc:
+        pytest.fail(str(exc))
+
+
+class PrometheusServer(promserver.PrometheusServer):
+    """The package's :class:`kvoffload.promserver.PrometheusServer`, failing the test instead of raising."""
+
+    def start(self, deadline: float = 30.0, *, port: int | None = None) -> None:
+        try:
+            super().start(deadline, port=port)
+        except PrometheusError as exc:
+            pytest.fail(str(exc))
+
+    def wait_for_series(
+        self,
+        expr: str,
+        deadline: float = 30.0,
+        count: int = 1,
+        check: Callable[[list[dict[str, Any]]], bool] | None = None,
+    ) -> list[dict[str, Any]]:
+        try:
+            return super().wait_for_series(expr, deadline, count, check)
+        except PrometheusError as exc:
+            pytest.fail(str(exc))
+
+
+def require_prometheus() -> None:
+    """Skip without the binary on a workstation; fail in CI, where .ci/run installs it."""
+    if shutil.which(PROMETHEUS_BIN) or Path(PROMETHEUS_BIN).exists():
+        return
+    message = f"{PROMETHEUS_BIN} not found (apt-get install prometheus)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
+
+
+@pytest.fixture
+def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
+    """A fresh real Prometheus for one test, stopped afterwards."""
+    require_prometheus()
+    server = PrometheusServer(tmp_path / "prometheus")
+    server.workdir.mkdir()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+# --- a synthetic fleet: many engines' vLLM series from one small exporter --------
+
+# Bucket bounds of real vLLM 0.32 (shared/fixtures/vllm-0.32.0-cpu-metrics.txt).
+TTFT_BUCKETS = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+    160.0,
+    640.0,
+    2560.0,
+)
+ITL_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+    20.0,
+    40.0,
+    80.0,
+)
+
+
+def expected_p99(value: float, bounds: Sequence[float]) -> float:
+    """What histogram_quantile(0.99) gives when every observation equals ``value``."""
+    lower = 0.0
+    for upper in bounds:
+        if value <= upper:
+            return lower + (upper - lower) * 0.99
+        lower = upper
+    return lower
+
+
+@dataclass(frozen=True)
+class SyntheticEngine:
+    """One (policy, variant) whose series grow at fixed rates, so every query has a known answer."""
+
+    policy: str
+    variant: str
+    namespace: str = "llm"
+    requests_per_s: float = 10.0
+    ttft_s: float = 0.2
+    """Every request's TTFT (all land in one bucket)."""
+    itl_s: float = 0.02
+    prompt_tokens_per_s: float = 1000.0
+    external_share: float = 0.0
+    host_tokens_per_s: float = 0.0
+    disk_tokens_per_s: float = 0.0
+    kv_usage: float = 0.5
+    load_bytes_per_s: float = 0.0
+    load_throughput: float = 12.6e9
+    """Bytes per transfer second; the load time counter grows by bytes / this."""
+    offloading_size: str = "None"
+    offloading_backend: str = "native"
+
+
+def _series(engine: SyntheticEngine, dialect: Dialect) -> list[tuple[str, float]]:
+    """(series line prefix, growth per second or fixed value) for one engine."""
+    base = (
+        f'engine="0",kvoffload_io_policy="{engine.policy}",kvoffload_io_variant="{engine.variant}",'
+        f'model_name="m",namespace="{engine.namespace}",pod="{engine.policy}-{engine.variant}-0"'
+    )
+    rows: list[tuple[str, float]] = []
+    for name, bounds, value in ((dialect.ttft, TTFT_BUCKETS, engine.ttft_s), (dialect.itl, ITL_BUCKETS, engine.itl_s)):
+        for upper in (*bounds, float("inf")):
+            le = "+Inf" if upper == float("inf") else repr(upper)
+            rows.append((f'{name}_bucket{{{base},le="{le}"}}', engine.requests_per_s if value <= upper else 0.0))
+        rows.append((f"{name}_count{{{base}}}", engine.requests_per_s))
+        rows.append((f"{name}_sum{{{base}}}", engine.requests_per_s * value))
+    external = engine.prompt_tokens_per_s * engine.external_share
+    by_source = {
+        "local_compute": engine.prompt_tokens_per_s - external,
+        "local_cache_hit": 0.0,
+        "external_kv_transfer": external,
+    }
+    if dialect.prompt_tokens_by_source:
+        for source, per_s in by_source.items():
+            rows.append((f'{dialect.prompt_tokens_by_source}{{{base},source="{source}"}}', per_s))
+    if dialect.prompt_tokens_cached_by_source:
+        cached = {
+            "device": 0.0,
+            "host": engine.host_tokens_per_s,
+            "p2p": 0.0,
+            "disk": engine.disk_tokens_per_s,
+            "external_unspecified": 0.0,
+        }
+        for source, per_s in cached.items():
+            rows.append((f'{dialect.prompt_tokens_cached_by_source}{{{base},source="{source}"}}', per_s))
+    if dialect.offload is not None and engine.load_bytes_per_s > 0:
+        rows.append((f"{dialect.offload.load_bytes}{{{base}}}", engine.load_bytes_per_s))
+        rows.append((f"{dialect.offload.load_time}{{{base}}}", engine.load_bytes_per_s / engine.load_throughput))
+    return rows
+
+
+class SyntheticFleet:
+    """An HTTP exporter serving the vLLM series of many (policy, variant) engines at once.
+
+    The policy, variant, namespace and pod labels are in the exposition itself (Prometheus keeps
+    them: the scrape target carries none of them), so one target stands for a whole fleet.
+    Counters grow linearly from the start; gauges are fixed. Classic text format, as vLLM serves.
+    """
+
+    def __init__(self, engines: Sequence[SyntheticEngine], dialect: Dialect = NEWEST) -> None:
+        self.started = time.time()
+        self._counters: list[tuple[str, float]] = []
+        gauges: list[str] = []  # untyped, as families interleave across engines
+        for engine in engines:
+            self._counters.extend(_series(engine, dialect))
+            labels = (
+                f'kvoffload_io_policy="{engine.policy}",kvoffload_io_variant="{engine.variant}",'
+                f'namespace="{engine.namespace}",pod="{engine.policy}-{engine.variant}-0"'
+            )
+            gauges.append(f'{dialect.kv_cache_usage}{{engine="0",{labels}}} {engine.kv_usage}')
+            gauges.append(
+                f'{dialect.cache_config_info}{{engine="0",{labels},kv_offloading_backend="{engine.offloading_backend}",'
+                f'kv_offloading_size="{engine.offloading_size}"}} 1.0'
+            )
+        self._gauges = "\n".join(gauges) + "\n"
+        fleet = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                body = fleet.exposition().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="synthetic-fleet", daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self._server.server_address[1]}"
+
+    @property
+    def series(self) -> int:
+        return len(self._counters) + self._gauges.count("\n")
+
+    def exposition(self) -> str:
+        elapsed = time.time() - self.started
+        counters = "\n".join(f"{prefix} {per_s * elapsed:.6f}" for prefix, per_s in self._counters)
+        return counters + "\n" + self._gauges
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)

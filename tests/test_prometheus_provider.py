@@ -1,0 +1,310 @@
+"""The Prometheus provider: the queries it builds, the answers it reads from a real Prometheus,
+and the errors it turns into Inconclusive instead of exceptions."""
+
+from __future__ import annotations
+
+import re
+import socket
+import threading
+from collections.abc import Iterator
+from dataclasses import replace
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvoffload.analysis import Measurements
+from kvoffload.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
+from kvoffload.prometheus import LabelNames, PrometheusProvider, Target, build_queries, promql_duration
+from tests.support.prometheus import (
+    ITL_BUCKETS,
+    TTFT_BUCKETS,
+    PrometheusServer,
+    SyntheticEngine,
+    SyntheticFleet,
+    expected_p99,
+    require_prometheus,
+)
+
+CAPTURE = Path(__file__).parent / "data" / "vllm-0.32.0-cpu-metrics.txt"
+WINDOW = "10s"
+
+# --- the queries --------------------------------------------------------------
+
+
+def test_every_query_selects_all_policies_and_groups_by_policy_and_variant() -> None:
+    queries = build_queries("2m", NEWEST)
+    assert [q.field for q in queries] == [
+        "requests",
+        "ttft_p99",
+        "itl_p99",
+        "kv_usage",
+        "config",
+        "external_share",
+        "tier_hits",
+        "load_bytes_per_second",
+    ]
+    for query in queries:
+        assert 'kvoffload_io_policy!=""' in query.expr
+        assert "namespace, kvoffload_io_policy, kvoffload_io_variant" in query.expr
+        assert "[120s]" in query.expr or query.field == "config"
+    ttft = next(q for q in queries if q.field == "ttft_p99").expr
+    assert ttft == (
+        "histogram_quantile(0.99, sum by (le, namespace, kvoffload_io_policy, kvoffload_io_variant) "
+        '(rate(vllm:time_to_first_token_seconds_bucket{kvoffload_io_policy!=""}[120s])))'
+    )
+
+
+def test_renamed_labels_and_extra_matchers_reach_every_query() -> None:
+    labels = LabelNames(policy="app_policy", variant="track", namespace="ns")
+    for query in build_queries("30s", NEWEST, 'cluster="prod"', labels):
+        assert 'app_policy!="", cluster="prod"' in query.expr
+        assert "ns, app_policy, track" in query.expr
+        assert "kvoffload_io" not in query.expr
+
+
+def test_older_dialects_use_their_own_names_and_skip_what_they_lack() -> None:
+    old = dialect_for("0.9.2")
+    fields = {q.field: q.expr for q in build_queries("2m", old)}
+    assert "vllm:time_per_output_token_seconds_bucket" in fields["itl_p99"]
+    assert "vllm:gpu_cache_usage_perc" in fields["kv_usage"]
+    assert "external_share" not in fields
+    assert "tier_hits" not in fields
+    legacy = {q.field: q.expr for q in build_queries("2m", replace(NEWEST, offload=LEGACY_OFFLOAD))}
+    assert 'transfer_type="CPU_to_GPU"' in legacy["load_bytes_per_second"]
+
+
+def test_every_series_the_queries_read_exists_in_a_real_vllm_capture() -> None:
+    present: set[str] = set()
+    for family in text_string_to_metric_families(CAPTURE.read_text()):
+        present.update(sample.name for sample in family.samples)
+    # Offload series exist only with offloading on, which vLLM for CPU refuses: checked against the dialect instead.
+    offload = set(NEWEST.offload.families()) if NEWEST.offload else set()
+    for query in build_queries("2m", NEWEST):
+        for name in re.findall(r"(vllm:[a-z_:]+)\{", query.expr):
+            assert name in present or name in offload, f"{name} ({query.field}) is not in the vLLM 0.32 capture"
+
+
+@pytest.mark.parametrize(("window", "promql"), [("2m", "120s"), ("1m30s", "90s"), ("1500ms", "1500ms"), (10, "10s")])
+def test_windows_become_single_unit_promql_durations(window: str | int, promql: str) -> None:
+    assert promql_duration(window) == promql
+
+
+# --- errors become Inconclusive, never exceptions -------------------------------
+
+
+class _Canned(BaseHTTPRequestHandler):
+    status = 200
+    body = b""
+    hang = False
+    seen_headers: list[dict[str, str]] = []  # noqa: RUF012
+
+    def do_GET(self) -> None:
+        type(self).seen_headers.append(dict(self.headers))
+        if self.hang:
+            threading.Event().wait(5)  # longer than the provider's timeout
+            return
+        self.send_response(self.status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(self.body)))
+        self.end_headers()
+        self.wfile.write(self.body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def serve(**attrs: object) -> tuple[ThreadingHTTPServer, str]:
+    handler = type("Handler", (_Canned,), {**attrs, "seen_headers": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+@pytest.fixture
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def measure_one(provider: PrometheusProvider) -> Measurements:
+    return provider.measure([Target("llm", "chat", WINDOW)])[("llm", "chat")]
+
+
+def test_a_refused_connection_gives_an_error_not_an_exception(closed_port: int) -> None:
+    result = measure_one(PrometheusProvider(f"http://127.0.0.1:{closed_port}", retries=0))
+    assert result.error is not None
+    assert "unreachable" in result.error
+
+
+@pytest.mark.parametrize(
+    ("case", "attrs", "expected"),
+    [
+        ("HTTP 500", {"status": 500, "body": b'{"status":"error"}'}, "answered with an error"),
+        ("HTTP 503", {"status": 503, "body": b"overloaded"}, "answered with an error"),
+        ("bad JSON", {"status": 200, "body": b"<html>proxy login</html>"}, "not understood"),
+        ("JSON without data", {"status": 200, "body": b'{"status":"success"}'}, "not understood"),
+        ("a scalar answer", {"status": 200, "body": b'{"data":{"result":"1"}}'}, "not understood"),
+        ("a timeout", {"hang": True}, "timed out"),
+    ],
+)
+def test_a_broken_answer_gives_an_error(case: str, attrs: dict[str, object], expected: str) -> None:
+    server, url = serve(**attrs)
+    try:
+        result = measure_one(PrometheusProvider(url, timeout=0.5, retries=0))
+    finally:
+        server.shutdown()
+    assert result.error is not None, case
+    assert expected in result.error, result.error
+    assert result.canary is None
+    assert result.stable is None
+
+
+def test_the_bearer_token_is_sent_and_a_token_file_is_reread(tmp_path: Path) -> None:
+    server, url = serve(status=200, body=b'{"status":"success","data":{"resultType":"vector","result":[]}}')
+    token = tmp_path / "token"
+    token.write_text("first\n")
+    try:
+        provider = PrometheusProvider(url, bearer_token_file=token)
+        measure_one(provider)
+        token.write_text("rotated")
+        result = measure_one(provider)
+    finally:
+        server.shutdown()
+    seen = {h.get("Authorization") for h in server.RequestHandlerClass.seen_headers}  # type: ignore[attr-defined]
+    assert seen == {"Bearer first", "Bearer rotated"}
+    assert result.error is None
+    assert result.canary is not None
+    assert result.canary.requests is None
+
+
+# --- against the real Prometheus ------------------------------------------------
+
+CHAT_CANARY = SyntheticEngine(
+    "chat",
+    "canary",
+    requests_per_s=10,
+    ttft_s=0.3,
+    itl_s=0.03,
+    external_share=0.25,
+    host_tokens_per_s=200,
+    disk_tokens_per_s=50,
+    kv_usage=0.7,
+    load_bytes_per_s=1e9,
+    offloading_size="32.0",
+)
+CHAT_STABLE = SyntheticEngine("chat", "stable", requests_per_s=20, ttft_s=0.1, itl_s=0.02, kv_usage=0.4)
+FLEET = [
+    CHAT_CANARY,
+    CHAT_STABLE,
+    SyntheticEngine("chat", "stable", namespace="other", requests_per_s=5, ttft_s=2.0),
+    SyntheticEngine("code", "canary", requests_per_s=3),
+    SyntheticEngine("code", "stable", requests_per_s=3),
+]
+
+
+@pytest.fixture(scope="module")
+def scraped_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+    """A real Prometheus that has scraped the synthetic fleet for at least one whole window."""
+    require_prometheus()
+    fleet = SyntheticFleet(FLEET)
+    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"))
+    server.start()
+    try:
+        server.add_targets([(fleet.address, {})])
+        # increase() needs samples across the whole window, or it extrapolates from a part of it.
+        server.wait_for_series(
+            f"count_over_time(vllm:time_to_first_token_seconds_count[{WINDOW}]) >= 10", deadline=60, count=5
+        )
+        yield server
+    finally:
+        server.stop()
+        fleet.close()
+
+
+@pytest.mark.prometheus
+def test_the_provider_reads_each_variant_of_each_policy(scraped_fleet: PrometheusServer) -> None:
+    provider = PrometheusProvider(scraped_fleet.url)
+    got = provider.measure([Target("llm", "chat", WINDOW), Target("other", "chat", WINDOW, with_canary=False)])
+
+    chat = got[("llm", "chat")]
+    assert chat.error is None
+    assert chat.canary is not None
+    assert chat.stable is not None
+    canary, stable = chat.canary, chat.stable
+    assert canary.requests == pytest.approx(100, rel=0.15)
+    assert canary.request_rate == pytest.approx(10, rel=0.15)
+    assert stable.requests == pytest.approx(200, rel=0.15)
+    assert canary.ttft_p99 == pytest.approx(expected_p99(0.3, TTFT_BUCKETS), rel=0.01)
+    assert stable.ttft_p99 == pytest.approx(expected_p99(0.1, TTFT_BUCKETS), rel=0.01)
+    assert canary.itl_p99 == pytest.approx(expected_p99(0.03, ITL_BUCKETS), rel=0.01)
+    assert canary.external_share == pytest.approx(0.25, rel=0.01)
+    assert stable.external_share == 0.0
+    assert canary.tier_hits["host"] == pytest.approx(200 * 10, rel=0.15)
+    assert canary.tier_hits["disk"] == pytest.approx(50 * 10, rel=0.15)
+    assert set(canary.tier_hits) == {"host", "disk"}
+    assert stable.tier_hits == {"host": 0.0, "disk": 0.0}
+    assert canary.kv_usage == pytest.approx(0.7)
+    assert canary.load_bytes_per_second == pytest.approx(12.6e9, rel=0.01)
+    assert stable.load_bytes_per_second is None  # no offload counters on a GPU-only engine
+    assert canary.config == {"kv_offloading_size": "32.0", "kv_offloading_backend": "native"}
+    assert stable.config == {"kv_offloading_size": "None", "kv_offloading_backend": "native"}
+
+    other = got[("other", "chat")]  # same policy name, another namespace: kept apart
+    assert other.canary is None
+    assert other.stable is not None
+    assert other.stable.ttft_p99 == pytest.approx(expected_p99(2.0, TTFT_BUCKETS), rel=0.01)
+
+
+@pytest.mark.prometheus
+def test_a_policy_without_series_has_empty_samples(scraped_fleet: PrometheusServer) -> None:
+    result = PrometheusProvider(scraped_fleet.url).measure([Target("llm", "absent", WINDOW)])[("llm", "absent")]
+    assert result.error is None
+    assert result.canary is not None
+    assert result.canary.requests is None
+    assert result.stable is not None
+    assert result.stable.ttft_p99 is None
+
+
+@pytest.mark.prometheus
+def test_queries_per_cycle_do_not_grow_with_the_number_of_policies(scraped_fleet: PrometheusServer) -> None:
+    provider = PrometheusProvider(scraped_fleet.url)
+    provider.measure([Target("llm", "chat", WINDOW)])
+    one = provider.queries
+    provider.measure([Target("llm", "chat", WINDOW), Target("llm", "code", WINDOW), Target("other", "chat", WINDOW)])
+    three = provider.queries - one
+    assert one == three == len(build_queries(WINDOW, NEWEST))
+
+    before = provider.queries
+    provider.measure([Target("llm", "chat", WINDOW), Target("llm", "code", "20s")])
+    assert provider.queries - before == 2 * one  # one set of queries per distinct window
+
+
+@pytest.mark.prometheus
+def test_present_metric_names_confirm_the_dialect(scraped_fleet: PrometheusServer) -> None:
+    provider = PrometheusProvider(scraped_fleet.url)
+    names = provider.present_metric_names(Target("llm", "chat", WINDOW))
+    assert "vllm:time_to_first_token_seconds_bucket" in names
+    assert "vllm:inter_token_latency_seconds_count" in names
+    assert not any(n.startswith("up") for n in names)
+    # An image tag that claims 0.10 is corrected to the names the engines really export.
+    confirmed = confirm_dialect(dialect_for("0.10.0"), set(names))
+    assert confirmed.itl == "vllm:inter_token_latency_seconds"
+    assert provider.present_metric_names(Target("llm", "absent", WINDOW)) == frozenset()
+
+
+@pytest.mark.prometheus
+def test_a_stopped_prometheus_gives_an_error(tmp_path: Path) -> None:
+    require_prometheus()
+    server = PrometheusServer(tmp_path)
+    server.start()
+    provider = PrometheusProvider(server.url, retries=0, timeout=2)
+    assert measure_one(provider).error is None
+    server.stop()
+    result = measure_one(provider)
+    assert result.error is not None
+    assert "unreachable" in result.error
+    assert provider.present_metric_names() == frozenset()
