@@ -1,0 +1,454 @@
+"""The reconcile cycle against the emulated API server: what one Controller.reconcile writes, and when not.
+
+There is no kubelet and no Deployment controller: the tests create the engine pods themselves,
+labelled like the rendered pod template and owned by the Deployment, with the status they need.
+Prometheus is replaced by a small MetricsProvider returning crafted figures; time by a clock the
+test moves.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import kubernetes.client
+import pytest
+
+from kvoffload.analysis import Measurements, VariantSample
+from kvoffload.controller import Controller, ReconcileError
+from kvoffload.hub import MeasurementHub
+from kvoffload.models import API_GROUP, API_VERSION, KIND
+from kvoffload.prometheus import PolicyKey, Target
+from kvoffload.render import LABEL_CONFIG_HASH, LABEL_LEVEL
+from tests.support.kube import EmulatedCluster, policy_manifest
+
+pytestmark = pytest.mark.e2e
+
+NS = "llm"
+POLICY_API = f"{API_GROUP}/{API_VERSION}"
+WRITES = ("POST", "PUT", "PATCH", "DELETE")
+
+
+def chat_spec() -> dict[str, Any]:
+    """Four replicas, ladder gpu-only -> cpu; a 10 s baseline and 20 s steps judged every second."""
+    return {
+        "model": {"name": "Qwen/Qwen3-0.6B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 4096},
+        "gpu": {"class": "nvidia-l4", "count": 1},
+        "replicas": 4,
+        "resources": {"baseMemory": "4Gi", "headroom": "1Gi", "cpu": "2"},
+        "offload": {"cpu": "1Gi"},
+        "rollout": {
+            "canaryReplicas": 1,
+            "maxSurge": 0,
+            "baselineDuration": "10s",
+            "stepDuration": "20s",
+            "promotionSteps": [50, 100],
+            "progressDeadline": "60s",
+        },
+        "analysis": {
+            "interval": "1s",
+            "window": "10s",
+            "ttftP99": "500ms",
+            "itlP99": "50ms",
+            "sustainedFor": "3s",
+            "minRequests": 5,
+        },
+        "prometheus": {"url": "http://prometheus.test:9090"},
+    }
+
+
+class Clock:
+    """The controller's now, moved by the test."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+HEALTHY = VariantSample(
+    requests=100.0,
+    request_rate=10.0,
+    ttft_p99=0.12,
+    itl_p99=0.02,
+    external_share=0.3,
+    tier_hits={"host": 5000.0},
+    kv_usage=0.6,
+)
+
+
+class CraftedProvider:
+    """Healthy figures for every variant that runs; records what it was asked."""
+
+    def __init__(self) -> None:
+        self.calls: list[list[Target]] = []
+
+    def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
+        self.calls.append(list(targets))
+        return {t.key: Measurements(canary=HEALTHY if t.with_canary else None, stable=HEALTHY) for t in targets}
+
+    def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
+        return frozenset()
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def provider() -> CraftedProvider:
+    return CraftedProvider()
+
+
+def new_controller(kube: EmulatedCluster, provider: CraftedProvider, clock: Clock) -> Controller:
+    return Controller(kube.gateway(), MeasurementHub(provider, gather_window=0.0), clock=clock)
+
+
+@pytest.fixture
+def controller(kube: EmulatedCluster, provider: CraftedProvider, clock: Clock) -> Controller:
+    return new_controller(kube, provider, clock)
+
+
+# --- reading and playing the cluster --------------------------------------------------------
+
+
+def policy_body(kube: EmulatedCluster, name: str = "chat") -> dict[str, Any]:
+    body = kube.emulator.read_object(POLICY_API, KIND, NS, name)
+    assert body is not None
+    return body
+
+
+def status_of(kube: EmulatedCluster, name: str = "chat") -> dict[str, Any]:
+    return policy_body(kube, name).get("status") or {}
+
+
+def deployment(kube: EmulatedCluster, name: str) -> dict[str, Any] | None:
+    return kube.emulator.read_object("apps/v1", "Deployment", NS, name)
+
+
+def writes(kube: EmulatedCluster, plural: str | None = None) -> list[tuple[str, str, str | None]]:
+    """Every write request so far: (method, plural, name)."""
+    return [
+        (str(r.method.value), r.resource.plural or "", r.name)
+        for r in kube.emulator
+        if r.method in WRITES and r.resource is not None and (plural is None or r.resource.plural == plural)
+    ]
+
+
+async def create_policy(kube: EmulatedCluster, name: str = "chat", spec: dict[str, Any] | None = None) -> None:
+    await kube.emulator.create_object(policy_manifest(name, NS, spec=spec if spec is not None else chat_spec()))
+
+
+async def events(kube: EmulatedCluster) -> list[Any]:
+    core = kubernetes.client.CoreV1Api(kube.api_client)
+    listed = await kube.call(core.list_namespaced_event, NS)
+    return list(listed.items)
+
+
+async def run_pods(kube: EmulatedCluster, deployment_name: str, count: int, **status: Any) -> list[str]:
+    """Play the Deployment controller and kubelet: ``count`` pods of the Deployment's template, Ready."""
+    dep = deployment(kube, deployment_name)
+    assert dep is not None, f"{deployment_name} does not exist"
+    names = []
+    for i in range(count):
+        name = f"{deployment_name}-{dep['metadata']['labels'][LABEL_CONFIG_HASH][:6]}-{i}"
+        await kube.emulator.create_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": name,
+                    "namespace": NS,
+                    "labels": dep["spec"]["template"]["metadata"]["labels"],
+                    "ownerReferences": [
+                        {
+                            "apiVersion": "apps/v1",
+                            "kind": "Deployment",
+                            "name": deployment_name,
+                            "uid": dep["metadata"]["uid"],
+                            "controller": True,
+                        }
+                    ],
+                },
+                "spec": copy.deepcopy(dep["spec"]["template"]["spec"]),
+            }
+        )
+        pod_status = {
+            "phase": "Running",
+            "conditions": [{"type": "Ready", "status": "True"}],
+            "containerStatuses": [{"name": "vllm", "ready": True, "restartCount": 0, "state": {"running": {}}}],
+            **status,
+        }
+        await kube.emulator.patch_object("v1", "Pod", NS, name, {"status": pod_status}, subresource="status")
+        names.append(name)
+    return names
+
+
+async def reconcile_until(
+    controller: Controller, kube: EmulatedCluster, clock: Clock, done: Any, *, step: float = 1.0, limit: int = 60
+) -> int:
+    """Reconcile once per ``step`` seconds of the test clock until ``done()``; how many cycles it took."""
+    for cycle in range(1, limit + 1):
+        clock.advance(step)
+        await controller.reconcile(policy_body(kube))
+        if done():
+            return cycle
+    pytest.fail(f"not done after {limit} cycles: {status_of(kube).get('message')}")
+
+
+@pytest.fixture
+async def in_canary(kube: EmulatedCluster, controller: Controller, clock: Clock) -> dict[str, Any]:
+    """A policy past its baseline, its canary started; returns the stable Deployment as it was before."""
+    await create_policy(kube)
+    await controller.reconcile(policy_body(kube))
+    await run_pods(kube, "chat-stable", 4)
+    before = deployment(kube, "chat-stable")
+    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-canary") is not None)
+    assert before is not None
+    return before
+
+
+# --- the scenarios -----------------------------------------------------------------------------
+
+
+async def test_a_new_policy_gets_its_stable_deployment_service_and_podmonitor_and_a_baseline(
+    kube: EmulatedCluster, controller: Controller
+) -> None:
+    await create_policy(kube)
+    body = policy_body(kube)
+
+    plan = await controller.reconcile(body)
+
+    created = writes(kube)
+    assert sorted((method, plural) for method, plural, _ in created if method == "POST" and plural != "events") == [
+        ("POST", "deployments"),
+        ("POST", "podmonitors"),
+        ("POST", "services"),
+    ]
+    stable = deployment(kube, "chat-stable")
+    assert stable is not None
+    assert deployment(kube, "chat-canary") is None
+    assert stable["spec"]["replicas"] == 4
+    assert stable["spec"]["template"]["metadata"]["labels"][LABEL_LEVEL] == "gpu-only"
+    assert stable["metadata"]["labels"][LABEL_CONFIG_HASH] == plan.status.stable.config_hash  # type: ignore[union-attr]
+    for api_version, kind, name in (
+        ("apps/v1", "Deployment", "chat-stable"),
+        ("v1", "Service", "chat"),
+        ("monitoring.coreos.com/v1", "PodMonitor", "chat"),
+    ):
+        child = kube.emulator.read_object(api_version, kind, NS, name)
+        assert child is not None, f"{kind} {name}"
+        (owner,) = child["metadata"]["ownerReferences"]
+        assert (owner["kind"], owner["name"], owner["uid"], owner["controller"]) == (
+            KIND,
+            "chat",
+            body["metadata"]["uid"],
+            True,
+        )
+    status = status_of(kube)
+    assert status["phase"] == "Baseline"
+    assert status["stable"]["replicas"] == 4
+    assert status["hostMemory"] == {"pinned": "0", "shm": "0", "request": "5Gi", "limit": "5Gi"}
+    assert [e.reason for e in await events(kube)] == ["NewLadder"]
+    assert policy_body(kube)["spec"] == chat_spec()  # spec is never written
+
+
+async def test_after_a_passing_baseline_the_canary_starts_and_stable_shrinks_first(
+    kube: EmulatedCluster, controller: Controller, clock: Clock, provider: CraftedProvider
+) -> None:
+    await create_policy(kube)
+    await controller.reconcile(policy_body(kube))
+    await run_pods(kube, "chat-stable", 4)
+    baseline_hash = status_of(kube)["stable"]["configHash"]
+
+    cycles = await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-canary") is not None)
+
+    assert cycles == 10  # baselineDuration 10s, one cycle per second
+    canary, stable = deployment(kube, "chat-canary"), deployment(kube, "chat-stable")
+    assert canary is not None
+    assert stable is not None
+    assert canary["spec"]["replicas"] == 1  # canaryReplicas
+    assert stable["spec"]["replicas"] == 3  # maxSurge 0: a canary replaces a stable replica
+    assert canary["spec"]["template"]["metadata"]["labels"][LABEL_LEVEL] == "cpu"
+    assert stable["metadata"]["labels"][LABEL_CONFIG_HASH] == baseline_hash
+    # the shrinking Deployment is written before the growing one: never 5 GPUs at once
+    deployment_writes = [(m, n) for m, _, n in writes(kube, "deployments")]
+    assert deployment_writes[-2:] == [("PUT", "chat-stable"), ("POST", None)]
+    status = status_of(kube)
+    assert status["phase"] == "Canary"
+    assert status["canary"]["replicas"] == 1
+    assert status["stable"]["replicas"] == 3
+    assert status["baseline"]["ttftP99"] == HEALTHY.ttft_p99
+    assert status["hostMemory"]["request"] == "6Gi"  # the canary's: base 4Gi + 1Gi pool + 1Gi headroom
+    # analysis ran only once a stable fleet existed, each time through one batched provider call
+    assert len(provider.calls) == 10
+    assert all(len(call) == 1 and not call[0].with_canary for call in provider.calls)
+
+
+async def test_an_oom_killed_canary_rolls_back_on_the_next_reconcile(
+    kube: EmulatedCluster, controller: Controller, in_canary: dict[str, Any]
+) -> None:
+    spec_before = policy_body(kube)["spec"]
+    stable_hash = in_canary["metadata"]["labels"][LABEL_CONFIG_HASH]
+    oom = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
+    await run_pods(
+        kube,
+        "chat-canary",
+        1,
+        conditions=[{"type": "Ready", "status": "False"}],
+        containerStatuses=[{"name": "vllm", "ready": False, "restartCount": 0, "lastState": oom, "state": oom}],
+    )
+
+    await controller.reconcile(policy_body(kube))
+
+    assert deployment(kube, "chat-canary") is None
+    stable = deployment(kube, "chat-stable")
+    assert stable is not None
+    assert stable["metadata"]["labels"][LABEL_CONFIG_HASH] == stable_hash  # the stable level exactly as it was
+    assert stable["spec"]["template"] == in_canary["spec"]["template"]
+    assert stable["spec"]["replicas"] == 4
+    warnings = [e for e in await events(kube) if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["CanaryOOMKilled"]
+    assert "OOMKilled" in warnings[0].message
+    status = status_of(kube)
+    assert status["phase"] == "RolledBack"
+    assert "canary" not in status
+    assert status["history"][-1]["decision"] == "Rollback"
+    assert status["history"][-1]["reason"] == "CanaryOOMKilled"
+    assert policy_body(kube)["spec"] == spec_before
+
+
+async def test_an_invalid_spec_goes_invalid_with_the_field_path_and_leaves_deployments_alone(
+    kube: EmulatedCluster, controller: Controller, clock: Clock
+) -> None:
+    await create_policy(kube)
+    await controller.reconcile(policy_body(kube))
+    stable_before = deployment(kube, "chat-stable")
+    broken = chat_spec()
+    broken["offload"]["cpu"] = "lots"
+    broken["analysis"]["ttftP99"] = "soon"
+    await kube.emulator.patch_object(POLICY_API, KIND, NS, "chat", {"spec": broken})
+    clock.advance(1)
+
+    plan = await controller.reconcile(policy_body(kube))
+
+    assert plan.variants is None
+    status = status_of(kube)
+    assert status["phase"] == "Invalid"
+    (condition,) = [c for c in status["conditions"] if c["type"] == "Invalid"]
+    assert condition["status"] == "True"
+    assert "spec.offload.cpu" in condition["message"]
+    assert "spec.analysis.ttftP99" in condition["message"]
+    assert status["observedGeneration"] == policy_body(kube)["metadata"]["generation"]
+    assert [e.reason for e in await events(kube) if e.type == "Warning"] == ["SpecInvalid"]
+    assert deployment(kube, "chat-stable") == stable_before  # not written, not even touched
+
+    writes_before = len(writes(kube))
+    clock.advance(1)
+    await controller.reconcile(policy_body(kube))
+    assert len(writes(kube)) == writes_before  # the same bad spec again: no new status, no new Event
+
+
+async def test_a_second_reconcile_with_nothing_new_writes_nothing(
+    kube: EmulatedCluster, controller: Controller, in_canary: dict[str, Any]
+) -> None:
+    await run_pods(kube, "chat-canary", 1)
+    await controller.reconcile(policy_body(kube))  # sees the ready canary
+    before = len(writes(kube))
+
+    await controller.reconcile(policy_body(kube))  # same instant, same cluster
+
+    assert writes(kube)[before:] == []
+
+
+async def test_a_restarted_controller_resumes_the_step_without_a_second_canary(
+    kube: EmulatedCluster, provider: CraftedProvider, clock: Clock, controller: Controller, in_canary: dict[str, Any]
+) -> None:
+    await run_pods(kube, "chat-canary", 1)
+    status_before = status_of(kube)
+    canary_before = deployment(kube, "chat-canary")
+    before = len(writes(kube))
+
+    restarted = new_controller(kube, provider, clock)
+    clock.advance(1)
+    await restarted.reconcile(policy_body(kube))
+
+    assert [w for w in writes(kube)[before:] if w[1] == "deployments"] == []
+    assert deployment(kube, "chat-canary") == canary_before
+    assert sorted(await list_deployments(kube)) == ["chat-canary", "chat-stable"]
+    status = status_of(kube)
+    assert status["phase"] == "Canary"
+    assert status["stage"] == status_before["stage"]  # same step, same start
+    assert status["canary"]["configHash"] == status_before["canary"]["configHash"]
+
+
+async def test_a_deployment_someone_else_owns_is_not_taken_over(kube: EmulatedCluster, controller: Controller) -> None:
+    await kube.emulator.create_object(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": "chat-stable", "namespace": NS, "labels": {"team": "other"}},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"team": "other"}}, "template": {}},
+        }
+    )
+    await create_policy(kube)
+
+    with pytest.raises(ReconcileError, match="will not adopt"):
+        await controller.reconcile(policy_body(kube))
+
+    theirs = deployment(kube, "chat-stable")
+    assert theirs is not None
+    assert theirs["spec"]["replicas"] == 1
+    assert "ownerReferences" not in theirs["metadata"]
+    assert "NotOwned" in [e.reason for e in await events(kube)]
+    assert controller.metrics.registry.get_sample_value("kvoffload_api_errors_total", {"operation": "apply"}) == 1
+
+
+async def list_deployments(kube: EmulatedCluster) -> list[str]:
+    apps = kubernetes.client.AppsV1Api(kube.api_client)
+    # Raw JSON: the typed client model refuses integer GPU quantities, which the API server would accept.
+    response: Any = await kube.call(apps.list_namespaced_deployment, NS, _preload_content=False)
+    return [item["metadata"]["name"] for item in json.loads(response.data)["items"]]
+
+
+async def test_a_model_configmap_is_read_through_the_api_and_its_absence_names_the_field(
+    kube: EmulatedCluster, controller: Controller, clock: Clock
+) -> None:
+    spec = chat_spec()
+    spec["model"] = {
+        "name": "acme/private-llm",
+        "image": "vllm/vllm-openai:v0.32.0",
+        "maxModelLen": 4096,
+        "configMap": {"name": "private-llm-config"},
+    }
+    await create_policy(kube, spec=spec)
+
+    await controller.reconcile(policy_body(kube))
+
+    assert status_of(kube)["phase"] == "Invalid"
+    (condition,) = [c for c in status_of(kube)["conditions"] if c["type"] == "Invalid"]
+    assert condition["message"].startswith("spec.model.configMap: ConfigMap llm/private-llm-config not found")
+    assert deployment(kube, "chat-stable") is None
+
+    config = {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128}
+    await kube.emulator.create_object(
+        {
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": "private-llm-config", "namespace": NS},
+            "data": {"config.json": json.dumps(config)},
+        }
+    )
+    clock.advance(1)
+    await controller.reconcile(policy_body(kube))
+
+    assert status_of(kube)["phase"] == "Baseline"
+    assert deployment(kube, "chat-stable") is not None

@@ -1,0 +1,117 @@
+"""The measurement hub: many policies' requests within the gather window become one provider call."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Sequence
+
+from kvoffload.analysis import Measurements, VariantSample
+from kvoffload.hub import MeasurementHub
+from kvoffload.opmetrics import OperatorMetrics
+from kvoffload.prometheus import PolicyKey, Target
+
+
+class RecordingProvider:
+    """Answers each target with its own policy name in the figures, and records every call."""
+
+    def __init__(self, *, fail: bool = False, skip: frozenset[str] = frozenset(), queries_per_call: int = 7) -> None:
+        self.calls: list[list[Target]] = []
+        self.threads: list[str] = []
+        self.fail = fail
+        self.skip = skip
+        self.queries = 0
+        self.queries_per_call = queries_per_call
+
+    def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
+        self.calls.append(list(targets))
+        self.threads.append(threading.current_thread().name)
+        self.queries += self.queries_per_call
+        if self.fail:
+            raise ConnectionError("Prometheus is down")
+        return {
+            t.key: Measurements(canary=None, stable=VariantSample(requests=float(len(t.policy))))
+            for t in targets
+            if t.policy not in self.skip
+        }
+
+    def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
+        return frozenset()
+
+
+def target(name: str, namespace: str = "llm") -> Target:
+    return Target(namespace=namespace, policy=name, window="1m", with_canary=False)
+
+
+async def test_concurrent_policies_share_one_provider_call() -> None:
+    provider = RecordingProvider()
+    metrics = OperatorMetrics()
+    hub = MeasurementHub(provider, gather_window=0.05, metrics=metrics)
+    names = [f"policy-{'x' * i}" for i in range(20)]
+
+    results = await asyncio.gather(*(hub.measure(target(n)) for n in names))
+
+    assert len(provider.calls) == 1
+    assert sorted(t.policy for t in provider.calls[0]) == sorted(names)
+    # each caller gets its own policy's answer, not a neighbour's
+    assert [r.stable.requests for r in results if r.stable is not None] == [float(len(n)) for n in names]
+    assert provider.threads[0] != threading.main_thread().name  # the blocking call ran in a worker thread
+    assert metrics.registry.get_sample_value("kvoffload_prometheus_queries_total") == 7  # counted once, per query
+
+
+async def test_requests_after_the_window_start_a_new_batch() -> None:
+    provider = RecordingProvider()
+    hub = MeasurementHub(provider, gather_window=0.01)
+
+    await asyncio.gather(hub.measure(target("a")), hub.measure(target("b")))
+    await hub.measure(target("c"))
+
+    assert [[t.policy for t in call] for call in provider.calls] == [["a", "b"], ["c"]]
+
+
+async def test_a_failing_provider_gives_every_waiting_policy_an_error_not_an_exception() -> None:
+    hub = MeasurementHub(RecordingProvider(fail=True), gather_window=0.01)
+
+    results = await asyncio.gather(hub.measure(target("a")), hub.measure(target("b")))
+
+    assert all(r.error is not None and "Prometheus is down" in r.error for r in results)
+    assert all(r.stable is None and r.canary is None for r in results)
+
+
+async def test_a_policy_the_provider_did_not_answer_for_gets_an_error() -> None:
+    hub = MeasurementHub(RecordingProvider(skip=frozenset({"quiet"})), gather_window=0.01)
+
+    loud, quiet = await asyncio.gather(hub.measure(target("loud")), hub.measure(target("quiet")))
+
+    assert loud.error is None
+    assert quiet.error == "no answer for llm/quiet"
+
+
+async def test_each_prometheus_url_gets_its_own_provider_and_batch() -> None:
+    made: dict[str, RecordingProvider] = {}
+
+    def factory(url: str) -> RecordingProvider:
+        made[url] = RecordingProvider()
+        return made[url]
+
+    hub = MeasurementHub(factory, gather_window=0.02)
+    await asyncio.gather(
+        hub.measure(target("a"), "http://prom-a:9090"),
+        hub.measure(target("b"), "http://prom-b:9090"),
+        hub.measure(target("c"), "http://prom-a:9090"),
+    )
+
+    assert sorted(made) == ["http://prom-a:9090", "http://prom-b:9090"]
+    assert [[t.policy for t in call] for call in made["http://prom-a:9090"].calls] == [["a", "c"]]
+    assert [[t.policy for t in call] for call in made["http://prom-b:9090"].calls] == [["b"]]
+    assert hub.provider_calls == 2
+
+
+async def test_the_same_policy_twice_in_a_batch_is_measured_once() -> None:
+    provider = RecordingProvider()
+    hub = MeasurementHub(provider, gather_window=0.02)
+
+    first, second = await asyncio.gather(hub.measure(target("chat")), hub.measure(target("chat")))
+
+    assert [len(call) for call in provider.calls] == [1]
+    assert first == second

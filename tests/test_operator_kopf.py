@@ -1,0 +1,251 @@
+"""The operator under kopf, for real over HTTP against the emulated API server.
+
+In-process (kopf in its own thread, the handlers of ``kvoffload.handlers``) and as the
+``kvoffload run`` command in a subprocess that finds the emulator through $KUBECONFIG.
+Prometheus is not needed here: in-process, a small provider returns healthy figures;
+the subprocess points its policies at a Prometheus that is not there (Inconclusive).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import sys
+import urllib.request
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+import kopf
+import kubernetes.client
+import pytest
+
+from kvoffload.analysis import Measurements, VariantSample
+from kvoffload.controller import Controller, ControllerSettings
+from kvoffload.handlers import FINALIZER, LoopSettings, register
+from kvoffload.hub import MeasurementHub
+from kvoffload.models import API_GROUP, API_VERSION, KIND, PLURAL
+from kvoffload.prometheus import PolicyKey, Target
+from kvoffload.rollout import Plan
+from tests.support.kube import EmulatedCluster, policy_manifest, running_kopf, wait_for
+
+pytestmark = pytest.mark.e2e
+
+NS = "default"
+POLICY_API = f"{API_GROUP}/{API_VERSION}"
+
+
+def quick_spec(prometheus: str = "http://prometheus.test:9090") -> dict[str, Any]:
+    """Two replicas, gpu-only -> cpu, a 2 s baseline, analysis every second."""
+    return {
+        "model": {"name": "Qwen/Qwen3-0.6B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 4096},
+        "gpu": {"class": "nvidia-l4"},
+        "replicas": 2,
+        "resources": {"baseMemory": "4Gi", "headroom": "1Gi"},
+        "offload": {"cpu": "1Gi"},
+        "rollout": {"baselineDuration": "2s", "stepDuration": "30s", "progressDeadline": "60s"},
+        "analysis": {"interval": "1s", "window": "10s", "ttftP99": "500ms", "itlP99": "50ms", "minRequests": 5},
+        "prometheus": {"url": prometheus},
+    }
+
+
+BROKEN_SPEC = {"replicas": "many", "offload": {"cpu": "lots"}}
+
+
+class HealthyProvider:
+    def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
+        sample = VariantSample(requests=100.0, ttft_p99=0.1, itl_p99=0.02, external_share=0.3, tier_hits={"host": 1.0})
+        return {t.key: Measurements(canary=sample if t.with_canary else None, stable=sample) for t in targets}
+
+    def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
+        return frozenset()
+
+
+def read(kube: EmulatedCluster, api_version: str, kind: str, name: str) -> dict[str, Any] | None:
+    return kube.emulator.read_object(api_version, kind, NS, name)
+
+
+def phase_of(kube: EmulatedCluster, name: str) -> str | None:
+    return ((read(kube, POLICY_API, KIND, name) or {}).get("status") or {}).get("phase")
+
+
+def invalid_message(kube: EmulatedCluster, name: str) -> str:
+    conditions = ((read(kube, POLICY_API, KIND, name) or {}).get("status") or {}).get("conditions") or []
+    return next((c["message"] for c in conditions if c["type"] == "Invalid" and c["status"] == "True"), "")
+
+
+async def delete_policy(kube: EmulatedCluster, name: str) -> None:
+    custom = kubernetes.client.CustomObjectsApi(kube.api_client)
+    await kube.call(custom.delete_namespaced_custom_object, API_GROUP, API_VERSION, NS, PLURAL, name)
+
+
+def bystander() -> dict[str, Any]:
+    labels = {"app": "bystander"}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "bystander", "namespace": NS, "labels": labels},
+        "spec": {"replicas": 1, "selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}}},
+    }
+
+
+CHILDREN = (
+    ("apps/v1", "Deployment", "chat-stable"),
+    ("apps/v1", "Deployment", "chat-canary"),
+    ("v1", "Service", "chat"),
+    ("monitoring.coreos.com/v1", "PodMonitor", "chat"),
+)
+
+
+async def test_kopf_runs_the_ladder_keeps_a_broken_policy_invalid_and_deletion_collects_the_children(
+    kube: EmulatedCluster,
+) -> None:
+    registry = kopf.OperatorRegistry()
+    controller = Controller(kube.gateway(), MeasurementHub(HealthyProvider(), gather_window=0.01))
+    register(registry, controller)
+    await kube.emulator.create_object(bystander())
+
+    async with running_kopf(kube, registry=registry) as kopf_thread:
+        await kube.emulator.create_object(policy_manifest("chat", NS, spec=quick_spec()))
+        await kube.emulator.create_object(policy_manifest("broken", NS, spec=BROKEN_SPEC))
+
+        await wait_for(lambda: read(kube, "apps/v1", "Deployment", "chat-stable"), "the stable Deployment", 10)
+        await wait_for(lambda: phase_of(kube, "broken") == "Invalid", "the broken policy to go Invalid", 10)
+        message = invalid_message(kube, "broken")
+        assert "spec.replicas" in message
+        assert "spec.model" in message
+        # the daemon moves the valid one on by itself: baseline (2 s), then the canary
+        await wait_for(lambda: phase_of(kube, "chat") == "Canary", "the canary step", 15)
+        canary = read(kube, "apps/v1", "Deployment", "chat-canary")
+        assert canary is not None
+        assert canary["spec"]["replicas"] == 1
+        assert read(kube, "apps/v1", "Deployment", "chat-stable")["spec"]["replicas"] == 1  # type: ignore[index]
+        assert FINALIZER in read(kube, POLICY_API, KIND, "chat")["metadata"]["finalizers"]  # type: ignore[index]
+
+        await delete_policy(kube, "chat")
+        await wait_for(lambda: read(kube, POLICY_API, KIND, "chat") is None, "the policy to be deleted", 10)
+        await wait_for(
+            lambda: all(read(kube, *child) is None for child in CHILDREN), "the garbage collector to remove children"
+        )
+        assert read(kube, "apps/v1", "Deployment", "bystander") is not None
+        assert phase_of(kube, "broken") == "Invalid"
+        assert read(kube, "apps/v1", "Deployment", "broken-stable") is None
+        assert kopf_thread.is_alive()
+
+
+class CursedController(Controller):
+    """Fails with a bug, not an API error, for the policy named "cursed"."""
+
+    async def reconcile(self, body: Mapping[str, Any]) -> Plan:
+        if body["metadata"]["name"] == "cursed":
+            raise RuntimeError("a bug that only this policy triggers")
+        return await super().reconcile(body)
+
+
+async def test_one_policy_that_breaks_the_controller_does_not_stop_the_others(kube: EmulatedCluster) -> None:
+    registry = kopf.OperatorRegistry()
+    controller = CursedController(kube.gateway(), MeasurementHub(HealthyProvider(), gather_window=0.01))
+    register(registry, controller, loop_settings=LoopSettings(error_backoff=0.05, max_backoff=0.2))
+
+    async with running_kopf(kube, registry=registry) as kopf_thread:
+        await kube.emulator.create_object(policy_manifest("cursed", NS, spec=quick_spec()))
+        await kube.emulator.create_object(policy_manifest("chat", NS, spec=quick_spec()))
+
+        await wait_for(lambda: phase_of(kube, "chat") == "Canary", "the healthy policy to reach its canary", 15)
+        errors = controller.metrics.registry.get_sample_value("kvoffload_reconcile_errors_total")
+        assert errors is not None
+        assert errors >= 2  # the cursed one was retried with backoff, and is still being retried
+        assert kopf_thread.is_alive()
+        assert read(kube, "apps/v1", "Deployment", "cursed-stable") is None
+
+
+async def test_api_errors_are_retried_until_the_deployment_is_written(kube: EmulatedCluster) -> None:
+    registry = kopf.OperatorRegistry()
+    settings = ControllerSettings(retry_delay_seconds=0.2)
+    controller = Controller(kube.gateway(), MeasurementHub(HealthyProvider(), gather_window=0.01), settings)
+    register(registry, controller)
+    kube.emulator.fail_next(403, method="POST", plural="deployments", times=2, message="denied by a test webhook")
+
+    async with running_kopf(kube, registry=registry):
+        await kube.emulator.create_object(policy_manifest("chat", NS, spec=quick_spec()))
+
+        await wait_for(lambda: read(kube, "apps/v1", "Deployment", "chat-stable"), "the stable Deployment", 15)
+        failed = controller.metrics.registry.get_sample_value("kvoffload_api_errors_total", {"operation": "apply"})
+        assert failed == 2
+        core = kubernetes.client.CoreV1Api(kube.api_client)
+        warnings = [e for e in (await kube.call(core.list_namespaced_event, NS)).items if e.type == "Warning"]
+        assert [e.reason for e in warnings] == ["Rejected"]  # one Event, its count raised on the repeat
+        assert "denied by a test webhook" in warnings[0].message
+        assert warnings[0].count == 2
+        await wait_for(lambda: phase_of(kube, "chat") == "Baseline", "the status after the retry")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextlib.asynccontextmanager
+async def kvoffload_run(kube: EmulatedCluster, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from kvoffload.cli import main; main()",
+        "run",
+        *args,
+        env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)},
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), timeout=15)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+def scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+        return str(response.read().decode())
+
+
+async def test_kvoffload_run_as_a_process_reconciles_policies_and_serves_its_metrics(kube: EmulatedCluster) -> None:
+    port = free_port()
+    # Nothing listens on port 9: Prometheus unreachable, so the baseline is Inconclusive and holds.
+    spec = quick_spec(prometheus="http://127.0.0.1:9")
+    async with kvoffload_run(kube, "-A", "--standalone", "--metrics-port", str(port)) as process:
+        await kube.emulator.create_object(policy_manifest("chat", NS, spec=spec))
+        await kube.emulator.create_object(policy_manifest("broken", NS, spec=BROKEN_SPEC))
+
+        await wait_for(lambda: read(kube, "apps/v1", "Deployment", "chat-stable"), "the stable Deployment", 30)
+        await wait_for(lambda: phase_of(kube, "chat") == "Baseline", "the baseline", 10)
+        await wait_for(lambda: phase_of(kube, "broken") == "Invalid", "the broken policy to go Invalid", 10)
+
+        async def verdicts_counted() -> bool:
+            text = await asyncio.to_thread(scrape, port)
+            return 'kvoffload_verdicts_total{verdict="Inconclusive"}' in text and (
+                'kvoffload_verdicts_total{verdict="Inconclusive"} 0.0' not in text
+            )
+
+        await wait_for(verdicts_counted, "an Inconclusive verdict in the operator's metrics", 15)  # type: ignore[arg-type]
+        metrics = await asyncio.to_thread(scrape, port)
+        assert 'kvoffload_policies{phase="Baseline"} 1.0' in metrics
+        assert 'kvoffload_policies{phase="Invalid"} 1.0' in metrics
+        assert process.returncode is None  # still running
+
+        def last_analysis() -> dict[str, Any]:
+            return ((read(kube, POLICY_API, KIND, "chat") or {}).get("status") or {}).get("lastAnalysis") or {}
+
+        last = await wait_for(last_analysis, "the verdict in the policy's status", 10)
+        assert last["verdict"] == "Inconclusive"
+        assert "Prometheus unreachable" in last["message"]
+
+
+async def test_kvoffload_run_refuses_to_guess_its_namespaces(kube: EmulatedCluster) -> None:
+    async with kvoffload_run(kube, "--standalone", "--metrics-port", "0") as process:
+        assert await asyncio.wait_for(process.wait(), timeout=30) == 2
