@@ -329,7 +329,7 @@ def test_memory_is_guaranteed_and_sized_by_the_level() -> None:
         resources = container(render_level(policy, lv))["resources"]
         assert resources["requests"] == resources["limits"]
         assert quantity_bytes(resources["limits"]["memory"]) == host_memory(policy.spec, lv).request
-        assert resources["limits"]["nvidia.com/gpu"] == 1
+        assert resources["limits"]["nvidia.com/gpu"] == "1"
         assert resources["limits"]["cpu"] == "8"
 
 

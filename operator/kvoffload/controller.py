@@ -51,7 +51,6 @@ from kvoffload.gateway import (
     MissingObjectError,
     NotOwnedError,
     OwnedWorkloads,
-    PodState,
     PolicyRef,
 )
 from kvoffload.hub import MeasurementHub
@@ -377,16 +376,6 @@ def _deployment(owned: OwnedWorkloads, name: str) -> DeploymentState | None:
     return next((d for d in owned.deployments if d.name == name), None)
 
 
-def _pod_config_hash(pod: PodState) -> str | None:
-    # The gateway's PodState carries no labels yet; read the hash if a later version adds them.
-    labels = getattr(pod, "labels", None)
-    if isinstance(labels, Mapping):
-        value = labels.get(LABEL_CONFIG_HASH)
-        return str(value) if value is not None else None
-    value = getattr(pod, "config_hash", None)
-    return str(value) if value is not None else None
-
-
 def _observe(owned: OwnedWorkloads, policy: str, variant: Variant) -> VariantObservation:
     """One variant's Deployment and its live pods; ready counts only pods on the Deployment's config."""
     deployment = _deployment(owned, f"{policy}-{variant}")
@@ -400,7 +389,7 @@ def _observe(owned: OwnedWorkloads, policy: str, variant: Variant) -> VariantObs
             restarts=p.restarts,
             oom_killed=p.oom_killed,
             crash_looping=p.crash_looping,
-            config_hash=_pod_config_hash(p),
+            config_hash=p.config_hash,
         )
         for p in owned.pods
         if p.variant == variant and not p.terminating

@@ -34,7 +34,7 @@ import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
 from kvoffload.models import API_GROUP, API_VERSION, KIND, PLURAL
-from kvoffload.render import LABEL_POLICY, LABEL_VARIANT
+from kvoffload.render import LABEL_CONFIG_HASH, LABEL_POLICY, LABEL_VARIANT
 
 log = logging.getLogger(__name__)
 
@@ -153,6 +153,7 @@ class PodState:
 
     name: str
     variant: str | None
+    config_hash: str | None  # the engine config the pod runs (its template's config-hash label)
     ready: bool
     restarts: int
     oom_killed: bool  # a container's current or last termination was OOMKilled
@@ -246,9 +247,11 @@ def parse_pod(pod: Mapping[str, Any]) -> PodState:
     ]
     waiting = [((container.get("state") or {}).get("waiting") or {}) for container in containers]
     conditions = status.get("conditions") or []
+    labels = meta.get("labels") or {}
     return PodState(
         name=meta["name"],
-        variant=(meta.get("labels") or {}).get(LABEL_VARIANT),
+        variant=labels.get(LABEL_VARIANT),
+        config_hash=labels.get(LABEL_CONFIG_HASH),
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         restarts=sum(int(container.get("restartCount") or 0) for container in containers),
         oom_killed=any(term.get("reason") == "OOMKilled" for term in terminations),

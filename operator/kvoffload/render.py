@@ -399,7 +399,8 @@ def _resources(spec: KVOffloadPolicySpec, level: Level, gpu: GPUClass) -> dict[s
     memory = to_quantity(host_memory(spec, level).request)
     # request = limit for CPU and memory: Guaranteed QoS, so pinned pages are never
     # the first to go under node pressure.
-    limits: dict[str, Any] = {"cpu": str(spec.resources.cpu), "memory": memory, gpu.resource: spec.gpu.count}
+    # Quantities as strings, as the API server returns them, so GitOps diffs stay quiet.
+    limits: dict[str, Any] = {"cpu": str(spec.resources.cpu), "memory": memory, gpu.resource: str(spec.gpu.count)}
     requests = dict(limits)
     if scratch := _disk_scratch_bytes(level):
         requests["ephemeral-storage"] = to_quantity(scratch)
