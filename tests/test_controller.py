@@ -8,6 +8,7 @@ test moves.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 from collections.abc import Sequence
@@ -19,7 +20,7 @@ import pytest
 
 from kvoffload.analysis import Measurements, VariantSample
 from kvoffload.controller import Controller, ReconcileError
-from kvoffload.hub import MeasurementHub
+from kvoffload.hub import MeasurementHub, PrometheusSource
 from kvoffload.models import API_GROUP, API_VERSION, KIND
 from kvoffload.prometheus import PolicyKey, Target
 from kvoffload.render import LABEL_CONFIG_HASH, LABEL_LEVEL
@@ -452,3 +453,40 @@ async def test_a_model_configmap_is_read_through_the_api_and_its_absence_names_t
 
     assert status_of(kube)["phase"] == "Baseline"
     assert deployment(kube, "chat-stable") is not None
+
+
+async def test_the_bearer_token_secret_reaches_prometheus_and_its_absence_is_inconclusive(
+    kube: EmulatedCluster, clock: Clock
+) -> None:
+    sources: list[PrometheusSource] = []
+
+    def provider_for(source: PrometheusSource) -> CraftedProvider:
+        sources.append(source)
+        return CraftedProvider()
+
+    controller = Controller(kube.gateway(), MeasurementHub(provider_for, gather_window=0.0), clock=clock)
+    spec = chat_spec()
+    spec["prometheus"]["bearerTokenSecret"] = {"name": "prom-token", "key": "token"}
+    await create_policy(kube, spec=spec)
+    await controller.reconcile(policy_body(kube))  # starts the ladder; the first analysis comes next
+    clock.advance(1)
+
+    await controller.reconcile(policy_body(kube))
+
+    assert sources == []  # no Secret yet: nothing is sent without the token it asks for
+    analysis = status_of(kube)["lastAnalysis"]
+    assert analysis["verdict"] == "Inconclusive"
+    assert "spec.prometheus.bearerTokenSecret: Secret llm/prom-token not found" in analysis["message"]
+
+    await kube.emulator.create_object(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "prom-token", "namespace": NS},
+            "data": {"token": base64.b64encode(b"s3cret\n").decode()},
+        }
+    )
+    clock.advance(1)
+    await controller.reconcile(policy_body(kube))
+
+    assert sources == [PrometheusSource("http://prometheus.test:9090", "s3cret")]

@@ -7,7 +7,7 @@ import threading
 from collections.abc import Sequence
 
 from kvoffload.analysis import Measurements, VariantSample
-from kvoffload.hub import MeasurementHub
+from kvoffload.hub import MeasurementHub, PrometheusSource
 from kvoffload.opmetrics import OperatorMetrics
 from kvoffload.prometheus import PolicyKey, Target
 
@@ -90,15 +90,16 @@ async def test_a_policy_the_provider_did_not_answer_for_gets_an_error() -> None:
 async def test_each_prometheus_url_gets_its_own_provider_and_batch() -> None:
     made: dict[str, RecordingProvider] = {}
 
-    def factory(url: str) -> RecordingProvider:
-        made[url] = RecordingProvider()
-        return made[url]
+    def factory(source: PrometheusSource) -> RecordingProvider:
+        made[source.url] = RecordingProvider()
+        return made[source.url]
 
     hub = MeasurementHub(factory, gather_window=0.02)
+    prom_a, prom_b = PrometheusSource("http://prom-a:9090"), PrometheusSource("http://prom-b:9090")
     await asyncio.gather(
-        hub.measure(target("a"), "http://prom-a:9090"),
-        hub.measure(target("b"), "http://prom-b:9090"),
-        hub.measure(target("c"), "http://prom-a:9090"),
+        hub.measure(target("a"), prom_a),
+        hub.measure(target("b"), prom_b),
+        hub.measure(target("c"), prom_a),
     )
 
     assert sorted(made) == ["http://prom-a:9090", "http://prom-b:9090"]
@@ -115,3 +116,20 @@ async def test_the_same_policy_twice_in_a_batch_is_measured_once() -> None:
 
     assert [len(call) for call in provider.calls] == [1]
     assert first == second
+
+
+async def test_policies_with_different_bearer_tokens_never_share_a_provider() -> None:
+    made: list[PrometheusSource] = []
+
+    def factory(source: PrometheusSource) -> RecordingProvider:
+        made.append(source)
+        return RecordingProvider()
+
+    hub = MeasurementHub(factory, gather_window=0.02)
+    await asyncio.gather(
+        hub.measure(target("a"), PrometheusSource("http://prom:9090", "token-a")),
+        hub.measure(target("b"), PrometheusSource("http://prom:9090", "token-b")),
+    )
+
+    assert sorted(s.bearer_token or "" for s in made) == ["token-a", "token-b"]
+    assert "token-a" not in repr(made[0])  # tokens stay out of logs

@@ -40,7 +40,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvoffload.analysis import assess
+from kvoffload.analysis import Measurements, assess
 from kvoffload.catalog import ConfigError, architecture_from_configmap_data
 from kvoffload.dialects import Dialect, dialect_for, version_from_image
 from kvoffload.gateway import (
@@ -53,9 +53,9 @@ from kvoffload.gateway import (
     OwnedWorkloads,
     PolicyRef,
 )
-from kvoffload.hub import MeasurementHub
+from kvoffload.hub import MeasurementHub, PrometheusSource
 from kvoffload.ladder import Level, build_ladder
-from kvoffload.models import API_GROUP, HostMemoryStatus, KVOffloadPolicy, KVOffloadPolicyStatus
+from kvoffload.models import API_GROUP, HostMemoryStatus, KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus
 from kvoffload.opmetrics import OperatorMetrics
 from kvoffload.prometheus import Target
 from kvoffload.quantity import parse_duration, to_quantity
@@ -205,7 +205,7 @@ class Controller:
                 extra_matchers=spec.prometheus.extra_matchers,
                 with_canary=ctx.status is not None and ctx.status.canary is not None,
             )
-            measurements = await self.hub.measure(target, self.settings.prometheus_url or spec.prometheus.url)
+            measurements = await self._measure(target, spec, ctx.ref)
             baseline = ctx.status.baseline if ctx.status is not None else None
             assessment = assess(spec, subject.level, measurements, warmed_up=subject.warmed_up, baseline=baseline)
             self.metrics.verdicts.labels(verdict=assessment.verdict.value).inc()
@@ -353,6 +353,19 @@ class Controller:
         self.metrics.count_decisions(e.decision for e in plan.status.history if e not in before)
         for event in plan.events:
             await self.gateway.emit_event(ctx.ref, event.type, event.reason, event.message)
+
+    async def _measure(self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef) -> Measurements:
+        """This cycle's measurements; a missing bearer-token Secret makes them inconclusive, with the reason."""
+        token = None
+        if (secret := spec.prometheus.bearer_token_secret) is not None:
+            try:
+                token = await self._api(
+                    "read_secret", self.gateway.read_secret(ref.namespace, secret.name, secret.key), ref
+                )
+            except MissingObjectError as exc:
+                return Measurements(canary=None, stable=None, error=f"spec.prometheus.bearerTokenSecret: {exc}")
+        source = PrometheusSource(self.settings.prometheus_url or spec.prometheus.url, token)
+        return await self.hub.measure(target, source)
 
     async def _api(self, operation: str, call: Awaitable[Any], ref: PolicyRef) -> Any:
         """Await a gateway call; a failure is counted, told in an Event when a person can act, and re-raised typed."""

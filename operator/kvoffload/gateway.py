@@ -17,6 +17,7 @@ apply is not used because the emulated API server cannot honour its field owners
 from __future__ import annotations
 
 import asyncio
+import base64
 import copy
 import dataclasses
 import datetime
@@ -50,6 +51,7 @@ PLURALS: dict[tuple[str, str], str] = {
     ("v1", "Service"): "services",
     ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
     ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Secret"): "secrets",
     ("v1", "Pod"): "pods",
     ("v1", "Event"): "events",
     (POLICY_API_VERSION, KIND): PLURAL,
@@ -469,6 +471,18 @@ class KubernetesGateway:
         if key not in data:
             raise MissingObjectError(f"ConfigMap {namespace}/{name} has no key {key!r}")
         return str(data[key])
+
+    async def read_secret(self, namespace: str, name: str, key: str) -> str:
+        """One value of a Secret, decoded; MissingObjectError names what is missing."""
+        secret = await self._retrying(
+            lambda: self._get(resource_path("v1", "secrets", namespace, name)), f"read Secret {namespace}/{name}"
+        )
+        if secret is None:
+            raise MissingObjectError(f"Secret {namespace}/{name} not found")
+        data = secret.get("data") or {}
+        if key not in data:
+            raise MissingObjectError(f"Secret {namespace}/{name} has no key {key!r}")
+        return base64.b64decode(data[key]).decode().strip()
 
     # --- plumbing --------------------------------------------------------------------
 

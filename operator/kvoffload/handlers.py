@@ -248,7 +248,9 @@ async def run_operator(
     labels = LabelNames(policy=policy_label, variant=variant_label)
     # Built before kopf starts, so a missing kubeconfig fails at once instead of in a retry loop.
     gateway = KubernetesGateway(api_client_from_environment())
-    hub = MeasurementHub(lambda url: PrometheusProvider(url, labels=labels), metrics=metrics)
+    hub = MeasurementHub(
+        lambda source: PrometheusProvider(source.url, bearer_token=source.bearer_token, labels=labels), metrics=metrics
+    )
     controller = Controller(gateway, hub, controller_settings, metrics=metrics)
 
     registry = kopf.OperatorRegistry()

@@ -28,8 +28,17 @@ log = logging.getLogger(__name__)
 DEFAULT_GATHER_WINDOW = 0.05
 """Seconds the first request of a batch waits for others to join it."""
 
-ProviderFactory = Callable[[str], MetricsProvider]
-"""A provider for a Prometheus base URL (spec.prometheus.url)."""
+
+@dataclass(frozen=True)
+class PrometheusSource:
+    """Which Prometheus to ask, and as whom: policies that share one share its batches."""
+
+    url: str = ""
+    bearer_token: str | None = field(default=None, repr=False)
+
+
+ProviderFactory = Callable[[PrometheusSource], MetricsProvider]
+"""A provider for one Prometheus (spec.prometheus.url and its bearer token)."""
 
 
 @dataclass
@@ -42,7 +51,7 @@ class MeasurementHub:
     """Coalesces concurrent ``measure`` calls into one provider call per Prometheus.
 
     ``provider`` is one MetricsProvider for every policy, or a factory that makes one per
-    Prometheus URL (called once per URL, then reused).
+    Prometheus source (called once per source, then reused).
     """
 
     def __init__(
@@ -54,37 +63,38 @@ class MeasurementHub:
     ) -> None:
         if hasattr(provider, "measure"):
             single: MetricsProvider = provider  # type: ignore[assignment]
-            self._factory: ProviderFactory = lambda _url: single
+            self._factory: ProviderFactory = lambda _source: single
         else:
             self._factory = provider
         self.gather_window = gather_window
         self.metrics = metrics
         self.provider_calls = 0
         """Calls made to providers so far (the batching tests count them)."""
-        self._providers: dict[str, MetricsProvider] = {}
-        self._pending: dict[str, _Batch] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._providers: dict[PrometheusSource, MetricsProvider] = {}
+        self._pending: dict[PrometheusSource, _Batch] = {}
+        self._locks: dict[PrometheusSource, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def provider_for(self, url: str = "") -> MetricsProvider:
-        """The provider that serves ``url`` (made on first use)."""
-        if url not in self._providers:
-            self._providers[url] = self._factory(url)
-        return self._providers[url]
+    def provider_for(self, source: PrometheusSource) -> MetricsProvider:
+        """The provider that serves ``source`` (made on first use)."""
+        if source not in self._providers:
+            self._providers[source] = self._factory(source)
+        return self._providers[source]
 
-    async def measure(self, target: Target, url: str = "") -> Measurements:
+    async def measure(self, target: Target, source: PrometheusSource | None = None) -> Measurements:
         """This target's measurements, from a batch shared with every request of the gather window.
 
         Two requests for the same (namespace, policy) in one batch share its answer (the
         first request's target is measured).
         """
+        source = source or PrometheusSource()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Measurements] = loop.create_future()
-        batch = self._pending.get(url)
+        batch = self._pending.get(source)
         if batch is None:
-            batch = self._pending[url] = _Batch()
+            batch = self._pending[source] = _Batch()
             task = loop.create_task(
-                self._flush_later(url, batch), name=f"kvoffload measurement batch {url or 'default'}"
+                self._flush_later(source, batch), name=f"kvoffload measurement batch {source.url or 'default'}"
             )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -92,15 +102,15 @@ class MeasurementHub:
         batch.waiters.append((target.key, future))
         return await asyncio.shield(future)
 
-    async def _flush_later(self, url: str, batch: _Batch) -> None:
+    async def _flush_later(self, source: PrometheusSource, batch: _Batch) -> None:
         try:
             await asyncio.sleep(self.gather_window)
         finally:
-            if self._pending.get(url) is batch:
-                del self._pending[url]  # later requests start the next batch
-        lock = self._locks.setdefault(url, asyncio.Lock())
+            if self._pending.get(source) is batch:
+                del self._pending[source]  # later requests start the next batch
+        lock = self._locks.setdefault(source, asyncio.Lock())
         async with lock:  # one batch at a time per Prometheus: the query counter stays honest
-            results = await self._call(url, list(batch.targets.values()))
+            results = await self._call(source, list(batch.targets.values()))
         for key, future in batch.waiters:
             if not future.done():
                 found = results.get(key)
@@ -110,9 +120,10 @@ class MeasurementHub:
                     else Measurements(canary=None, stable=None, error=f"no answer for {key[0]}/{key[1]}")
                 )
 
-    async def _call(self, url: str, targets: list[Target]) -> dict[PolicyKey, Measurements]:
+    async def _call(self, source: PrometheusSource, targets: list[Target]) -> dict[PolicyKey, Measurements]:
+        url = source.url
         try:
-            provider = self.provider_for(url)
+            provider = self.provider_for(source)
         except Exception as exc:  # a bad URL must not take down other policies' analysis
             return _all_failed(targets, f"no metrics provider for {url!r}: {exc}")
         before = getattr(provider, "queries", None)

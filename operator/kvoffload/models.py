@@ -486,7 +486,7 @@ class AnalysisSpec(Model):
 
 
 class SecretKeyRef(Model):
-    name: DnsLabel = Field(description="Secret name, in the operator's namespace.")
+    name: DnsLabel = Field(description="Secret name, in the policy's namespace.")
     key: str = Field(min_length=1, max_length=253, description="Key holding the token.")
 
 
