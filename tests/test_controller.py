@@ -490,3 +490,24 @@ async def test_the_bearer_token_secret_reaches_prometheus_and_its_absence_is_inc
     await controller.reconcile(policy_body(kube))
 
     assert sources == [PrometheusSource("http://prometheus.test:9090", "s3cret")]
+
+
+async def test_the_dialect_is_confirmed_against_the_series_prometheus_holds(
+    kube: EmulatedCluster, clock: Clock
+) -> None:
+    class OldEngineProvider(CraftedProvider):
+        """The image tag says 0.32, but the engines export the pre-0.11 ITL histogram."""
+
+        def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
+            return frozenset({"vllm:time_to_first_token_seconds_bucket", "vllm:time_per_output_token_seconds_bucket"})
+
+    provider = OldEngineProvider()
+    controller = Controller(kube.gateway(), MeasurementHub(provider, gather_window=0.0), clock=clock)
+    await create_policy(kube)
+    await controller.reconcile(policy_body(kube))
+    clock.advance(1)
+
+    await controller.reconcile(policy_body(kube))
+
+    ((target,),) = provider.calls
+    assert target.dialect.itl == "vllm:time_per_output_token_seconds"

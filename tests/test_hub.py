@@ -7,7 +7,7 @@ import threading
 from collections.abc import Sequence
 
 from kvoffload.analysis import Measurements, VariantSample
-from kvoffload.hub import MeasurementHub, PrometheusSource
+from kvoffload.hub import NAMES_MAX_AGE, MeasurementHub, PrometheusSource
 from kvoffload.opmetrics import OperatorMetrics
 from kvoffload.prometheus import PolicyKey, Target
 
@@ -133,3 +133,40 @@ async def test_policies_with_different_bearer_tokens_never_share_a_provider() ->
 
     assert sorted(s.bearer_token or "" for s in made) == ["token-a", "token-b"]
     assert "token-a" not in repr(made[0])  # tokens stay out of logs
+
+
+class NamedProvider(RecordingProvider):
+    """Answers the series-name listing with the names of an engine that still speaks an older dialect."""
+
+    def __init__(self, names: frozenset[str]) -> None:
+        super().__init__()
+        self.names = names
+        self.listings = 0
+
+    def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
+        self.listings += 1
+        return self.names
+
+
+async def test_series_names_are_listed_once_per_prometheus_and_reused_until_they_age() -> None:
+    provider = NamedProvider(frozenset({"vllm:time_to_first_token_seconds_bucket"}))
+    hub = MeasurementHub(provider, gather_window=0.0)
+    source = PrometheusSource("http://prom:9090")
+
+    first = await hub.present_names(source, now=1000.0)
+    await hub.present_names(source, now=1100.0)
+    assert provider.listings == 1
+    await hub.present_names(source, now=1000.0 + NAMES_MAX_AGE)
+
+    assert first == provider.names
+    assert provider.listings == 2
+
+
+async def test_an_empty_listing_is_not_cached() -> None:
+    provider = NamedProvider(frozenset())
+    hub = MeasurementHub(provider, gather_window=0.0)
+
+    await hub.present_names(PrometheusSource(), now=0.0)
+    await hub.present_names(PrometheusSource(), now=1.0)
+
+    assert provider.listings == 2

@@ -34,7 +34,7 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,7 +42,7 @@ from pydantic import ValidationError
 
 from kvoffload.analysis import Measurements, assess
 from kvoffload.catalog import ConfigError, architecture_from_configmap_data
-from kvoffload.dialects import Dialect, dialect_for, version_from_image
+from kvoffload.dialects import Dialect, confirm_dialect, dialect_for, version_from_image
 from kvoffload.gateway import (
     ApiRejectedError,
     DeploymentState,
@@ -205,7 +205,7 @@ class Controller:
                 extra_matchers=spec.prometheus.extra_matchers,
                 with_canary=ctx.status is not None and ctx.status.canary is not None,
             )
-            measurements = await self._measure(target, spec, ctx.ref)
+            measurements = await self._measure(target, spec, ctx.ref, ctx.now)
             baseline = ctx.status.baseline if ctx.status is not None else None
             assessment = assess(spec, subject.level, measurements, warmed_up=subject.warmed_up, baseline=baseline)
             self.metrics.verdicts.labels(verdict=assessment.verdict.value).inc()
@@ -354,8 +354,9 @@ class Controller:
         for event in plan.events:
             await self.gateway.emit_event(ctx.ref, event.type, event.reason, event.message)
 
-    async def _measure(self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef) -> Measurements:
-        """This cycle's measurements; a missing bearer-token Secret makes them inconclusive, with the reason."""
+    async def _measure(self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef, now: datetime) -> Measurements:
+        """This cycle's measurements, in the dialect confirmed against the series Prometheus holds;
+        a missing bearer-token Secret makes them inconclusive, with the reason."""
         token = None
         if (secret := spec.prometheus.bearer_token_secret) is not None:
             try:
@@ -365,6 +366,8 @@ class Controller:
             except MissingObjectError as exc:
                 return Measurements(canary=None, stable=None, error=f"spec.prometheus.bearerTokenSecret: {exc}")
         source = PrometheusSource(self.settings.prometheus_url or spec.prometheus.url, token)
+        present = await self.hub.present_names(source, now.timestamp())
+        target = replace(target, dialect=confirm_dialect(target.dialect, present))
         return await self.hub.measure(target, source)
 
     async def _api(self, operation: str, call: Awaitable[Any], ref: PolicyRef) -> Any:

@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 DEFAULT_GATHER_WINDOW = 0.05
 """Seconds the first request of a batch waits for others to join it."""
 
+NAMES_MAX_AGE = 300.0
+"""Seconds the series names of a Prometheus are reused before they are asked again."""
+
 
 @dataclass(frozen=True)
 class PrometheusSource:
@@ -74,6 +77,7 @@ class MeasurementHub:
         self._pending: dict[PrometheusSource, _Batch] = {}
         self._locks: dict[PrometheusSource, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._names: dict[PrometheusSource, tuple[float, frozenset[str]]] = {}
 
     def provider_for(self, source: PrometheusSource) -> MetricsProvider:
         """The provider that serves ``source`` (made on first use)."""
@@ -119,6 +123,24 @@ class MeasurementHub:
                     if found is not None
                     else Measurements(canary=None, stable=None, error=f"no answer for {key[0]}/{key[1]}")
                 )
+
+    async def present_names(self, source: PrometheusSource, now: float) -> frozenset[str]:
+        """The vLLM series names this Prometheus holds, fleet-wide: one query per source every
+        ``NAMES_MAX_AGE`` seconds, whatever the number of policies. Empty when it cannot tell."""
+        cached = self._names.get(source)
+        if cached is not None and now - cached[0] < NAMES_MAX_AGE:
+            return cached[1]
+        try:
+            provider = self.provider_for(source)
+            names = await asyncio.to_thread(provider.present_metric_names)
+        except Exception as exc:  # an unknown dialect is confirmed later; analysis must go on
+            log.warning("Listing series names of %s failed: %s", source.url or "(default)", exc)
+            return frozenset()
+        if self.metrics is not None:
+            self.metrics.prometheus_queries.inc()
+        if names:  # an empty answer (Prometheus down) is asked again next time
+            self._names[source] = (now, names)
+        return names
 
     async def _call(self, source: PrometheusSource, targets: list[Target]) -> dict[PolicyKey, Measurements]:
         url = source.url
