@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.support.vllm",
     "tests.support.kube",
     "tests.support.engines",
+    "tests.support.cluster",
 ]

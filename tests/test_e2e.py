@@ -1,0 +1,401 @@
+"""End to end: the operator (``kvoffload run``, kopf over HTTP) on the local cluster.
+
+Every part is real except the Kubernetes API (the emulator) and vLLM (emulated engines):
+the operator process, Prometheus scraping every second, the engines running the rendered
+arguments, the load generator. Durations are shrunk (analysis every 1 s, 6 s window,
+4 s sustainedFor, 6 s steps) so each scenario ends in well under a minute; every wait is
+on the policy's status with a deadline.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+import aiohttp
+import pytest
+
+from kvoffload.ladder import build_ladder
+from kvoffload.localcluster import LocalCluster
+from kvoffload.models import KVOffloadPolicy
+from kvoffload.render import LABEL_CONFIG_HASH, LABEL_LEVEL, LABEL_POLICY, config_hash
+from tests.support.cluster import POLICY_API_VERSION, OperatorProcess, eventually, load_on, status_of
+
+pytestmark = [pytest.mark.e2e, pytest.mark.prometheus, pytest.mark.timeout(240)]
+
+KIND = "KVOffloadPolicy"
+NVME_CANARY = "kvoffload.io/variant=canary,kvoffload.io/level=nvme"
+
+
+def policy_doc(
+    name: str,
+    cluster: LocalCluster,
+    *,
+    pilot: bool = False,
+    gpu_class: str = "nvidia-l4",
+    max_inconclusive: int = 10,
+) -> dict[str, Any]:
+    """A two-tier policy (CPU 256Mi, then NVMe) with every duration shrunk to seconds.
+
+    maxSurge 1 keeps a stable replica beside the canary at every promotion step, so
+    canary/stable can always be compared (with maxSurge 0 the 100% step has no stable side).
+    """
+    rollout: dict[str, Any] = {
+        "canaryReplicas": 1,
+        "maxSurge": 1,
+        "baselineDuration": "4s",
+        "stepDuration": "6s",
+        "promotionSteps": [100],
+        "progressDeadline": "30s",
+    }
+    if pilot:
+        rollout["pilotCpu"] = "128Mi"
+    return {
+        "apiVersion": POLICY_API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {
+            "model": {
+                "name": "Qwen/Qwen3-0.6B",
+                "servedModelName": name,
+                "image": "vllm/vllm-openai:v0.32.0",
+                "maxModelLen": 4096,
+            },
+            "gpu": {"class": gpu_class, "count": 1},
+            "replicas": 2,
+            "resources": {"baseMemory": "4Gi", "headroom": "1Gi", "cpu": "2"},
+            "offload": {
+                "backend": "native",
+                "cpu": "256Mi",
+                "secondaryTiers": [
+                    {
+                        "name": "nvme",
+                        "size": "4Gi",
+                        "path": "/mnt/kv-cache",
+                        "volume": {"emptyDir": {"sizeLimit": "5Gi"}},
+                    }
+                ],
+            },
+            "rollout": rollout,
+            "analysis": {
+                "interval": "1s",
+                "window": "6s",
+                "ttftP99": "500ms",
+                "itlP99": "200ms",
+                "maxRegression": 2.0,
+                "minExternalShare": 0.02,
+                "sustainedFor": "4s",
+                "minRequests": 3,
+                "maxInconclusive": max_inconclusive,
+            },
+            "prometheus": {"url": cluster.prometheus.url},
+        },
+    }
+
+
+# --- reading the cluster ------------------------------------------------------------------
+
+
+def phase(cluster: LocalCluster, name: str) -> str | None:
+    return status_of(cluster, name).get("phase")
+
+
+def in_phase(cluster: LocalCluster, name: str, *phases: str) -> dict[str, Any] | None:
+    status = status_of(cluster, name)
+    return status if status.get("phase") in phases else None
+
+
+def decisions(cluster: LocalCluster, name: str) -> list[str]:
+    return [entry["decision"] for entry in status_of(cluster, name).get("history") or []]
+
+
+def analysed_after(cluster: LocalCluster, name: str, moment: datetime) -> dict[str, Any] | None:
+    status = status_of(cluster, name)
+    when = (status.get("lastAnalysis") or {}).get("time")
+    return status if when and datetime.fromisoformat(when.replace("Z", "+00:00")) > moment else None
+
+
+def level_index(doc: Mapping[str, Any], level_name: str) -> int:
+    ladder = build_ladder(KVOffloadPolicy.model_validate(doc).spec)
+    return next(level.index for level in ladder if level.name == level_name)
+
+
+def level_hash(doc: Mapping[str, Any], level_name: str) -> str:
+    policy = KVOffloadPolicy.model_validate(doc)
+    return config_hash(policy, build_ladder(policy.spec)[level_index(doc, level_name)])
+
+
+def canary_on(cluster: LocalCluster, name: str, level_name: str, *, ready: bool = True) -> dict[str, Any] | None:
+    """The status while a canary of ``level_name`` runs (and is Ready, unless told otherwise)."""
+    status = status_of(cluster, name)
+    canary = status.get("canary") or {}
+    ladder = status.get("ladder") or []
+    if canary and ladder[canary["level"]] == level_name and (not ready or canary.get("ready", 0) >= 1):
+        return status
+    return None
+
+
+async def list_objects(cluster: LocalCluster, path: str, selector: str = "") -> list[dict[str, Any]]:
+    """List over HTTP, as a client would (label selector honoured)."""
+    params = {"labelSelector": selector} if selector else {}
+    async with aiohttp.ClientSession() as session, session.get(f"{cluster.url}{path}", params=params) as response:
+        response.raise_for_status()
+        body = await response.json()
+    return list(body["items"])
+
+
+async def names(cluster: LocalCluster, path: str, selector: str = "") -> set[str]:
+    return {obj["metadata"]["name"] for obj in await list_objects(cluster, path, selector)}
+
+
+async def events_of(cluster: LocalCluster, name: str) -> list[dict[str, Any]]:
+    return [
+        event
+        for event in await list_objects(cluster, "/api/v1/namespaces/default/events")
+        if event.get("involvedObject", {}).get("name") == name and event.get("involvedObject", {}).get("kind") == KIND
+    ]
+
+
+def pod_levels(cluster: LocalCluster, name: str) -> list[str]:
+    return [engine.labels.get(LABEL_LEVEL, "") for engine in cluster.pods(f"{LABEL_POLICY}={name}")]
+
+
+# --- the scenarios --------------------------------------------------------------------------
+
+
+async def test_a_two_tier_policy_climbs_from_baseline_through_the_pilot_to_nvme_and_ends_stable(
+    local_cluster: LocalCluster, operator: OperatorProcess
+) -> None:
+    doc = policy_doc("chat", local_cluster, pilot=True)
+    await local_cluster.apply(doc)
+
+    async with load_on(local_cluster, "chat"):
+        status = await eventually(
+            lambda: in_phase(local_cluster, "chat", "Stable", "RolledBack", "Paused"), "Stable", 150
+        )
+
+    assert status["phase"] == "Stable", status.get("message")
+    assert status["ladder"] == ["gpu-only", "cpu-pilot", "cpu", "nvme"]
+    assert status["stable"]["level"] == level_index(doc, "nvme")
+    assert status["stable"]["configHash"] == level_hash(doc, "nvme")
+    assert status.get("canary") is None
+    assert decisions(local_cluster, "chat") == [
+        "NewLadder",
+        "BaselineTaken",
+        "PilotPassed",
+        "Promoted",
+        "LevelPromoted",
+        "Promoted",
+        "LevelPromoted",
+    ]
+    stable = local_cluster.get("apps/v1", "Deployment", "default", "chat-stable")
+    assert stable is not None
+    assert stable["spec"]["replicas"] == 2
+    assert stable["metadata"]["labels"][LABEL_CONFIG_HASH] == level_hash(doc, "nvme")
+    assert local_cluster.get("apps/v1", "Deployment", "default", "chat-canary") is None
+    await eventually(lambda: sorted(pod_levels(local_cluster, "chat")) == ["nvme", "nvme"], "both pods on nvme")
+
+
+async def test_a_ttft_regression_on_the_nvme_canary_rolls_back_to_the_cpu_level(
+    local_cluster: LocalCluster, operator: OperatorProcess
+) -> None:
+    doc = policy_doc("chat", local_cluster)
+    # Every nvme canary engine answers 10x slower from its first request on.
+    await local_cluster.set_faults(NVME_CANARY, {"ttft_multiplier": 10}, sticky=True)
+    await local_cluster.apply(doc)
+
+    async with load_on(local_cluster, "chat"):
+        await eventually(lambda: canary_on(local_cluster, "chat", "nvme"), "the nvme canary", 90)
+        status = await eventually(lambda: in_phase(local_cluster, "chat", "RolledBack", "Stable"), "RolledBack", 60)
+
+    assert status["phase"] == "RolledBack", status.get("message")
+    assert status["stable"]["level"] == level_index(doc, "cpu")
+    assert status["stable"]["configHash"] == level_hash(doc, "cpu")
+    assert status.get("canary") is None
+    last = status["history"][-1]
+    assert last["decision"] == "Rollback"
+    assert last["stage"] == "cpu"
+    assert "ttft" in last["message"].lower()
+    warnings = [e for e in await events_of(local_cluster, "chat") if e["type"] == "Warning"]
+    assert any("canary nvme removed" in e["message"] for e in warnings), warnings
+    await eventually(
+        lambda: local_cluster.get("apps/v1", "Deployment", "default", "chat-canary") is None, "the canary gone"
+    )
+    current = local_cluster.get(POLICY_API_VERSION, KIND, "default", "chat")
+    assert current is not None
+    assert current["spec"] == doc["spec"], "the operator never writes spec"
+    assert current["metadata"]["generation"] == 1
+
+
+async def test_a_sustained_breach_in_the_stable_guard_takes_away_the_newest_tier(
+    local_cluster: LocalCluster, operator: OperatorProcess
+) -> None:
+    doc = policy_doc("chat", local_cluster)
+    await local_cluster.apply(doc)
+
+    async with load_on(local_cluster, "chat"):
+        status = await eventually(
+            lambda: in_phase(local_cluster, "chat", "Stable", "RolledBack", "Paused"), "Stable", 90
+        )
+        assert status["phase"] == "Stable", status.get("message")
+        # Now every nvme engine (the whole fleet) turns 20x slower: p99 TTFT goes far over the 500ms budget.
+        await local_cluster.set_faults("kvoffload.io/level=nvme", {"ttft_multiplier": 20}, sticky=True)
+        status = await eventually(lambda: in_phase(local_cluster, "chat", "RolledBack"), "RolledBack", 60)
+
+    assert status["stable"]["level"] == level_index(doc, "cpu")
+    assert status["stable"]["configHash"] == level_hash(doc, "cpu")
+    last = status["history"][-1]
+    assert last["decision"] == "Rollback"
+    assert "took away nvme" in last["message"]
+    await eventually(lambda: sorted(pod_levels(local_cluster, "chat")) == ["cpu", "cpu"], "the fleet back on cpu", 30)
+
+
+async def test_an_oomkilled_canary_pod_rolls_back_at_once(
+    local_cluster: LocalCluster, operator: OperatorProcess
+) -> None:
+    doc = policy_doc("chat", local_cluster)
+    await local_cluster.apply(doc)
+
+    async with load_on(local_cluster, "chat"):
+        await eventually(lambda: canary_on(local_cluster, "chat", "cpu"), "the cpu canary", 60)
+        (canary,) = local_cluster.pods("kvoffload.io/policy=chat,kvoffload.io/variant=canary")
+        failures_before = (status_of(local_cluster, "chat").get("lastAnalysis") or {}).get("consecutiveFailures", 0)
+        await local_cluster.oom_kill(canary.pod)
+        status = await eventually(lambda: in_phase(local_cluster, "chat", "RolledBack"), "RolledBack", 30)
+
+    assert failures_before == 0
+    last = status["history"][-1]
+    assert last["decision"] == "Rollback"
+    assert last["reason"] == "CanaryOOMKilled"
+    assert canary.pod in last["message"]
+    assert status["stable"]["level"] == level_index(doc, "gpu-only")
+    await eventually(
+        lambda: local_cluster.get("apps/v1", "Deployment", "default", "chat-canary") is None, "the canary gone"
+    )
+
+
+async def test_the_operator_killed_during_a_canary_continues_where_it_was_after_a_restart(
+    local_cluster: LocalCluster, operator: OperatorProcess
+) -> None:
+    doc = policy_doc("chat", local_cluster)
+    await local_cluster.apply(doc)
+
+    async with load_on(local_cluster, "chat"):
+        await eventually(lambda: canary_on(local_cluster, "chat", "cpu"), "the cpu canary", 60)
+        canary_uid = local_cluster.get("apps/v1", "Deployment", "default", "chat-canary")["metadata"]["uid"]  # type: ignore[index]
+        operator.kill()
+        killed_at = datetime.now(UTC)
+        assert await names(local_cluster, "/apis/apps/v1/namespaces/default/deployments") == {
+            "chat-stable",
+            "chat-canary",
+        }
+        operator.start()
+        resumed = await eventually(
+            lambda: analysed_after(local_cluster, "chat", killed_at), "the restarted operator to analyse", 30
+        )
+        if resumed.get("canary") and resumed["stage"]["name"] == "cpu":
+            # Still the cpu canary: the one the first operator made, adopted rather than made again.
+            current = local_cluster.get("apps/v1", "Deployment", "default", "chat-canary")
+            assert current is not None
+            assert current["metadata"]["uid"] == canary_uid
+        status = await eventually(
+            lambda: in_phase(local_cluster, "chat", "Stable", "RolledBack", "Paused"), "the ladder to finish", 90
+        )
+
+    assert status["phase"] == "Stable", status.get("message")
+    assert decisions(local_cluster, "chat") == [
+        "NewLadder",
+        "BaselineTaken",
+        "Promoted",
+        "LevelPromoted",
+        "Promoted",
+        "LevelPromoted",
+    ]
+    assert await names(local_cluster, "/apis/apps/v1/namespaces/default/deployments") == {"chat-stable"}
+    assert operator.starts == 2
+
+
+async def test_prometheus_stopped_mid_step_pauses_the_policy_and_promotes_nothing(
+    local_cluster: LocalCluster, operator: OperatorProcess
+) -> None:
+    doc = policy_doc("chat", local_cluster, max_inconclusive=4)
+    await local_cluster.apply(doc)
+
+    async with load_on(local_cluster, "chat"):
+        before = await eventually(lambda: canary_on(local_cluster, "chat", "cpu"), "the cpu canary", 60)
+        await local_cluster.stop_prometheus()
+        status = await eventually(lambda: in_phase(local_cluster, "chat", "Paused"), "Paused", 60)
+
+    conditions = {c["type"]: c for c in status["conditions"]}
+    assert conditions["AnalysisInconclusive"]["status"] == "True"
+    assert status["lastAnalysis"]["verdict"] == "Inconclusive"
+    assert status["stable"]["level"] == before["stable"]["level"] == level_index(doc, "gpu-only")
+    assert status["canary"]["level"] == level_index(doc, "cpu")
+    assert status["stage"]["step"] == before["stage"]["step"] == 0
+    after = decisions(local_cluster, "chat")[len(before["history"]) :]
+    assert not {"Promoted", "LevelPromoted", "PilotPassed"} & set(after), after
+
+
+async def test_an_invalid_policy_ends_invalid_naming_the_field_while_a_valid_one_beside_it_proceeds(
+    local_cluster: LocalCluster, operator: OperatorProcess
+) -> None:
+    await local_cluster.apply(policy_doc("broken", local_cluster, gpu_class="nvidia-imaginary-9000"))
+    good = policy_doc("chat", local_cluster)
+    await local_cluster.apply(good)
+
+    async with load_on(local_cluster, "chat"):
+        broken = await eventually(lambda: in_phase(local_cluster, "broken", "Invalid"), "broken Invalid", 30)
+        await eventually(lambda: canary_on(local_cluster, "chat", "cpu"), "the valid policy's canary", 60)
+
+    invalid = next(c for c in broken["conditions"] if c["type"] == "Invalid")
+    assert invalid["status"] == "True"
+    assert "spec.gpu.class" in invalid["message"]
+    assert await names(local_cluster, "/apis/apps/v1/deployments", f"{LABEL_POLICY}=broken") == set()
+    assert await names(local_cluster, "/apis/apps/v1/deployments", f"{LABEL_POLICY}=chat") == {
+        "chat-stable",
+        "chat-canary",
+    }
+
+
+async def test_deleting_a_policy_removes_its_owned_objects_and_nothing_else(
+    local_cluster: LocalCluster, operator: OperatorProcess
+) -> None:
+    await local_cluster.apply(policy_doc("chat", local_cluster))
+    await local_cluster.apply(policy_doc("code", local_cluster))
+    bystander = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "chat-notes", "namespace": "default"}}
+    await local_cluster.apply(copy.deepcopy(bystander))
+
+    def running(name: str) -> bool:
+        status = status_of(local_cluster, name)
+        return bool(status.get("stable")) and len(local_cluster.endpoints(name)) == 2
+
+    await eventually(lambda: running("chat") and running("code"), "both policies running", 60)
+    chat_engines = local_cluster.pods(f"{LABEL_POLICY}=chat")
+    owned_paths = (
+        "/apis/apps/v1/namespaces/default/deployments",
+        "/api/v1/namespaces/default/services",
+        "/apis/monitoring.coreos.com/v1/namespaces/default/podmonitors",
+        "/api/v1/namespaces/default/pods",
+    )
+    before = {path: await names(local_cluster, path, f"{LABEL_POLICY}=code") for path in owned_paths}
+    assert before["/api/v1/namespaces/default/services"] == {"code"}
+    assert before["/apis/monitoring.coreos.com/v1/namespaces/default/podmonitors"] == {"code"}
+
+    await local_cluster.delete(POLICY_API_VERSION, KIND, "default", "chat")
+
+    async def chat_gone() -> bool:
+        leftovers = [await names(local_cluster, path, f"{LABEL_POLICY}=chat") for path in owned_paths]
+        return policy_of_gone(local_cluster) and not any(leftovers)
+
+    await eventually(chat_gone, "the chat policy and everything it owned gone", 30)
+    await eventually(lambda: not any(engine.alive() for engine in chat_engines), "the chat engines stopped")
+    after = {path: await names(local_cluster, path, f"{LABEL_POLICY}=code") for path in owned_paths}
+    assert after == before
+    assert local_cluster.get("v1", "ConfigMap", "default", "chat-notes") is not None
+    assert phase(local_cluster, "code") is not None
+
+
+def policy_of_gone(cluster: LocalCluster) -> bool:
+    return cluster.get(POLICY_API_VERSION, KIND, "default", "chat") is None
