@@ -56,8 +56,10 @@ def judge(
     warmed_up: bool = True,
     spec: AnalysisSpec = SPEC,
     baseline: BaselineStatus | None = None,
+    stable_side: bool = True,
 ) -> Assessment:
-    return assess(spec, level, Measurements(canary=canary, stable=stable), warmed_up=warmed_up, baseline=baseline)
+    measurements = Measurements(canary=canary, stable=stable)
+    return assess(spec, level, measurements, warmed_up=warmed_up, baseline=baseline, stable_side=stable_side)
 
 
 def passed(assessment: Assessment, name: str) -> bool | None:
@@ -212,6 +214,22 @@ def test_the_guard_reports_regression_against_the_baseline_without_gating_it() -
     assert vs_base is not None
     assert vs_base.canary == pytest.approx(3.0)
     assert vs_base.passed is None
+
+
+def test_a_canary_on_every_replica_is_held_to_the_budgets_without_a_stable_to_compare() -> None:
+    baseline = BaselineStatus(ttftP99=0.25, itlP99=0.03)
+    result = judge(HEALTHY, None, level=NVME, baseline=baseline, stable_side=False)
+    assert result.verdict is Verdict.PASS
+    assert result.metric(TTFT_RATIO) is None
+    vs_base = result.metric(TTFT_VS_BASELINE)
+    assert vs_base is not None
+    assert vs_base.canary == pytest.approx(0.8)
+    assert "canary/baseline" in vs_base.message
+
+
+def test_a_canary_on_every_replica_over_budget_fails() -> None:
+    result = judge(replace(HEALTHY, ttft_p99=1.6), None, level=NVME, stable_side=False)
+    assert result.verdict is Verdict.FAIL
 
 
 def test_the_guard_on_too_little_stable_traffic_is_inconclusive() -> None:

@@ -198,9 +198,21 @@ class World:
         elif traffic is not None:
             subject = analysis_subject(self.spec, self.status, self.now)
             has_canary = self.status is not None and self.status.canary is not None
-            measurements = Measurements(canary=traffic.canary if has_canary else None, stable=traffic.stable)
+            # A variant with no replicas has no series: Prometheus shows nothing for it.
+            variants = self.plan.variants if self.plan is not None else None
+            has_stable = variants is None or variants.stable.replicas > 0
+            measurements = Measurements(
+                canary=traffic.canary if has_canary else None, stable=traffic.stable if has_stable else None
+            )
             baseline = self.status.baseline if self.status is not None else None
-            assessment = assess(self.spec, subject.level, measurements, warmed_up=subject.warmed_up, baseline=baseline)
+            assessment = assess(
+                self.spec,
+                subject.level,
+                measurements,
+                warmed_up=subject.warmed_up,
+                baseline=baseline,
+                stable_side=subject.stable_side,
+            )
         before = self.status.model_dump() if self.status is not None else None
         obs = self.observe(assessment, measurements, **observe)
         plan = decide(self.spec, self.status, obs, self.now)

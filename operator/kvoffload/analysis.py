@@ -126,6 +126,7 @@ def assess(
     *,
     warmed_up: bool,
     baseline: BaselineStatus | None = None,
+    stable_side: bool = True,
 ) -> Assessment:
     """Judge one cycle. Pure: the same inputs always give the same Assessment.
 
@@ -136,6 +137,9 @@ def assess(
       warm-up); a secondary tier that served no tokens (after warm-up).
     - Pass when every gated metric passed; Inconclusive when one could not be judged.
     - Offload throughput, KV usage, the live config and the baseline ratios are reported only.
+    - ``stable_side=False``: the canary runs every replica (the last promotion step with
+      ``maxSurge: 0``), so no control group shares the window; the canary is held to the absolute
+      budgets, and its ratio to the baseline is reported. Earlier steps already gated the ratio.
     """
     analysis = spec.analysis if isinstance(spec, KVOffloadPolicySpec) else spec
     if measurements.error is not None:
@@ -220,7 +224,7 @@ def assess(
                 gated=True,
             )
 
-        if canary is not None:
+        if canary is not None and stable_side:
             ratio = _ratio(value, stable_value)
             limit = analysis.max_regression
             if ratio is None:
@@ -247,7 +251,7 @@ def assess(
                     gated=True,
                 )
         elif base_value is not None:
-            # The guard compares with the GPU-only baseline for the record; traffic drifts, so it is not gated.
+            # The GPU-only baseline is for the record: traffic drifts since it was taken, so it is not gated.
             ratio = _ratio(value, _num(base_value))
             add(
                 vs_base_name,
@@ -255,7 +259,7 @@ def assess(
                 None,
                 analysis.max_regression,
                 None,
-                "no data" if ratio is None else f"stable/baseline p99 = {ratio:.2f} (reported, not gated)",
+                "no data" if ratio is None else f"{who}/baseline p99 = {ratio:.2f} (reported, not gated)",
                 gated=False,
             )
 

@@ -207,7 +207,14 @@ class Controller:
             )
             measurements = await self._measure(target, spec, ctx.ref, ctx.now)
             baseline = ctx.status.baseline if ctx.status is not None else None
-            assessment = assess(spec, subject.level, measurements, warmed_up=subject.warmed_up, baseline=baseline)
+            assessment = assess(
+                spec,
+                subject.level,
+                measurements,
+                warmed_up=subject.warmed_up,
+                baseline=baseline,
+                stable_side=subject.stable_side,
+            )
             self.metrics.verdicts.labels(verdict=assessment.verdict.value).inc()
 
         observations = Observations(

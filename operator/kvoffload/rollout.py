@@ -214,6 +214,8 @@ class AnalysisSubject:
     """The level whose engines are judged: the canary's, else the stable's."""
     warmed_up: bool
     """True after the first half of a canary or promotion step (external share and tier hits gated)."""
+    stable_side: bool = True
+    """False when the canary runs every replica: no stable p99 shares the window to compare with."""
 
 
 # --- replica arithmetic -------------------------------------------------------------
@@ -257,7 +259,7 @@ def analysis_subject(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus | 
     started = status.stage.started_at if status.stage is not None else None
     half = parse_duration(spec.rollout.step_duration) / 2
     warm = started is not None and (now - started).total_seconds() >= half
-    return AnalysisSubject(ladder[status.canary.level], warmed_up=warm)
+    return AnalysisSubject(ladder[status.canary.level], warmed_up=warm, stable_side=status.stable.replicas > 0)
 
 
 # --- decide ---------------------------------------------------------------------------
