@@ -321,3 +321,260 @@ def analyze(
         click.echo(f"verdict: {result.verdict.value}: {result.message}")
     codes = {Verdict.PASS: 0, Verdict.FAIL: EXIT_FAIL, Verdict.INCONCLUSIVE: EXIT_INCONCLUSIVE}
     sys.exit(codes[result.verdict])
+
+
+# --- manual control and status -------------------------------------------------------
+
+POLICY_NAME = click.argument("name")
+NAMESPACE = click.option(
+    "-n", "--namespace", default=None, help="The policy's namespace. Default: the kubeconfig context's, else default."
+)
+KUBECONFIG = click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="KUBECONFIG",
+    help="Kubeconfig file. Default: $KUBECONFIG, in-cluster, ~/.kube/config.",
+)
+
+
+def _control(verb: str, name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    from kvoffload import control
+
+    try:
+        api = control.connect(kubeconfig)
+        ns = namespace or control.default_namespace(kubeconfig)
+        with api:
+            value, policy = control.request(api, ns, name, verb)
+    except control.ControlError as exc:
+        click.echo(f"kvoffload {verb}: {exc}", err=True)
+        sys.exit(EXIT_FAIL)
+    phase = (policy.get("status") or {}).get("phase", "not yet acted on")
+    click.echo(
+        f"asked {ns}/{name} to {verb} ({control.VERBS[verb]}={value}): {control.WHAT_IT_DOES[verb]}.\n"
+        f"The operator acts on it at its next cycle (phase now: {phase}); see `kvoffload status {name} -n {ns}`."
+    )
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+def promote(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    """End the current baseline or step now and move on, without waiting for evidence."""
+    _control("promote", name, namespace, kubeconfig)
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+def abort(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    """Remove the canary and halt the ladder on the stable level (phase RolledBack)."""
+    _control("abort", name, namespace, kubeconfig)
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+def retry(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    """Start the ladder again from the stable level, after a rollback or a pause."""
+    _control("retry", name, namespace, kubeconfig)
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+def pause(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    """Stop forward motion; rollbacks on hard failures or sustained breaches still apply."""
+    _control("pause", name, namespace, kubeconfig)
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+def resume(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    """Go on after a pause (a person's, or too many Inconclusive verdicts); the step clock restarts."""
+    _control("resume", name, namespace, kubeconfig)
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+@OUTPUT
+def status(name: str, namespace: str | None, kubeconfig: Path | None, output: str) -> None:
+    """A person's view of one policy: phase, ladder position, variants, baseline, last analysis, history."""
+    import json
+
+    from pydantic import ValidationError
+
+    from kvoffload import control, statusview
+
+    try:
+        api = control.connect(kubeconfig)
+        ns = namespace or control.default_namespace(kubeconfig)
+        with api:
+            policy = control.read_policy(api, ns, name)
+    except control.ControlError as exc:
+        click.echo(f"kvoffload status: {exc}", err=True)
+        sys.exit(EXIT_FAIL)
+    try:
+        text = json.dumps(statusview.to_json(policy), indent=2) if output == "json" else statusview.render(policy)
+    except ValidationError as exc:
+        from kvoffload.validation import errors_from
+
+        problems = "; ".join(f"{e.path}: {e.message}" for e in errors_from(exc, ("status",)))
+        click.echo(f"kvoffload status: {ns}/{name} has a status this version cannot read: {problems}", err=True)
+        sys.exit(EXIT_FAIL)
+    click.echo(text)
+
+
+@main.command(short_help="Run the operator (kopf inside).")
+@click.option(
+    "-n",
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    metavar="NS",
+    help="Watch policies in this namespace (repeat for more; globs such as 'llm-*' work).",
+)
+@click.option("-A", "--all-namespaces", is_flag=True, help="Watch policies in every namespace.")
+@click.option(
+    "--standalone",
+    is_flag=True,
+    help="Do not coordinate with other operator instances through kopf peering (one replica, or tests).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="Serve the operator's own Prometheus metrics at :PORT/metrics; 0 disables.",
+)
+@click.option(
+    "--policy-label",
+    default="kvoffload_io_policy",
+    show_default=True,
+    help="The series label that names the policy (the PodMonitor's sanitised kvoffload.io/policy).",
+)
+@click.option(
+    "--variant-label",
+    default="kvoffload_io_variant",
+    show_default=True,
+    help="The series label that names the variant, stable or canary (sanitised kvoffload.io/variant).",
+)
+@click.option(
+    "--prometheus-url",
+    default=None,
+    envvar="KVOFFLOAD_PROMETHEUS_URL",
+    help="Query this Prometheus for every policy instead of each spec.prometheus.url.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level (kopf's and the operator's).")
+def run(
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    standalone: bool,
+    metrics_port: int,
+    policy_label: str,
+    variant_label: str,
+    prometheus_url: str | None,
+    verbose: bool,
+) -> None:
+    """Run the operator: watch KVOffloadPolicies and roll each one up its ladder, stage by measured stage.
+
+    Talks to the cluster through the in-cluster service account, else $KUBECONFIG (or
+    ~/.kube/config). Give -n NS (repeatable) or -A. Stops cleanly on SIGINT or SIGTERM.
+    """
+    import asyncio
+
+    import kopf
+
+    from kvoffload.controller import ControllerSettings
+    from kvoffload.handlers import run_operator
+
+    if bool(namespaces) == all_namespaces:
+        click.echo("give -n NAMESPACE (one or more) or -A, not both and not neither", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    import kubernetes.config
+
+    kopf.configure(verbose=verbose)
+    try:
+        asyncio.run(
+            run_operator(
+                namespaces=namespaces,
+                clusterwide=all_namespaces,
+                standalone=standalone,
+                metrics_port=metrics_port,
+                controller_settings=ControllerSettings(prometheus_url=prometheus_url),
+                policy_label=policy_label,
+                variant_label=variant_label,
+            )
+        )
+    except kubernetes.config.ConfigException as exc:
+        click.echo(f"kvoffload run: no Kubernetes configuration (in-cluster or $KUBECONFIG): {exc}", err=True)
+        sys.exit(EXIT_FAIL)
+
+
+@main.command()
+@click.option(
+    "--scenario",
+    type=click.Choice(["promote", "regression"]),
+    default="promote",
+    show_default=True,
+    help="promote: climb to the top and stay. regression: the newest tier's canary slows down ×4 and is rolled back.",
+)
+@click.option("--fast", is_flag=True, help="Shrink every duration: each scenario ends in about 2-3 minutes.")
+@OUTPUT
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("demo-out"),
+    show_default=True,
+    help="Where the report goes (timeline.png, summary.md, report.html, operator.log).",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A KVOffloadPolicy to roll out instead of the embedded demo policy (examples/demo-two-tier.yaml).",
+)
+@reports_bad_input
+def demo(scenario: str, fast: bool, output: str, out_dir: Path, policy_path: Path | None) -> None:
+    """The whole loop on this machine, no cluster needed: an emulated Kubernetes API, a real Prometheus,
+    emulated vLLM engines, the operator, and a replay of the Mooncake conversation trace.
+
+    Shows the rollout live, writes a report (PNG plot and summary) into --out, and exits 0 when the
+    scenario ended as expected, 1 otherwise. With -o json only the final status and timeline go to
+    stdout (the progress view goes to stderr).
+    """
+    import asyncio
+    import json
+
+    from kvoffload import demo as demo_mod
+
+    stream = sys.stderr if output == "json" else sys.stdout
+    progress = demo_mod.Progress(stream)
+    try:
+        result = asyncio.run(
+            demo_mod.run_until_signalled(
+                demo_mod.SCENARIOS[scenario], fast=fast, out_dir=out_dir, policy_path=policy_path, progress=progress
+            )
+        )
+    except demo_mod.DemoError as exc:
+        click.echo(f"kvoffload demo: {exc}", err=True)
+        sys.exit(EXIT_FAIL)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        progress.close()
+        click.echo("kvoffload demo: interrupted; every process it started has been stopped", err=True)
+        sys.exit(130)
+    if output == "json":
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        click.echo(demo_mod.final_summary(result))
+    sys.exit(0 if result.ok else EXIT_FAIL)
