@@ -1,0 +1,93 @@
+{{/* The chart name, or nameOverride. */}}
+{{- define "kvoffload.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* The fully qualified name: the release name, with the chart name unless it already holds it. */}}
+{{- define "kvoffload.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{- define "kvoffload.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/* Labels every object carries. */}}
+{{- define "kvoffload.labels" -}}
+helm.sh/chart: {{ include "kvoffload.chart" . }}
+{{ include "kvoffload.selectorLabels" . }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* The labels that select the operator's pod: they never change after install. */}}
+{{- define "kvoffload.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "kvoffload.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{- define "kvoffload.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "kvoffload.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{- define "kvoffload.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/* The peering object's name: kvoffload.handlers.PEERING_NAME. */}}
+{{- define "kvoffload.peeringName" -}}
+kvoffload
+{{- end }}
+
+{{/*
+The rules the operator needs in each namespace it serves, exact verbs only:
+kopf watches the policies and patches their finalizer and annotations, and posts Events;
+kvoffload.gateway reads, creates, replaces and deletes the owned children, lists the policy's pods,
+reads the ConfigMaps and Secrets a policy refers to, patches the policy's status, and creates or
+bumps its Events.
+*/}}
+{{- define "kvoffload.rules" -}}
+- apiGroups: ["kvoffload.io"]
+  resources: ["kvoffloadpolicies"]
+  verbs: ["list", "watch", "patch"]
+- apiGroups: ["kvoffload.io"]
+  resources: ["kvoffloadpolicies/status"]
+  verbs: ["patch"]
+- apiGroups: ["apps"]
+  resources: ["deployments"]
+  verbs: ["get", "list", "create", "update", "delete"]
+- apiGroups: [""]
+  resources: ["services"]
+  verbs: ["get", "create", "update", "delete"]
+- apiGroups: ["monitoring.coreos.com"]
+  resources: ["podmonitors"]
+  verbs: ["get", "create", "update", "delete"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["list"]
+- apiGroups: [""]
+  resources: ["configmaps", "secrets"]
+  verbs: ["get"]
+- apiGroups: [""]
+  resources: ["events"]
+  verbs: ["get", "create", "patch"]
+{{- end }}
+
+{{/* kopf peering: read the peers, and patch its own keep-alive into the object's status. */}}
+{{- define "kvoffload.peeringVerbs" -}}
+verbs: ["list", "watch", "patch"]
+{{- end }}

@@ -1,0 +1,523 @@
+"""The operator's Helm chart (charts/kvoffload), through the real Helm v4 SDK.
+
+Lint; the values schema refuses bad values; every manifest of each kind of install passes
+kubernetes-validate (strict); the CRD in the chart is the generated one; a namespaced install
+grants Roles only; the container runs as non-root on a read-only root filesystem; and the
+chart's RBAC grants every request the real operator makes, started with the chart's own
+arguments against the emulated API server, and nothing that it does not make.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import sys
+from collections.abc import AsyncIterator, Iterable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import jsonschema
+import kubernetes_validate
+import pytest
+import yaml
+
+from kvoffload.cli import run
+from kvoffload.gateway import PLURALS, PolicyRef
+from kvoffload.handlers import PEERING_NAME
+from kvoffload.models import API_GROUP, API_VERSION, KIND
+from tests.support.kube import EmulatedCluster, policy_manifest, wait_for
+
+REPO = Path(__file__).resolve().parent.parent
+CHART = REPO / "charts" / "kvoffload"
+CRD_FILE = "kvoffloadpolicies.kvoffload.io.yaml"
+RELEASE, NAMESPACE = "kvo", "kvoffload-system"
+K8S_VERSION = "1.33"
+WATCHED = ["llm-a", "llm-b"]
+
+Obj = dict[str, Any]
+Grant = tuple[str, str, str]  # (apiGroup, resource[/subresource], verb)
+
+# The ServiceMonitor fields the chart renders, as monitoring.coreos.com/v1 defines them
+# (prometheus-operator, monitoring.coreos.com_servicemonitors.yaml): anything else is refused,
+# so this schema must grow with the template.
+SERVICE_MONITOR_SCHEMA: Obj = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "ServiceMonitor"},
+        "metadata": {
+            "type": "object",
+            "required": ["name", "namespace"],
+            "additionalProperties": False,
+            "properties": {
+                "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"},
+                "namespace": {"type": "string"},
+                "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+        },
+        "spec": {
+            "type": "object",
+            "required": ["selector", "endpoints"],
+            "additionalProperties": False,
+            "properties": {
+                "selector": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"matchLabels": {"type": "object", "additionalProperties": {"type": "string"}}},
+                },
+                "endpoints": {
+                    "type": "array",
+                    "minItems": 1,
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "properties": {
+                            "port": {"type": "string"},
+                            "path": {"type": "string"},
+                            "interval": {
+                                "type": "string",
+                                "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?"
+                                r"(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+# The kinds of install a user picks between; each must render valid manifests.
+INSTALLS: dict[str, Obj] = {
+    "defaults": {},
+    "namespaced": {"watchNamespaces": WATCHED},
+    "peering-cluster-wide": {"peering": {"enabled": True}},
+    "peering-namespaced": {"peering": {"enabled": True}, "watchNamespaces": WATCHED},
+    "everything-set": {
+        "metrics": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}}},
+        "prometheusUrl": "http://prometheus.monitoring:9090",
+        "verbose": True,
+        "imagePullSecrets": [{"name": "registry"}],
+        "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/kvo"}},
+        "podAnnotations": {"example.com/team": "inference"},
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+        "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [
+                        {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}
+                    ]
+                }
+            }
+        },
+    },
+    "metrics-off": {"metrics": {"enabled": False}},
+}
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterable[helm.Chart]:
+    with helm.Chart.load(CHART) as loaded:
+        yield loaded
+
+
+def render(chart: helm.Chart, values: Obj | None = None) -> list[Obj]:
+    """The objects an install with ``values`` would create (hooks included), in template order."""
+    rendered = chart.render(values or {}, name=RELEASE, namespace=NAMESPACE)
+    return [
+        obj
+        for path, text in sorted(rendered.items())
+        if path.endswith(".yaml")
+        for obj in yaml.safe_load_all(text)
+        if obj
+    ]
+
+
+def only(objs: list[Obj], kind: str) -> Obj:
+    matches = [obj for obj in objs if obj["kind"] == kind]
+    assert len(matches) == 1, f"expected one {kind}, got {len(matches)}"
+    return matches[0]
+
+
+def container(objs: list[Obj]) -> Obj:
+    containers: list[Obj] = only(objs, "Deployment")["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1
+    return containers[0]
+
+
+def grants(role: Obj) -> set[Grant]:
+    """Every (apiGroup, resource, verb) a Role or ClusterRole grants, refusing wildcards."""
+    granted = set()
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for verb in rule["verbs"]:
+                    assert "*" not in (group, resource, verb), f"{role['kind']} grants a wildcard: {rule}"
+                    granted.add((group, resource, verb))
+    return granted
+
+
+# --- lint and schema -----------------------------------------------------------------------
+
+
+def test_the_chart_lints_without_warnings() -> None:
+    report = helm.lint(CHART, strict=True, namespace=NAMESPACE, kube_version="v1.30.0")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
+
+
+@pytest.mark.parametrize(
+    ("values", "complaint"),
+    [
+        ({"replicas": "two"}, "/replicas"),
+        # kopf instances of the same priority that see each other all freeze.
+        ({"replicas": 2}, "/replicas"),
+        ({"replica": 1}, "'replica' not allowed"),
+        ({"image": {"digest": "sha256:0"}}, "'digest' not allowed"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        # A Role is created per namespace: globs would need cluster-wide rights.
+        ({"watchNamespaces": ["llm-*"]}, "/watchNamespaces/0"),
+        ({"metrics": {"port": 0}}, "/metrics/port"),
+        ({"seriesLabels": {"policy": "kvoffload.io/policy"}}, "/seriesLabels/policy"),
+        ({"peering": {"enabled": "yes"}}, "/peering/enabled"),
+    ],
+)
+def test_bad_values_are_refused_naming_the_key(chart: helm.Chart, values: Obj, complaint: str) -> None:
+    with pytest.raises(helm.HelmValuesError, match=re.escape(complaint)):
+        chart.validate_schema(values)
+    with pytest.raises(helm.HelmValuesError, match=re.escape(complaint)):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE)
+
+
+@pytest.mark.parametrize("install", INSTALLS)
+def test_the_values_of_each_install_pass_the_schema(chart: helm.Chart, install: str) -> None:
+    chart.validate_schema(INSTALLS[install])
+
+
+# --- rendered manifests --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("install", INSTALLS)
+def test_every_manifest_of_each_install_passes_the_real_validators(chart: helm.Chart, install: str) -> None:
+    objs = render(chart, INSTALLS[install])
+    crds = {
+        (obj["spec"]["group"], obj["spec"]["names"]["kind"]): obj["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+        for obj in objs
+        if obj["kind"] == "CustomResourceDefinition"
+    }
+    for obj in objs:
+        if obj["kind"] == "ServiceMonitor":  # not a kind kubernetes-validate knows
+            jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
+        elif obj["apiVersion"].startswith("kopf.dev/"):  # against the peering CRD the chart installs
+            jsonschema.validate(obj, crds[("kopf.dev", obj["kind"])])
+        else:
+            kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
+    assert {"ServiceAccount", "Deployment"} <= {obj["kind"] for obj in objs}
+
+
+def test_the_chart_ships_the_generated_crd_verbatim(chart: helm.Chart) -> None:
+    generated = (REPO / "crds" / CRD_FILE).read_text()
+    assert (CHART / "crds" / CRD_FILE).read_text() == generated, (
+        f"charts/kvoffload/crds/{CRD_FILE} drifted: cp crds/{CRD_FILE} charts/kvoffload/crds/"
+    )
+    assert [crd["data"] for crd in chart.crds] == [generated]
+
+
+def test_the_packaged_chart_carries_the_crd_and_renders_the_same(chart: helm.Chart, tmp_path: Path) -> None:
+    archive = helm.package(CHART, destination=tmp_path)
+    assert Path(archive).name == "kvoffload-0.1.0.tgz"
+    with helm.Chart.load(archive) as packaged:
+        assert [crd["data"] for crd in packaged.crds] == [(REPO / "crds" / CRD_FILE).read_text()]
+        assert render(packaged, INSTALLS["peering-namespaced"]) == render(chart, INSTALLS["peering-namespaced"])
+
+
+def test_a_default_install_watches_every_namespace_standalone_through_a_cluster_role(chart: helm.Chart) -> None:
+    objs = render(chart)
+    assert container(objs)["args"] == [
+        "--all-namespaces",
+        "--standalone",
+        "--metrics-port=8080",
+        "--policy-label=kvoffload_io_policy",
+        "--variant-label=kvoffload_io_variant",
+    ]
+    assert container(objs)["image"] == "ghcr.io/kvoffload/kvoffload:0.1.0"  # the appVersion
+    deployment = only(objs, "Deployment")
+    assert deployment["spec"]["replicas"] == 1
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two operators at once
+    binding = only(objs, "ClusterRoleBinding")
+    account = only(objs, "ServiceAccount")["metadata"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}]
+    assert binding["roleRef"]["name"] == only(objs, "ClusterRole")["metadata"]["name"]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
+    assert not [obj for obj in objs if obj["kind"] in ("Role", "RoleBinding", "ServiceMonitor")]
+
+
+def test_a_namespaced_install_grants_a_role_in_each_namespace_and_nothing_cluster_wide(chart: helm.Chart) -> None:
+    objs = render(chart, {"watchNamespaces": WATCHED})
+    assert container(objs)["args"][:3] == ["--namespace=llm-a", "--namespace=llm-b", "--standalone"]
+    assert not [obj for obj in objs if obj["kind"].startswith("Cluster")]
+    roles = {obj["metadata"]["namespace"]: obj for obj in objs if obj["kind"] == "Role"}
+    bindings = {obj["metadata"]["namespace"]: obj for obj in objs if obj["kind"] == "RoleBinding"}
+    assert sorted(roles) == sorted(bindings) == WATCHED
+    account = only(objs, "ServiceAccount")["metadata"]["name"]
+    for namespace in WATCHED:
+        assert bindings[namespace]["subjects"] == [{"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}]
+        assert bindings[namespace]["roleRef"] == {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "Role",
+            "name": roles[namespace]["metadata"]["name"],
+        }
+
+
+@pytest.mark.parametrize(
+    ("watch", "peering_kind", "role_kind", "peering_resource"),
+    [
+        ([], "ClusterKopfPeering", "ClusterRole", "clusterkopfpeerings"),
+        (WATCHED, "KopfPeering", "Role", "kopfpeerings"),
+    ],
+)
+def test_peering_drops_standalone_and_creates_the_peering_object_the_operator_looks_for(
+    chart: helm.Chart, watch: list[str], peering_kind: str, role_kind: str, peering_resource: str
+) -> None:
+    objs = render(chart, {"peering": {"enabled": True}, "watchNamespaces": watch})
+    assert "--standalone" not in container(objs)["args"]
+    peerings = [obj for obj in objs if obj["kind"] == peering_kind]
+    assert [p["metadata"]["name"] for p in peerings] == [PEERING_NAME] * max(1, len(watch))
+    assert sorted(p["metadata"].get("namespace", "") for p in peerings) == (watch or [""])
+    # A hook: Helm installs it only after the peering CRDs exist.
+    assert {p["metadata"]["annotations"]["helm.sh/hook"] for p in peerings} == {"post-install,post-upgrade"}
+    for role in (obj for obj in objs if obj["kind"] == role_kind):
+        assert {("kopf.dev", peering_resource, verb) for verb in ("list", "watch", "patch")} <= grants(role)
+    crds = [obj["metadata"]["name"] for obj in objs if obj["kind"] == "CustomResourceDefinition"]
+    assert crds == ["clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
+
+
+def test_peering_crds_can_be_left_to_another_release(chart: helm.Chart) -> None:
+    objs = render(chart, {"peering": {"enabled": True, "installCRDs": False}})
+    assert not [obj for obj in objs if obj["kind"] == "CustomResourceDefinition"]
+    assert only(objs, "ClusterKopfPeering")["metadata"]["name"] == PEERING_NAME
+
+
+def test_the_values_reach_the_operator_flags_and_the_pod(chart: helm.Chart) -> None:
+    values = INSTALLS["everything-set"] | {"seriesLabels": {"policy": "policy", "variant": "track"}}
+    objs = render(chart, values)
+    args = container(objs)["args"]
+    assert "--prometheus-url=http://prometheus.monitoring:9090" in args
+    assert "--verbose" in args
+    assert {"--policy-label=policy", "--variant-label=track"} <= set(args)
+    pod = only(objs, "Deployment")["spec"]["template"]
+    assert pod["metadata"]["annotations"] == values["podAnnotations"]
+    assert pod["spec"]["nodeSelector"] == values["nodeSelector"]
+    assert pod["spec"]["tolerations"] == values["tolerations"]
+    assert pod["spec"]["affinity"] == values["affinity"]
+    assert pod["spec"]["imagePullSecrets"] == values["imagePullSecrets"]
+    assert only(objs, "ServiceAccount")["metadata"]["annotations"] == values["serviceAccount"]["annotations"]
+    monitor, service = only(objs, "ServiceMonitor"), only(objs, "Service")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+
+
+@pytest.mark.parametrize("install", INSTALLS)
+def test_the_arguments_of_each_install_parse_as_kvoffload_run_options(chart: helm.Chart, install: str) -> None:
+    values = chart.merge_values(INSTALLS[install])
+    with run.make_context("run", list(container(render(chart, INSTALLS[install]))["args"])) as context:
+        params = context.params
+    assert params["namespaces"] == tuple(values["watchNamespaces"])
+    assert params["all_namespaces"] is not bool(values["watchNamespaces"])
+    assert params["standalone"] is not values["peering"]["enabled"]
+    assert params["metrics_port"] == (values["metrics"]["port"] if values["metrics"]["enabled"] else 0)
+    assert (params["policy_label"], params["variant_label"]) == (
+        values["seriesLabels"]["policy"],
+        values["seriesLabels"]["variant"],
+    )
+    assert params["prometheus_url"] == (values["prometheusUrl"] or None)
+    assert params["verbose"] is values["verbose"]
+
+
+def test_metrics_off_means_port_zero_and_no_service_or_probe(chart: helm.Chart) -> None:
+    objs = render(chart, {"metrics": {"enabled": False, "serviceMonitor": {"enabled": True}}})
+    assert "--metrics-port=0" in container(objs)["args"]
+    assert "readinessProbe" not in container(objs)
+    assert not [obj for obj in objs if obj["kind"] in ("Service", "ServiceMonitor")]
+
+
+def test_the_readiness_probe_asks_the_metrics_port_the_operator_serves(chart: helm.Chart) -> None:
+    objs = render(chart, {"metrics": {"port": 9100}})
+    main = container(objs)
+    assert "--metrics-port=9100" in main["args"]
+    assert main["ports"] == [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]
+    assert main["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert only(objs, "Service")["spec"]["ports"][0]["port"] == 9100
+
+
+def test_the_operator_runs_as_non_root_with_a_read_only_root_filesystem(chart: helm.Chart) -> None:
+    objs = render(chart)
+    pod = only(objs, "Deployment")["spec"]["template"]["spec"]["securityContext"]
+    context = container(objs)["securityContext"]
+    assert pod["runAsNonRoot"] is True
+    assert context["runAsNonRoot"] is True
+    assert pod["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert context["readOnlyRootFilesystem"] is True
+    assert context["allowPrivilegeEscalation"] is False
+    assert context["capabilities"] == {"drop": ["ALL"]}
+    # The same user the image declares.
+    user = re.search(r"^USER (\d+):(\d+)$", (REPO / "Dockerfile").read_text(), re.MULTILINE)
+    assert user is not None
+    assert (pod["runAsUser"], pod["runAsGroup"]) == (int(user[1]), int(user[2]))
+
+
+# --- RBAC against what the operator really does -------------------------------------------
+
+# kopf's watch of CRDs is cluster-scoped: a namespaced install does without it (kopf falls back to
+# noticing CRD changes on restart), so its Roles grant everything else.
+CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
+
+
+def rbac_verb(method: str, name: str | None, params: Mapping[str, str]) -> str:
+    """The RBAC verb the API server checks for a request (Kubernetes' request-verb mapping)."""
+    if method == "GET":
+        return "watch" if params.get("watch") in ("true", "1") else "get" if name else "list"
+    if method == "DELETE":
+        return "delete" if name else "deletecollection"
+    return {"POST": "create", "PUT": "update", "PATCH": "patch"}[method]
+
+
+def requested(cluster: EmulatedCluster) -> set[Grant]:
+    """(apiGroup, resource[/subresource], verb) of every resource request the emulator served."""
+    seen = set()
+    for request in cluster.emulator:
+        if request.resource is None or not request.resource.plural:  # discovery: every user may
+            continue
+        resource = request.resource.plural + (f"/{request.subresource}" if request.subresource else "")
+        seen.add(
+            (request.resource.group or "", resource, rbac_verb(request.method.value, request.name, request.params))
+        )
+    return seen
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@asynccontextmanager
+async def operator_process(cluster: EmulatedCluster, args: list[str]) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``kvoffload run ARGS`` as the image runs it, finding the emulator through $KUBECONFIG."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from kvoffload.cli import main; main()",
+        "run",
+        *args,
+        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), timeout=15)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+CHILDREN = (
+    ("apps/v1", "Deployment", "chat-stable"),
+    ("v1", "Service", "chat"),
+    ("monitoring.coreos.com/v1", "PodMonitor", "chat"),
+)
+
+
+async def exercise_the_operator(cluster: EmulatedCluster, args: list[str], peering: Obj | None) -> None:
+    """Run the operator on a policy until it has written its children and status (and its keep-alive
+    into ``peering``, if given), then call the gateway paths this scenario does not reach: updating
+    and deleting children, reading references, repeating an Event."""
+    namespace = "default"
+    spec = {
+        "model": {"name": "Qwen/Qwen3-0.6B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 4096},
+        "gpu": {"class": "nvidia-l4"},
+        "replicas": 2,
+        "resources": {"baseMemory": "4Gi", "headroom": "1Gi"},
+        "offload": {"cpu": "1Gi"},
+        "rollout": {"baselineDuration": "2s", "stepDuration": "30s", "progressDeadline": "60s"},
+        "analysis": {"interval": "1s", "window": "10s", "ttftP99": "500ms", "itlP99": "50ms", "minRequests": 5},
+        "prometheus": {"url": "http://127.0.0.1:9"},  # nothing listens: Inconclusive, the baseline holds
+    }
+    policy_api = f"{API_GROUP}/{API_VERSION}"
+    async with operator_process(cluster, args) as process:
+        await cluster.emulator.create_object(policy_manifest("chat", namespace, spec=spec))
+
+        def status() -> Obj:
+            return (cluster.emulator.read_object(policy_api, KIND, namespace, "chat") or {}).get("status") or {}
+
+        await wait_for(lambda: status().get("lastAnalysis"), "the operator's first analysis in the status", 30)
+        if peering is not None:
+
+            def keepalives() -> Obj:
+                meta = peering["metadata"]
+                peers = cluster.emulator.read_object(peering["apiVersion"], peering["kind"], None, meta["name"])
+                return (peers or {}).get("status") or {}
+
+            await wait_for(keepalives, "the operator's keep-alive in the peering object", 10)
+        assert process.returncode is None
+
+    gateway = cluster.gateway()
+    body = cluster.emulator.read_object(policy_api, KIND, namespace, "chat")
+    assert body is not None
+    policy = PolicyRef.from_body(body)
+    await cluster.emulator.create_object(
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": namespace}, "data": {"k": "v"}}
+    )
+    await cluster.emulator.create_object(
+        {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": namespace}, "data": {"k": "dg=="}}
+    )
+    assert await gateway.read_configmap(namespace, "c", "k") == "v"
+    assert await gateway.read_secret(namespace, "s", "k") == "v"
+    assert await gateway.emit_event(policy, "Normal", "Twice", "the same event, counted")
+    assert await gateway.emit_event(policy, "Normal", "Twice", "the same event, counted")
+    for api_version, kind, name in CHILDREN:
+        child = cluster.emulator.read_object(api_version, kind, namespace, name)
+        assert child is not None, f"the operator did not create {kind} {name}"
+        await gateway.apply(child, policy)  # an update, as the next stage does
+        assert await gateway.delete_owned(kind, name, policy)
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("peering", [False, True], ids=["standalone", "peering"])
+async def test_the_chart_grants_exactly_what_the_real_operator_requests(kube: EmulatedCluster, peering: bool) -> None:
+    chart = helm.Chart.load(CHART)
+    try:
+        cluster_wide = render(chart, {"peering": {"enabled": peering}})
+        namespaced = render(chart, {"peering": {"enabled": peering}, "watchNamespaces": WATCHED})
+    finally:
+        chart.close()
+    peering_object = None
+    if peering:  # the CRDs and the peering object as the chart installs them
+        for crd in (obj for obj in cluster_wide if obj["kind"] == "CustomResourceDefinition"):
+            kube.emulator.register_crd(crd)
+        peering_object = await kube.emulator.create_object(only(cluster_wide, "ClusterKopfPeering"))
+    port = free_port()
+    args = [re.sub(r"^--metrics-port=\d+$", f"--metrics-port={port}", arg) for arg in container(cluster_wide)["args"]]
+    await exercise_the_operator(kube, args, peering_object)
+    used = requested(kube)
+
+    # The scenario reached every kind the gateway knows, so the recording is the whole list.
+    assert {(api.rpartition("/")[0], plural) for (api, _), plural in PLURALS.items()} <= {
+        (group, resource) for group, resource, _ in used
+    }
+    assert grants(only(cluster_wide, "ClusterRole")) == used
+    for role in (obj for obj in namespaced if obj["kind"] == "Role"):
+        # The same, namespace by namespace (a namespaced operator peers through KopfPeerings).
+        expected = {(g, r.replace("clusterkopfpeerings", "kopfpeerings"), v) for g, r, v in used - CLUSTER_SCOPED}
+        assert grants(role) == expected
