@@ -48,8 +48,10 @@ PACKAGED_NAME = "demo-policy.yaml"
 
 # --fast: the same ladder with every duration shrunk. The window holds 6+ scrapes (1 s) so
 # rate() has data; sustainedFor spans several analysis cycles, so one spike never rolls back.
-FAST_ROLLOUT = {"baselineDuration": "10s", "stepDuration": "16s"}
-FAST_ANALYSIS = {"interval": "1s", "window": "8s", "sustainedFor": "4s"}
+# A 20 s window keeps a few hundred requests in every verdict at the demo's load; 30 s steps let
+# a fresh canary's tiers fill in the first half and be judged in the second.
+FAST_ROLLOUT = {"baselineDuration": "20s", "stepDuration": "30s"}
+FAST_ANALYSIS = {"interval": "2s", "window": "20s", "sustainedFor": "6s"}
 
 TTFT_REGRESSION = 4.0
 """The regression scenario multiplies the newest tier's canary TTFT by this."""
@@ -80,19 +82,13 @@ def default_policy_path() -> Path:
 
 
 def prepare_policy(doc: Mapping[str, Any], *, fast: bool, prometheus_url: str) -> dict[str, Any]:
-    """The policy as the demo applies it: its own Prometheus, ``maxSurge`` at least 1 (a stable side to
-    compare with at the 100% step), and with ``fast`` every duration shrunk."""
+    """The policy as the demo applies it: pointed at its own Prometheus, and with ``fast`` every
+    duration shrunk."""
     out = copy.deepcopy(dict(doc))
     spec = out.setdefault("spec", {})
     spec.setdefault("prometheus", {})["url"] = prometheus_url
-    rollout = spec.setdefault("rollout", {})
-    if not rollout.get("maxSurge"):
-        # With maxSurge 0 the 100% step leaves no stable replica to compare the canary with, and
-        # analysis cannot judge the canary/stable ratio there (the step pauses as Inconclusive).
-        # One extra emulated replica during the climb keeps a stable side at every step.
-        rollout["maxSurge"] = 1
     if fast:
-        rollout.update(FAST_ROLLOUT)
+        spec.setdefault("rollout", {}).update(FAST_ROLLOUT)
         spec.setdefault("analysis", {}).update(FAST_ANALYSIS)
     return out
 
@@ -355,23 +351,26 @@ def duration_text(seconds: float) -> str:
 
 @dataclass(frozen=True)
 class Load:
-    """How the bundled Mooncake trace is replayed: time-compressed, prompts shrunk for 2 cores."""
+    """How the bundled Mooncake conversation trace is replayed on two cores."""
 
-    speedup: float = 15.0
-    """The trace runs at 3.4 requests/s; ×15 gives about 50 requests/s, so a step sees some of the
-    trace's reuse (a conversation's next turn comes a median 460 requests later)."""
+    speedup: float = 24.0
+    """Trace time runs 24 times faster, so a 30 s step spans 12 minutes of Kimi's traffic and a
+    conversation's next turn (a median 422 requests, about 2 minutes later) falls inside it."""
+    sessions: int = 4
+    """One conversation in four, whole: about 20 requests/s in all, each conversation keeping its timing."""
     scale: float = 1 / 32
     """512-token trace blocks become 16 tokens (one engine block), so the reuse pattern is kept."""
+    max_prompt_tokens: int = 1024
+    """Prompts past 32k trace tokens (the longest 6%) are cut there, as a 32k context would: a p99
+    over one engine's few hundred requests is then the cost of a full-length prompt, not whichever
+    of the trace's rare 100k-token prompts happened to land on that engine."""
     max_tokens: int = 4
     max_in_flight: int = 64
 
 
-ENGINE_GPU_KV_BLOCKS = 16
-"""The engines' GPU KV cache: 256 tokens, less than most prompts, so a reused prefix comes back
-from the offload tiers."""
-ENGINE_KV_BYTES_PER_TOKEN = 114_688 // 32
-"""Prompts are 32 times shorter than the trace's, and so is the KV per token the engines model
-(Qwen3-0.6B / 32): the 256Mi pilot then holds the reuse a 16 s step sees."""
+ENGINE_GPU_KV_BLOCKS = 64
+"""The engines' GPU KV cache: 1,024 tokens, about three prompts, so a conversation's earlier turns
+are evicted from the GPU before it comes back and return from the offload tiers, or are recomputed."""
 
 
 @dataclass
@@ -442,7 +441,7 @@ async def run_demo(
     trace = loadgen.read_trace()
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    engine_args = ["--gpu-kv-blocks", str(ENGINE_GPU_KV_BLOCKS), "--kv-bytes-per-token", str(ENGINE_KV_BYTES_PER_TOKEN)]
+    engine_args = ["--gpu-kv-blocks", str(ENGINE_GPU_KV_BLOCKS)]
     async with LocalCluster(engine_args=engine_args) as cluster:
         doc = prepare_policy(raw, fast=fast, prometheus_url=cluster.prometheus.url)
         policy = KVOffloadPolicy.model_validate(doc)
@@ -459,7 +458,8 @@ async def run_demo(
             f"expecting {expect.describe()} "
             f"(giving up after {duration_text(limit)})\n"
             f"Prometheus {cluster.prometheus.url}, Kubernetes API {cluster.url}; load: Mooncake conversation "
-            f"trace ×{load.speedup:g}, prompts ×{load.scale:g}"
+            f"trace ×{load.speedup:g}, 1 conversation in {load.sessions}, prompts ×{load.scale:g}, "
+            "routed by conversation"
         )
         progress.header(PROGRESS_HEADER)
         provider = PrometheusProvider(cluster.prometheus.url, timeout=5.0)
@@ -496,6 +496,8 @@ async def run_demo(
                     speedup=load.speedup,
                     duration=limit + 30,
                     scale=load.scale,
+                    sessions=load.sessions,
+                    max_prompt_tokens=load.max_prompt_tokens,
                     max_tokens=load.max_tokens,
                     max_in_flight=load.max_in_flight,
                 ),

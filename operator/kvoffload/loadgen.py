@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import hashlib
 import json
 import random
 import time
@@ -69,14 +70,17 @@ def block_tokens(hash_id: int, block_tokens: int = TRACE_BLOCK_TOKENS) -> list[i
     return [rng.randrange(1, VOCAB) for _ in range(block_tokens)]
 
 
-def prompt_tokens(request: TraceRequest, scale: float = 1.0) -> list[int]:
+def prompt_tokens(request: TraceRequest, scale: float = 1.0, limit: int | None = None) -> list[int]:
     """The prompt of a trace request as token ids, optionally shrunk by ``scale`` (0 < scale <= 1).
 
     Shrinking keeps the block structure (each block becomes ``512 * scale`` tokens) so reuse is
-    preserved while engines and payloads stay small enough for a laptop.
+    preserved while engines and payloads stay small enough for a laptop. ``limit`` cuts longer
+    prompts to their first ``limit`` tokens, as a context limit would; the shared prefix stays.
     """
     per_block = max(1, round(TRACE_BLOCK_TOKENS * scale))
     want = max(1, round(request.input_length * scale))
+    if limit is not None:
+        want = min(want, limit)
     tokens: list[int] = []
     for hash_id in request.hash_ids:
         tokens.extend(block_tokens(hash_id, per_block))
@@ -85,16 +89,41 @@ def prompt_tokens(request: TraceRequest, scale: float = 1.0) -> list[int]:
     return tokens[:want]
 
 
+def session_key(request: TraceRequest) -> bytes:
+    """What identifies a conversation: its first two blocks (the first is the system prompt every
+    request of the Mooncake traces shares, the second starts the conversation)."""
+    return repr(request.hash_ids[:2]).encode()
+
+
+def _bucket(key: bytes, salt: bytes = b"") -> int:
+    return int.from_bytes(hashlib.blake2b(key + salt, digest_size=8).digest(), "big")
+
+
+def route(request: TraceRequest, endpoints: Sequence[str]) -> str:
+    """The engine a prefix-aware router sends a request to: rendezvous hashing on its conversation,
+    so every turn of a conversation finds the engine that holds its KV, and a change of endpoints
+    moves only the conversations of the engines that came or went."""
+    key = session_key(request)
+    return max(endpoints, key=lambda url: _bucket(key, url.encode()))
+
+
 def schedule(
-    trace: Sequence[TraceRequest], speedup: float, duration: float | None = None
+    trace: Sequence[TraceRequest], speedup: float, duration: float | None = None, sessions: int = 1
 ) -> Iterator[tuple[float, TraceRequest]]:
-    """(send offset in seconds, request) pairs, the trace's clock divided by ``speedup``; loops if needed."""
+    """(send offset in seconds, request) pairs, the trace's clock divided by ``speedup``.
+
+    ``sessions: k`` keeps one conversation in ``k`` (all of its turns), so the request rate drops
+    ``k``-fold while each conversation keeps its own timing, and so its reuse. With a ``duration``
+    the trace loops; each lap takes the next ``1/k`` of the conversations, so no lap replays one.
+    """
     if not trace:
         return
     span = trace[-1].at + 1.0
     lap = 0
     while True:
         for req in trace:
+            if sessions > 1 and _bucket(session_key(req)) % sessions != lap % sessions:
+                continue
             offset = (lap * span + req.at) / speedup
             if duration is not None and offset >= duration:
                 return
@@ -124,13 +153,17 @@ async def replay(
     speedup: float = 10.0,
     duration: float = 60.0,
     scale: float = 0.25,
+    sessions: int = 1,
+    max_prompt_tokens: int | None = None,
     max_tokens: int = 4,
     max_in_flight: int = 32,
+    prefix_routing: bool = True,
 ) -> LoadStats:
     """Send the trace to whichever engines ``endpoints()`` lists at each send, for ``duration`` seconds.
 
-    Requests go round-robin over the current endpoints, the way a Service spreads them over
-    ready pods, so traffic splits between stable and canary by replica count.
+    With ``prefix_routing`` each conversation sticks to one engine (``route``), as with a prefix-aware
+    router in front of vLLM; otherwise requests go round-robin, as a plain Service spreads them.
+    Either way traffic splits between stable and canary by replica count.
     """
     stats = LoadStats()
     in_flight: set[asyncio.Task[None]] = set()
@@ -140,7 +173,7 @@ async def replay(
     async def one(session: aiohttp.ClientSession, url: str, req: TraceRequest) -> None:
         body = {
             "model": model,
-            "prompt": prompt_tokens(req, scale),
+            "prompt": prompt_tokens(req, scale, max_prompt_tokens),
             "max_tokens": max(1, min(req.output_length, max_tokens)),
         }
         try:
@@ -158,7 +191,7 @@ async def replay(
 
     timeout = aiohttp.ClientTimeout(total=30)
     async with aiohttp.ClientSession(timeout=timeout) as session:
-        for offset, req in schedule(trace, speedup, duration):
+        for offset, req in schedule(trace, speedup, duration, sessions):
             delay = offset - (time.monotonic() - start)
             if delay > 0:
                 await asyncio.sleep(delay)
@@ -166,7 +199,7 @@ async def replay(
             if not urls or len(in_flight) >= max_in_flight:
                 stats.skipped += 1
                 continue
-            url = urls[turn % len(urls)]
+            url = route(req, urls) if prefix_routing else urls[turn % len(urls)]
             turn += 1
             stats.sent += 1
             task = asyncio.create_task(one(session, url, req))
