@@ -9,13 +9,9 @@ arguments against the emulated API server, and nothing that it does not make.
 
 from __future__ import annotations
 
-import asyncio
-import os
 import re
 import socket
-import sys
-from collections.abc import AsyncIterator, Iterable, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +25,7 @@ from kvoffload.cli import run
 from kvoffload.gateway import PLURALS, PolicyRef
 from kvoffload.handlers import PEERING_NAME
 from kvoffload.models import API_GROUP, API_VERSION, KIND
-from tests.support.kube import EmulatedCluster, policy_manifest, wait_for
+from tests.support.kube import EmulatedCluster, kvoffload_run, policy_manifest, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 CHART = REPO / "charts" / "kvoffload"
@@ -409,29 +405,6 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@asynccontextmanager
-async def operator_process(cluster: EmulatedCluster, args: list[str]) -> AsyncIterator[asyncio.subprocess.Process]:
-    """``kvoffload run ARGS`` as the image runs it, finding the emulator through $KUBECONFIG."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "from kvoffload.cli import main; main()",
-        "run",
-        *args,
-        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
-    )
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), timeout=15)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-
-
 CHILDREN = (
     ("apps/v1", "Deployment", "chat-stable"),
     ("v1", "Service", "chat"),
@@ -455,7 +428,7 @@ async def exercise_the_operator(cluster: EmulatedCluster, args: list[str], peeri
         "prometheus": {"url": "http://127.0.0.1:9"},  # nothing listens: Inconclusive, the baseline holds
     }
     policy_api = f"{API_GROUP}/{API_VERSION}"
-    async with operator_process(cluster, args) as process:
+    async with kvoffload_run(cluster, *args) as process:
         await cluster.emulator.create_object(policy_manifest("chat", namespace, spec=spec))
 
         def status() -> Obj:

@@ -9,12 +9,9 @@ the subprocess points its policies at a Prometheus that is not there (Inconclusi
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import socket
-import sys
 import urllib.request
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import kopf
@@ -28,7 +25,7 @@ from kvoffload.hub import MeasurementHub
 from kvoffload.models import API_GROUP, API_VERSION, KIND, PLURAL
 from kvoffload.prometheus import PolicyKey, Target
 from kvoffload.rollout import Plan
-from tests.support.kube import EmulatedCluster, policy_manifest, running_kopf, wait_for
+from tests.support.kube import EmulatedCluster, kvoffload_run, policy_manifest, running_kopf, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -185,28 +182,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@contextlib.asynccontextmanager
-async def kvoffload_run(kube: EmulatedCluster, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "from kvoffload.cli import main; main()",
-        "run",
-        *args,
-        env={**os.environ, "KUBECONFIG": str(kube.kubeconfig)},
-    )
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), timeout=15)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
 
 
 def scrape(port: int) -> str:

@@ -216,7 +216,8 @@ class Architecture(Model):
         default=None,
         alias="numKVHeads",
         ge=1,
-        le=1024, description="KV heads per layer (num_key_value_heads); omit for MLA."
+        le=1024,
+        description="KV heads per layer (num_key_value_heads); omit for MLA.",
     )
     head_dim: int | None = Field(default=None, ge=1, le=4096, description="Dimension of one attention head.")
     kv_lora_rank: int | None = Field(default=None, ge=1, le=65536, description="MLA only: compressed KV rank.")

@@ -183,6 +183,30 @@ async def running_kopf(
 
 
 @contextlib.asynccontextmanager
+async def kvoffload_run(cluster: EmulatedCluster, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """``kvoffload run ARGS`` as the image runs it, finding the emulator through $KUBECONFIG;
+    terminated (then killed) on exit."""
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        "from kvoffload.cli import main; main()",
+        "run",
+        *args,
+        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
+    )
+    try:
+        yield process
+    finally:
+        if process.returncode is None:
+            process.terminate()
+            try:
+                await asyncio.wait_for(process.wait(), timeout=15)
+            except TimeoutError:
+                process.kill()
+                await process.wait()
+
+
+@contextlib.asynccontextmanager
 async def kopf_subprocess(
     cluster: EmulatedCluster, *args: str, env: dict[str, str] | None = None
 ) -> AsyncIterator[asyncio.subprocess.Process]:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kvoffload import promserver
+from kvoffload import emulator, promserver
 from kvoffload.dialects import NEWEST, Dialect
 from kvoffload.promserver import PROMETHEUS_BIN, SCRAPE_INTERVAL_S, PrometheusError, free_port  # noqa: F401  (re-exported)
 
@@ -86,51 +86,8 @@ def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
 # --- a synthetic fleet: many engines' vLLM series from one small exporter --------
 
 # Bucket bounds of real vLLM 0.32 (shared/fixtures/vllm-0.32.0-cpu-metrics.txt).
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-ITL_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
+TTFT_BUCKETS = emulator.TTFT_BUCKETS
+ITL_BUCKETS = emulator.TOKEN_LATENCY_BUCKETS
 
 
 def expected_p99(value: float, bounds: Sequence[float]) -> float:
