@@ -84,8 +84,8 @@ def test_fast_shrinks_every_duration_and_points_the_policy_at_the_demos_promethe
     fast = KVOffloadPolicy.model_validate(prepare_policy(raw, fast=True, prometheus_url="http://127.0.0.1:1"))
     assert fast.spec.prometheus.url == "http://127.0.0.1:1"
     assert planned_seconds(fast.spec, LADDER) < planned_seconds(slow.spec, LADDER)
-    # baseline + pilot canary + cpu (canary, 50%, 100%) + nvme (canary, 50%, 100%)
-    assert planned_seconds(fast.spec, LADDER) == 10 + 7 * 16
+    # On 2 replicas the canary already is 50%: baseline + pilot canary + cpu (canary, 100%) + nvme (canary, 100%)
+    assert planned_seconds(fast.spec, LADDER) == 20 + 5 * 30
     assert raw == load_policy_doc(default_policy_path())  # the source is not changed
 
 
