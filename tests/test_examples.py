@@ -9,6 +9,8 @@ import yaml
 from pydantic import ValidationError
 
 from kvoffload.catalog import find_gpu_class, find_model
+from kvoffload.demo import planned_seconds
+from kvoffload.ladder import build_ladder
 from kvoffload.models import KVOffloadPolicy
 from kvoffload.validation import load_policy
 from tests.support.crd_admission import admit
@@ -71,9 +73,9 @@ def test_seed_example_mirrors_the_measurement() -> None:
     assert spec.offload.secondary_tiers == []
 
 
-def test_demo_example_is_fast_and_climbs_two_tiers() -> None:
+def test_demo_example_climbs_two_tiers_within_minutes() -> None:
     spec = load_policy(ROOT / "examples" / "demo-two-tier.yaml").spec
     assert [t.name for t in spec.offload.secondary_tiers] == ["nvme"]
     assert spec.rollout.pilot_cpu is not None
-    assert (spec.rollout.step_duration, spec.analysis.interval, spec.analysis.window) == ("20s", "2s", "10s")
+    assert planned_seconds(spec, build_ladder(spec)) <= 10 * 60  # `make demo` is a coffee, not a lunch
     assert spec.model.name == "Qwen/Qwen3-0.6B"
