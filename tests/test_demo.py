@@ -181,6 +181,10 @@ def test_without_a_terminal_each_cycle_is_one_line() -> None:
 # --- end to end ---------------------------------------------------------------------------------
 
 
+def demo_replicas() -> int:
+    return KVOffloadPolicy.model_validate(load_policy_doc(default_policy_path())).spec.replicas
+
+
 def run_demo(scenario: str, out: Path) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
     done = subprocess.run(
         [*KVOFFLOAD, "demo", "--scenario", scenario, "--fast", "-o", "json", "--out", str(out)],
@@ -206,7 +210,7 @@ def test_demo_promote_climbs_to_the_top_and_ends_stable_with_every_replica_there
     final = doc["status"]
     assert final["phase"] == "Stable"
     assert final["stable"]["level"] == len(final["ladder"]) - 1 == 3
-    assert final["stable"]["replicas"] == final["stable"]["ready"] == 4
+    assert final["stable"]["replicas"] == final["stable"]["ready"] == demo_replicas()
     assert "canary" not in final
     assert not any(h["decision"] == "Rollback" for h in final["history"])
     assert doc["timeline"]["samples"]
@@ -222,7 +226,7 @@ def test_demo_regression_rolls_the_newest_tier_back_one_level_down(tmp_path: Pat
     final = doc["status"]
     assert final["phase"] == "RolledBack"
     assert final["ladder"][final["stable"]["level"]] == "cpu"
-    assert final["stable"]["replicas"] == final["stable"]["ready"] == 4
+    assert final["stable"]["replicas"] == final["stable"]["ready"] == demo_replicas()
     rollback = [h for h in final["history"] if h["decision"] == "Rollback"]
     assert rollback
     assert "ttftP99" in rollback[-1]["message"]
