@@ -432,6 +432,20 @@ async def test_deleting_an_owner_collects_its_dependents_and_nothing_else(
     assert shared["metadata"]["uid"] == still_shared["metadata"]["uid"]
 
 
+async def test_a_dependent_created_after_its_owner_was_deleted_is_collected(kube: EmulatedCluster) -> None:
+    # A controller that read a Deployment just before it was deleted makes a pod for it anyway.
+    owner = await create_policy(kube, "owner")
+    engine = await kube.emulator.create_object(deployment("engine", [owner]))
+    await kube.emulator.delete_object("apps/v1", "Deployment", NS, "engine")
+
+    late = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "late", "namespace": NS}}
+    late["metadata"]["ownerReferences"] = [owner_ref(engine)]
+    await kube.emulator.create_object(late)
+
+    assert kube.emulator.read_object("v1", "Pod", NS, "late") is None
+    assert kube.emulator.read_object(f"{API_GROUP}/{API_VERSION}", "KVOffloadPolicy", NS, "owner") is not None
+
+
 async def test_orphan_propagation_keeps_dependents_without_the_reference(
     kube: EmulatedCluster, custom: kubernetes.client.CustomObjectsApi
 ) -> None:

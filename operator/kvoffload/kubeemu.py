@@ -676,6 +676,11 @@ class KubeEmulator(kmock.KubernetesEmulator):
         created = self._commit("ADDED", key, obj, None)
         if res == CRDS:
             self.register_crd(created)
+        owners = {ref.get("uid") for ref in meta.get("ownerReferences") or []}
+        if owners and not owners & {o.get("metadata", {}).get("uid") for _, o in self._live()}:
+            # Kubernetes' garbage collector deletes a dependent whose owners are all gone, e.g. a
+            # pod a controller made from a stale read of a Deployment that was deleted meanwhile.
+            self._delete(key, {"propagationPolicy": "Background"})
         return created
 
     def _update(self, key: Key, old: Obj, proposed: Obj, subresource: str | None, expected_rv: str | None) -> Obj:
