@@ -183,48 +183,14 @@ async def running_kopf(
 
 
 @contextlib.asynccontextmanager
-async def kvoffload_run(cluster: EmulatedCluster, *args: str) -> AsyncIterator[asyncio.subprocess.Process]:
-    """``kvoffload run ARGS`` as the image runs it, finding the emulator through $KUBECONFIG;
-    terminated (then killed) on exit."""
-    process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-c",
-        "from kvoffload.cli import main; main()",
-        "run",
-        *args,
-        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig)},
-    )
-    try:
-        yield process
-    finally:
-        if process.returncode is None:
-            process.terminate()
-            try:
-                await asyncio.wait_for(process.wait(), timeout=15)
-            except TimeoutError:
-                process.kill()
-                await process.wait()
-
-
-@contextlib.asynccontextmanager
-async def kopf_subprocess(
-    cluster: EmulatedCluster, *args: str, env: dict[str, str] | None = None
+async def _process_on(
+    cluster: EmulatedCluster, *argv: str, env: dict[str, str] | None = None, grace: float = 15.0
 ) -> AsyncIterator[asyncio.subprocess.Process]:
-    """Run ``kopf run --standalone --all-namespaces ARGS`` in a subprocess that reads $KUBECONFIG.
+    """A Python subprocess that finds the emulator through $KUBECONFIG; terminated (then killed) on exit.
 
-    Its output goes to the test's captured stderr. It is terminated (then killed) on exit.
-    """
+    Its output goes to the test's captured stderr."""
     process = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "kopf",
-        "run",
-        "--standalone",
-        "--all-namespaces",
-        *args,
-        env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), **(env or {})},
-        stdout=None,
-        stderr=None,
+        sys.executable, *argv, env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), **(env or {})}
     )
     try:
         yield process
@@ -232,10 +198,24 @@ async def kopf_subprocess(
         if process.returncode is None:
             process.terminate()
             try:
-                await asyncio.wait_for(process.wait(), timeout=10)
+                await asyncio.wait_for(process.wait(), timeout=grace)
             except TimeoutError:
                 process.kill()
                 await process.wait()
+
+
+def kvoffload_run(
+    cluster: EmulatedCluster, *args: str
+) -> contextlib.AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    """``kvoffload run ARGS`` as the image runs it."""
+    return _process_on(cluster, "-c", "from kvoffload.cli import main; main()", "run", *args)
+
+
+def kopf_subprocess(
+    cluster: EmulatedCluster, *args: str, env: dict[str, str] | None = None
+) -> contextlib.AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    """``kopf run --standalone --all-namespaces ARGS``."""
+    return _process_on(cluster, "-m", "kopf", "run", "--standalone", "--all-namespaces", *args, env=env, grace=10.0)
 
 
 def policy_manifest(name: str, namespace: str = "default", spec: dict[str, Any] | None = None) -> dict[str, Any]:
