@@ -8,9 +8,9 @@ from typing import Any
 
 import yaml
 
-from kvoffload.ladder import Level, build_ladder
-from kvoffload.models import KVOffloadPolicy
-from kvoffload.validation import load_policy, parse_policy
+from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.policy.ladder import Level, build_ladder
+from kvoffload.policy.validation import load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"

@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvoffload.analysis import EXTERNAL_SHARE, TTFT_RATIO, Assessment, advance, assess, sustained
-from kvoffload.cli import main
-from kvoffload.ladder import build_ladder
-from kvoffload.models import AnalysisStatus, Verdict
-from kvoffload.prometheus import PrometheusProvider, Target
-from kvoffload.validation import load_policy
+from kvoffload.analysis.assess import EXTERNAL_SHARE, TTFT_RATIO, Assessment, advance, assess, sustained
+from kvoffload.analysis.prometheus import PrometheusProvider, Target
+from kvoffload.api.types import AnalysisStatus, Verdict
+from kvoffload.cli.main import main
+from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.validation import load_policy
 from tests.support.engines import Engine, start_engines, stop_engines
 from tests.support.prometheus import PrometheusServer, require_prometheus, wait_until
 

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvoffload.analysis import (
+from kvoffload.analysis.assess import (
     EXTERNAL_SHARE,
     ITL_P99,
     ITL_RATIO,
@@ -25,9 +25,9 @@ from kvoffload.analysis import (
     assess,
     sustained,
 )
-from kvoffload.ladder import Level
-from kvoffload.models import AnalysisSpec, BaselineStatus, SecondaryTier, Verdict
-from kvoffload.quantity import GIB
+from kvoffload.api.quantity import GIB
+from kvoffload.api.types import AnalysisSpec, BaselineStatus, SecondaryTier, Verdict
+from kvoffload.policy.ladder import Level
 
 SPEC = AnalysisSpec()  # ttftP99 1500ms, itlP99 80ms, maxRegression 1.2, minExternalShare 0.02, minRequests 50
 GPU_ONLY = Level(0, "gpu-only", None)
@@ -247,7 +247,7 @@ def test_the_live_config_is_reported_against_the_level() -> None:
 
 
 def test_the_whole_spec_can_be_passed() -> None:
-    from kvoffload.models import KVOffloadPolicySpec
+    from kvoffload.api.types import KVOffloadPolicySpec
 
     spec = KVOffloadPolicySpec.model_validate(
         {

@@ -14,8 +14,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from kvoffload.cli import EXIT_BAD_INPUT, main
-from kvoffload.validation import PolicyError, load_policy, parse_policy
+from kvoffload.cli.main import EXIT_BAD_INPUT, main
+from kvoffload.policy.validation import PolicyError, load_policy, parse_policy
 from tests.support.crd_admission import admit
 
 INVALID = Path(__file__).resolve().parent / "data" / "invalid"

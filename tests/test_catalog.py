@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.catalog import (
+from kvoffload.api.types import Architecture
+from kvoffload.policy.catalog import (
     GIB,
     GPU_CLASSES,
     MODELS,
@@ -20,8 +21,7 @@ from kvoffload.catalog import (
     load_config_file,
     model_names,
 )
-from kvoffload.models import Architecture
-from kvoffload.sizing import bytes_per_token
+from kvoffload.policy.sizing import bytes_per_token
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
 

@@ -18,12 +18,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from kvoffload.models import (
-    MANAGED_FLAGS,
-    RESERVED_LEVEL_NAMES,
-    KVOffloadPolicySpec,
-)
-from kvoffload.quantity import parse_quantity
+from kvoffload.api.quantity import parse_quantity
+from kvoffload.api.types import MANAGED_FLAGS, RESERVED_LEVEL_NAMES, KVOffloadPolicySpec
 from tests.support.cel_k8s import compile_rule, evaluate, every_rule, rule_failures
 from tests.support.crd_admission import apply_defaults, openapi_schema
 

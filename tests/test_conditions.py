@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from kvoffload import conditions as cond
-from kvoffload.conditions import Reason
-from kvoffload.models import Condition, Phase, StageStatus
+from kvoffload.api.types import Condition, Phase, StageStatus
+from kvoffload.rollout import conditions as cond
+from kvoffload.rollout.conditions import Reason
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 LATER = T0 + timedelta(minutes=5)

@@ -16,12 +16,12 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from kvoffload.cli import main
-from kvoffload.control import VERBS, new_annotation_value
-from kvoffload.ladder import build_ladder
-from kvoffload.models import KVOffloadPolicy, KVOffloadPolicyStatus, Phase
-from kvoffload.render import config_hash
-from kvoffload.rollout import PROMOTE, Observations, VariantObservation, decide
+from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicyStatus, Phase
+from kvoffload.cli.control import VERBS, new_annotation_value
+from kvoffload.cli.main import main
+from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.render import config_hash
+from kvoffload.rollout.decide import PROMOTE, Observations, VariantObservation, decide
 from tests.support.kube import EmulatedCluster
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "demo-two-tier.yaml"
@@ -172,7 +172,7 @@ async def test_a_missing_policy_is_a_clear_error_without_a_traceback(kube: Emula
 
 
 async def test_an_unreachable_api_server_is_a_clear_error(tmp_path: Path) -> None:
-    from kvoffload.kubeemu import write_kubeconfig
+    from kvoffload.lab.cluster.kubeemu import write_kubeconfig
 
     kubeconfig = write_kubeconfig("http://127.0.0.1:9", tmp_path / "kubeconfig")  # discard port: refused
     result = await asyncio.to_thread(CliRunner().invoke, main, ["pause", "demo", "--kubeconfig", str(kubeconfig)])

@@ -18,12 +18,12 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from kvoffload.analysis import Measurements, VariantSample
-from kvoffload.controller import Controller, ReconcileError
-from kvoffload.hub import MeasurementHub, PrometheusSource
-from kvoffload.models import API_GROUP, API_VERSION, KIND
-from kvoffload.prometheus import PolicyKey, Target
-from kvoffload.render import LABEL_CONFIG_HASH, LABEL_LEVEL
+from kvoffload.analysis.assess import Measurements, VariantSample
+from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
+from kvoffload.analysis.prometheus import PolicyKey, Target
+from kvoffload.api.types import API_GROUP, API_VERSION, KIND
+from kvoffload.controller.reconcile import Controller, ReconcileError
+from kvoffload.policy.render import LABEL_CONFIG_HASH, LABEL_LEVEL
 from tests.support.kube import EmulatedCluster, policy_manifest
 
 pytestmark = pytest.mark.e2e

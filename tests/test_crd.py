@@ -14,9 +14,9 @@ import yaml
 from click.testing import CliRunner
 from pydantic import BaseModel
 
-from kvoffload.cli import main
-from kvoffload.crd import CRD_FILE, crd_manifest, crd_yaml
-from kvoffload.models import KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus
+from kvoffload.api.crd import CRD_FILE, crd_manifest, crd_yaml
+from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus
+from kvoffload.cli.main import main
 from tests.support.crd_admission import apply_defaults, openapi_schema
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from kvoffload.analysis import Measurements, VariantSample
-from kvoffload.demo import (
+from kvoffload.analysis.assess import Measurements, VariantSample
+from kvoffload.api.types import HistoryEntry, KVOffloadPolicy, KVOffloadPolicyStatus, Phase
+from kvoffload.lab.demo import (
     SCENARIOS,
     Progress,
     decisions_from,
@@ -30,12 +31,11 @@ from kvoffload.demo import (
     progress_line,
     sample_from,
 )
-from kvoffload.ladder import build_ladder
-from kvoffload.models import HistoryEntry, KVOffloadPolicy, KVOffloadPolicyStatus, Phase
+from kvoffload.policy.ladder import build_ladder
 
 ROOT = Path(__file__).resolve().parents[1]
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
-KVOFFLOAD = (sys.executable, "-c", "from kvoffload.cli import main; main()")
+KVOFFLOAD = (sys.executable, "-c", "from kvoffload.cli.main import main; main()")
 
 
 def demo_spec() -> Any:

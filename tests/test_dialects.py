@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload import dialects
-from kvoffload.dialects import (
+from kvoffload.analysis import dialects
+from kvoffload.analysis.dialects import (
     FLAT_OFFLOAD,
     LEGACY_OFFLOAD,
     confirm_dialect,

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kvoffload.cli import main
+from kvoffload.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCKERFILE = ROOT / "Dockerfile"
@@ -101,7 +101,7 @@ def test_image_starts_the_operator_with_kvoffload_run() -> None:
 def test_the_entrypoint_is_a_command_of_the_installed_cli() -> None:
     program, command = json.loads(final_stage(DOCKERFILE)["ENTRYPOINT"])
     scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
-    assert scripts[program] == "kvoffload.cli:main"
+    assert scripts[program] == "kvoffload.cli.main:main"
     assert command in main.commands, f"the image runs `{program} {command}`, which the CLI does not have"
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload import dialects
-from kvoffload.emulator import EngineMetrics, parse_argv
+from kvoffload.analysis import dialects
+from kvoffload.lab.engine.emulator import EngineMetrics, parse_argv
 from tests.support.engines import EngineFactory
 
 FIXTURE = Path(__file__).parent / "data" / "vllm-0.32.0-cpu-metrics.txt"

@@ -8,11 +8,11 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from kvoffload.catalog import find_gpu_class, find_model
-from kvoffload.demo import planned_seconds
-from kvoffload.ladder import build_ladder
-from kvoffload.models import KVOffloadPolicy
-from kvoffload.validation import load_policy
+from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.lab.demo import planned_seconds
+from kvoffload.policy.catalog import find_gpu_class, find_model
+from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.validation import load_policy
 from tests.support.crd_admission import admit
 
 ROOT = Path(__file__).resolve().parent.parent

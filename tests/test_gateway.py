@@ -9,7 +9,8 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from kvoffload.gateway import (
+from kvoffload.api.types import API_GROUP, API_VERSION, KIND
+from kvoffload.controller.gateway import (
     ApiRejectedError,
     ApiUnavailableError,
     KubernetesGateway,
@@ -19,8 +20,7 @@ from kvoffload.gateway import (
     RetryPolicy,
     parse_pod,
 )
-from kvoffload.models import API_GROUP, API_VERSION, KIND
-from kvoffload.render import LABEL_POLICY, LABEL_VARIANT
+from kvoffload.policy.render import LABEL_POLICY, LABEL_VARIANT
 from tests.support.kube import EmulatedCluster, policy_manifest
 
 NS = "llm"

@@ -6,10 +6,10 @@ import asyncio
 import threading
 from collections.abc import Sequence
 
-from kvoffload.analysis import Measurements, VariantSample
-from kvoffload.hub import NAMES_MAX_AGE, MeasurementHub, PrometheusSource
-from kvoffload.opmetrics import OperatorMetrics
-from kvoffload.prometheus import PolicyKey, Target
+from kvoffload.analysis.assess import Measurements, VariantSample
+from kvoffload.analysis.hub import NAMES_MAX_AGE, MeasurementHub, PrometheusSource
+from kvoffload.analysis.prometheus import PolicyKey, Target
+from kvoffload.controller.metrics import OperatorMetrics
 
 
 class RecordingProvider:

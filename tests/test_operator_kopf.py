@@ -18,13 +18,13 @@ import kopf
 import kubernetes.client
 import pytest
 
-from kvoffload.analysis import Measurements, VariantSample
-from kvoffload.controller import Controller, ControllerSettings
-from kvoffload.handlers import FINALIZER, LoopSettings, register
-from kvoffload.hub import MeasurementHub
-from kvoffload.models import API_GROUP, API_VERSION, KIND, PLURAL
-from kvoffload.prometheus import PolicyKey, Target
-from kvoffload.rollout import Plan
+from kvoffload.analysis.assess import Measurements, VariantSample
+from kvoffload.analysis.hub import MeasurementHub
+from kvoffload.analysis.prometheus import PolicyKey, Target
+from kvoffload.api.types import API_GROUP, API_VERSION, KIND, PLURAL
+from kvoffload.controller.handlers import FINALIZER, LoopSettings, register
+from kvoffload.controller.reconcile import Controller, ControllerSettings
+from kvoffload.rollout.decide import Plan
 from tests.support.kube import EmulatedCluster, kvoffload_run, policy_manifest, running_kopf, wait_for
 
 pytestmark = pytest.mark.e2e

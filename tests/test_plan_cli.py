@@ -10,7 +10,7 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from kvoffload.cli import main
+from kvoffload.cli.main import main
 
 CONFIGS = Path(__file__).parent / "data" / "configs"
 

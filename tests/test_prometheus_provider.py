@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.analysis import Measurements
-from kvoffload.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
-from kvoffload.prometheus import LabelNames, PrometheusProvider, Target, build_queries, promql_duration
+from kvoffload.analysis.assess import Measurements
+from kvoffload.analysis.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
+from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider, Target, build_queries, promql_duration
 from tests.support.prometheus import (
     ITL_BUCKETS,
     TTFT_BUCKETS,

@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 import pytest
 from click.testing import CliRunner
 
-from kvoffload.cli import main
+from kvoffload.cli.main import main
 from tests.support.prometheus import PrometheusServer
 from tests.support.vllm import TINY_MODEL_NAME, http_post_json
 

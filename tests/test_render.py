@@ -16,11 +16,11 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from kvoffload.cli import main
-from kvoffload.ladder import Level, build_ladder, find_level
-from kvoffload.models import KVOffloadPolicy
-from kvoffload.quantity import GIB, quantity_bytes
-from kvoffload.render import (
+from kvoffload.api.quantity import GIB, quantity_bytes
+from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.cli.main import main
+from kvoffload.policy.ladder import Level, build_ladder, find_level
+from kvoffload.policy.render import (
     config_hash,
     dump_yaml,
     engine_args,
@@ -30,8 +30,8 @@ from kvoffload.render import (
     render,
     render_level,
 )
-from kvoffload.sizing import host_memory, startup_seconds
-from kvoffload.validation import PolicyError
+from kvoffload.policy.sizing import host_memory, startup_seconds
+from kvoffload.policy.validation import PolicyError
 from tests.render_policies import (
     BASE,
     DATA,

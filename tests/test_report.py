@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.report import Decision, Sample, Timeline, markdown, stage_figures, write_report
+from kvoffload.lab.report import Decision, Sample, Timeline, markdown, stage_figures, write_report
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 LADDER = ["gpu-only", "cpu-pilot", "cpu", "nvme"]

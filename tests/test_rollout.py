@@ -17,13 +17,14 @@ from typing import Any
 import jsonschema
 import pytest
 
-from kvoffload import conditions as cond
-from kvoffload.analysis import Assessment, Measurements, VariantSample, assess
-from kvoffload.conditions import Reason
-from kvoffload.ladder import build_ladder
-from kvoffload.models import KVOffloadPolicySpec, KVOffloadPolicyStatus, MetricResult, Phase, Verdict
-from kvoffload.quantity import parse_duration
-from kvoffload.rollout import (
+from kvoffload.analysis.assess import Assessment, Measurements, VariantSample, assess
+from kvoffload.api.quantity import parse_duration
+from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, MetricResult, Phase, Verdict
+from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.sizing import progress_deadline_seconds
+from kvoffload.rollout import conditions as cond
+from kvoffload.rollout.conditions import Reason
+from kvoffload.rollout.decide import (
     ABORT,
     PAUSE,
     PROMOTE,
@@ -40,7 +41,6 @@ from kvoffload.rollout import (
     invalid,
     stable_replicas,
 )
-from kvoffload.sizing import progress_deadline_seconds
 from tests.support.crd_admission import drop_nulls, openapi_schema, strict
 
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)

@@ -15,12 +15,12 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kvoffload import conditions as cond
-from kvoffload.conditions import Reason
-from kvoffload.ladder import build_ladder
-from kvoffload.models import KVOffloadPolicySpec, KVOffloadPolicyStatus, Phase, Verdict
-from kvoffload.quantity import parse_duration
-from kvoffload.rollout import MANUAL_ANNOTATIONS, PROMOTE
+from kvoffload.api.quantity import parse_duration
+from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Phase, Verdict
+from kvoffload.policy.ladder import build_ladder
+from kvoffload.rollout import conditions as cond
+from kvoffload.rollout.conditions import Reason
+from kvoffload.rollout.decide import MANUAL_ANNOTATIONS, PROMOTE
 from tests.test_rollout import World, level_hashes, make_spec
 
 FAULTS: dict[str, dict[str, Any]] = {

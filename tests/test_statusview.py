@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kvoffload.models import KVOffloadPolicyStatus
-from kvoffload.statusview import ladder_line, render, to_json
+from kvoffload.api.types import KVOffloadPolicyStatus
+from kvoffload.cli.statusview import ladder_line, render, to_json
 
 NOW = datetime(2025, 6, 1, 12, 10, tzinfo=UTC)
 LADDER = ["gpu-only", "cpu-pilot", "cpu", "nvme"]

@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT))
 import requests  # noqa: E402
 from tests.support.prometheus import PrometheusServer, SyntheticEngine, SyntheticFleet  # noqa: E402
 
-from kvoffload.dialects import NEWEST  # noqa: E402
-from kvoffload.prometheus import PrometheusProvider, Target, build_queries  # noqa: E402
+from kvoffload.analysis.dialects import NEWEST  # noqa: E402
+from kvoffload.analysis.prometheus import PrometheusProvider, Target, build_queries  # noqa: E402
 
 WINDOW = "20s"
 SCRAPE_INTERVAL_S = 2.0

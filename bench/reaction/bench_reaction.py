@@ -29,9 +29,9 @@ from typing import Any
 
 import aiohttp
 
-from kvoffload.loadgen import TraceRequest, prompt_tokens, replay
-from kvoffload.localcluster import LocalCluster, start_operator, stop_operator
-from kvoffload.promserver import SCRAPE_INTERVAL_S
+from kvoffload.lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
+from kvoffload.lab.load import TraceRequest, prompt_tokens, replay
+from kvoffload.lab.promserver import SCRAPE_INTERVAL_S
 
 NAME = "bench"
 API = "kvoffload.io/v1alpha1"

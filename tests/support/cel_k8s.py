@@ -28,7 +28,7 @@ from typing import Any
 import celpy
 from celpy import celtypes
 
-from kvoffload.quantity import parse_quantity
+from kvoffload.api.quantity import parse_quantity
 
 
 class Quantity:

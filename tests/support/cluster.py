@@ -21,9 +21,9 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from kvoffload.loadgen import TraceRequest, replay
-from kvoffload.localcluster import LocalCluster, start_operator, stop_operator
-from kvoffload.models import API_GROUP, API_VERSION, KIND
+from kvoffload.api.types import API_GROUP, API_VERSION, KIND
+from kvoffload.lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
+from kvoffload.lab.load import TraceRequest, replay
 from tests.support.prometheus import require_prometheus
 
 POLICY_API_VERSION = f"{API_GROUP}/{API_VERSION}"

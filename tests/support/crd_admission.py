@@ -16,8 +16,8 @@ from typing import Any
 
 import jsonschema
 
-from kvoffload.crd import crd_manifest
-from kvoffload.validation import format_loc
+from kvoffload.api.crd import crd_manifest
+from kvoffload.policy.validation import format_loc
 from tests.support.cel_k8s import rule_failures
 
 

@@ -28,7 +28,7 @@ HOST = "127.0.0.1"
 START_DEADLINE_S = 30.0
 STOP_DEADLINE_S = 10.0
 # The engine runs the package's own CLI with this interpreter (the venv the tests run in).
-_CLI = [sys.executable, "-c", "from kvoffload.cli import main; main()", "emulate"]
+_CLI = [sys.executable, "-c", "from kvoffload.cli.main import main; main()", "emulate"]
 
 
 @dataclass

@@ -33,9 +33,9 @@ import kubernetes.client
 import pytest
 import pytest_asyncio
 
-from kvoffload.gateway import KubernetesGateway, RetryPolicy
-from kvoffload.kubeemu import KubeEmulator, serve, write_kubeconfig
-from kvoffload.models import API_GROUP, API_VERSION, KIND, PLURAL
+from kvoffload.api.types import API_GROUP, API_VERSION, KIND, PLURAL
+from kvoffload.controller.gateway import KubernetesGateway, RetryPolicy
+from kvoffload.lab.cluster.kubeemu import KubeEmulator, serve, write_kubeconfig
 
 T = TypeVar("T")
 
@@ -208,7 +208,7 @@ def kvoffload_run(
     cluster: EmulatedCluster, *args: str
 ) -> contextlib.AbstractAsyncContextManager[asyncio.subprocess.Process]:
     """``kvoffload run ARGS`` as the image runs it."""
-    return _process_on(cluster, "-c", "from kvoffload.cli import main; main()", "run", *args)
+    return _process_on(cluster, "-c", "from kvoffload.cli.main import main; main()", "run", *args)
 
 
 def kopf_subprocess(

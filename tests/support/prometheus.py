@@ -23,9 +23,10 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kvoffload import emulator, promserver
-from kvoffload.dialects import NEWEST, Dialect
-from kvoffload.promserver import PROMETHEUS_BIN, SCRAPE_INTERVAL_S, PrometheusError, free_port  # noqa: F401  (re-exported)
+from kvoffload.analysis.dialects import NEWEST, Dialect
+from kvoffload.lab import promserver
+from kvoffload.lab.engine import emulator
+from kvoffload.lab.promserver import PROMETHEUS_BIN, SCRAPE_INTERVAL_S, PrometheusError, free_port  # noqa: F401  (re-exported)
 
 T = TypeVar("T")
 

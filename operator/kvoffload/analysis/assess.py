@@ -1,0 +1,443 @@
+"""Analysis: judging what Prometheus shows for canary and stable, as one pure ``assess()``.
+
+``assess()`` turns one cycle's measurements into a verdict with every metric's
+value, threshold and reason; ``advance()`` folds a verdict into the running
+counters kept in status, and ``sustained()`` says whether a Fail has held long
+enough to roll back. None of them does I/O or reads the clock.
+
+The subject of an assessment is the canary when one runs; without one (the
+Stable guard, or the baseline) it is the stable variant, judged against the
+absolute budgets only.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from kvoffload.api.quantity import GIB, parse_duration
+from kvoffload.api.types import (
+    AnalysisSpec,
+    AnalysisStatus,
+    BaselineStatus,
+    KVOffloadPolicySpec,
+    MetricResult,
+    Verdict,
+)
+from kvoffload.policy.ladder import Level
+
+# Metric names, as they appear in status.lastAnalysis.metrics and the CLI table.
+REQUESTS = "requests"
+TTFT_P99 = "ttftP99"
+TTFT_RATIO = "ttftP99Ratio"
+ITL_P99 = "itlP99"
+ITL_RATIO = "itlP99Ratio"
+TTFT_VS_BASELINE = "ttftP99VsBaseline"
+ITL_VS_BASELINE = "itlP99VsBaseline"
+EXTERNAL_SHARE = "externalShare"
+TIER_HITS = "tierHits"
+"""Prefix ``tierHits.<source>``: prompt tokens served from that cache source (``host``, ``disk``)."""
+KV_USAGE = "kvUsage"
+LOAD_THROUGHPUT = "offloadLoadThroughput"
+LIVE_CONFIG = "liveConfig"
+
+HOST_SOURCE = "host"
+"""The vLLM cache source of the CPU tier."""
+DISK_SOURCE = "disk"
+"""The vLLM cache source of the filesystem (secondary) tiers."""
+
+
+@dataclass(frozen=True)
+class VariantSample:
+    """What Prometheus shows for one variant of one policy over the analysis window."""
+
+    requests: float | None = None
+    """Requests finished in the window (increase of the TTFT histogram count)."""
+    request_rate: float | None = None
+    """Requests per second over the window."""
+    ttft_p99: float | None = None
+    """p99 time to first token, seconds."""
+    itl_p99: float | None = None
+    """p99 inter-token latency, seconds."""
+    external_share: float | None = None
+    """Share of prompt tokens loaded from the offload tiers, 0..1."""
+    tier_hits: Mapping[str, float] = field(default_factory=dict)
+    """Prompt tokens served per cache source over the window (``host``, ``disk``...).
+
+    Empty when the engine does not export per-source counters at all."""
+    kv_usage: float | None = None
+    """GPU KV cache usage, 0..1."""
+    load_bytes_per_second: float | None = None
+    """Offload load throughput (bytes / transfer seconds)."""
+    config: Mapping[str, str] | None = None
+    """Labels of vllm:cache_config_info, e.g. kv_offloading_size."""
+
+
+@dataclass(frozen=True)
+class Measurements:
+    """One cycle's evidence for one policy: both variants over the same window.
+
+    ``canary is None`` means no canary runs (guard or baseline); a canary that
+    runs but shows no series is an empty ``VariantSample()``.
+    """
+
+    canary: VariantSample | None
+    stable: VariantSample | None
+    error: str | None = None
+    """Set when Prometheus could not answer; the verdict is then Inconclusive."""
+
+
+@dataclass(frozen=True)
+class Assessment:
+    """A verdict with each metric's value, threshold and reason."""
+
+    verdict: Verdict
+    metrics: tuple[MetricResult, ...] = ()
+    message: str = ""
+
+    def metric(self, name: str) -> MetricResult | None:
+        """The result named ``name``, if it was reported."""
+        return next((m for m in self.metrics if m.name == name), None)
+
+
+@dataclass
+class _Row:
+    result: MetricResult
+    gated: bool
+    """A gated row decides the verdict: a breach fails it, an unjudged one makes it Inconclusive."""
+
+
+def _num(value: float | None) -> float | None:
+    """NaN and infinities (empty histograms, 0/0) are no data."""
+    if value is None or math.isnan(value) or math.isinf(value):
+        return None
+    return float(value)
+
+
+def _ratio(num: float | None, den: float | None) -> float | None:
+    if num is None or den is None or den <= 0:
+        return None
+    return num / den
+
+
+def _fmt_s(seconds: float | None) -> str:
+    return "no data" if seconds is None else f"{seconds * 1000:.1f}ms"
+
+
+def assess(
+    spec: AnalysisSpec | KVOffloadPolicySpec,
+    level: Level,
+    measurements: Measurements,
+    *,
+    warmed_up: bool,
+    baseline: BaselineStatus | None = None,
+    stable_side: bool = True,
+) -> Assessment:
+    """Judge one cycle. Pure: the same inputs always give the same Assessment.
+
+    - Prometheus error, no series, or fewer than ``minRequests`` on the subject: Inconclusive,
+      never Fail (a breach seen on too few requests is reported but does not count).
+    - Fail when any gated metric breached: p99 TTFT or ITL over budget; canary/stable p99 over
+      ``maxRegression``; external share under ``minExternalShare`` (levels with offload, after
+      warm-up); a secondary tier that served no tokens (after warm-up).
+    - Pass when every gated metric passed; Inconclusive when one could not be judged.
+    - Offload throughput, KV usage, the live config and the baseline ratios are reported only.
+    - ``stable_side=False``: the canary runs every replica (the last promotion step with
+      ``maxSurge: 0``), so no control group shares the window; the canary is held to the absolute
+      budgets, and its ratio to the baseline is reported. Earlier steps already gated the ratio.
+    """
+    analysis = spec.analysis if isinstance(spec, KVOffloadPolicySpec) else spec
+    if measurements.error is not None:
+        return Assessment(Verdict.INCONCLUSIVE, (), f"no measurements: {measurements.error}")
+
+    canary = measurements.canary
+    stable = measurements.stable or VariantSample()
+    subject = canary if canary is not None else stable
+    who = "canary" if canary is not None else "stable"
+    c = canary or VariantSample()
+    min_requests = analysis.min_requests
+
+    subject_requests = _num(subject.requests)
+    enough = subject_requests is not None and subject_requests >= min_requests
+    stable_enough = (_num(stable.requests) or 0.0) >= min_requests
+
+    rows: list[_Row] = []
+
+    def add(
+        name: str,
+        canary_value: float | None,
+        stable_value: float | None,
+        threshold: float | None,
+        passed: bool | None,
+        message: str,
+        *,
+        gated: bool,
+    ) -> None:
+        result = MetricResult(
+            name=name,
+            canary=canary_value,
+            stable=stable_value,
+            threshold=threshold,
+            passed=passed,
+            message=message,
+        )
+        rows.append(_Row(result, gated))
+
+    # Sample size: too few requests is never a failure, only a lack of evidence.
+    if subject_requests is None:
+        req_msg = f"no {who} requests seen in the window"
+    elif enough:
+        req_msg = f"{who} served {subject_requests:.0f} requests (at least {min_requests})"
+    else:
+        req_msg = f"{who} served {subject_requests:.0f} requests, fewer than minRequests {min_requests}"
+    add(
+        REQUESTS,
+        _num(c.requests),
+        _num(stable.requests),
+        float(min_requests),
+        True if enough else None,
+        req_msg,
+        gated=False,
+    )
+
+    for name, ratio_name, vs_base_name, budget_text, attr, base_value in (
+        (
+            TTFT_P99,
+            TTFT_RATIO,
+            TTFT_VS_BASELINE,
+            analysis.ttft_p99,
+            "ttft_p99",
+            baseline.ttft_p99 if baseline else None,
+        ),
+        (ITL_P99, ITL_RATIO, ITL_VS_BASELINE, analysis.itl_p99, "itl_p99", baseline.itl_p99 if baseline else None),
+    ):
+        budget = parse_duration(budget_text)
+        value = _num(getattr(subject, attr))
+        stable_value = _num(getattr(stable, attr))
+        if value is None:
+            add(name, _num(getattr(c, attr)), stable_value, budget, None, f"no {who} {name} in the window", gated=True)
+        else:
+            ok = value <= budget
+            verb = "within" if ok else "over"
+            add(
+                name,
+                _num(getattr(c, attr)),
+                stable_value,
+                budget,
+                ok if enough else None,
+                f"{who} p99 {_fmt_s(value)} {verb} the {budget_text} budget",
+                gated=True,
+            )
+
+        if canary is not None and stable_side:
+            ratio = _ratio(value, stable_value)
+            limit = analysis.max_regression
+            if ratio is None:
+                add(ratio_name, None, None, limit, None, "canary/stable ratio needs both p99s", gated=True)
+            elif not stable_enough:
+                add(
+                    ratio_name,
+                    ratio,
+                    None,
+                    limit,
+                    None,
+                    f"stable served fewer than minRequests {min_requests}: ratio {ratio:.2f} not judged",
+                    gated=True,
+                )
+            else:
+                ok = ratio <= limit
+                add(
+                    ratio_name,
+                    ratio,
+                    None,
+                    limit,
+                    ok if enough else None,
+                    f"canary/stable p99 = {ratio:.2f}, {'at most' if ok else 'over'} maxRegression {limit:g}",
+                    gated=True,
+                )
+        elif base_value is not None:
+            # The GPU-only baseline is for the record: traffic drifts since it was taken, so it is not gated.
+            ratio = _ratio(value, _num(base_value))
+            add(
+                vs_base_name,
+                ratio,
+                None,
+                analysis.max_regression,
+                None,
+                "no data" if ratio is None else f"{who}/baseline p99 = {ratio:.2f} (reported, not gated)",
+                gated=False,
+            )
+
+    # External share: only offload can load tokens from outside the GPU, and only once the tiers are warm.
+    share = _num(subject.external_share)
+    min_share = analysis.min_external_share
+    share_gated = level.offloads and warmed_up
+    if not level.offloads:
+        share_msg, share_pass = f"level {level.name} has no offload (reported, not gated)", None
+    elif not warmed_up:
+        share_msg, share_pass = "warming up: gated after the first half of the step", None
+    elif share is None:
+        share_msg, share_pass = f"no {who} prompt tokens in the window", None
+    else:
+        share_pass = share >= min_share if enough else None
+        share_msg = f"{who} loaded {share:.1%} of prompt tokens from offload, {'at least' if share >= min_share else 'under'} {min_share:.1%}"  # noqa: E501
+    add(
+        EXTERNAL_SHARE,
+        _num(c.external_share),
+        _num(stable.external_share),
+        min_share,
+        share_pass,
+        share_msg,
+        gated=share_gated,
+    )
+
+    # Per tier: a secondary tier that is never hit does not pay for itself.
+    has_secondary = bool(level.secondary_tiers)
+    for source in (HOST_SOURCE, DISK_SOURCE):
+        hits = subject.tier_hits.get(source)
+        name = f"{TIER_HITS}.{source}"
+        c_hits, s_hits = _num(c.tier_hits.get(source)), _num(stable.tier_hits.get(source))
+        if source != DISK_SOURCE or not has_secondary:
+            if hits is not None or c_hits is not None or s_hits is not None:
+                add(name, c_hits, s_hits, None, None, f"tokens served from {source} (reported)", gated=False)
+            continue
+        tiers = ", ".join(t.name for t in level.secondary_tiers)
+        if not subject.tier_hits:
+            add(
+                name,
+                c_hits,
+                s_hits,
+                0.0,
+                None,
+                "this vLLM exports no per-source cache counters (not gated)",
+                gated=False,
+            )
+        elif not warmed_up:
+            add(name, c_hits, s_hits, 0.0, None, "warming up: gated after the first half of the step", gated=False)
+        else:
+            served = _num(hits) or 0.0
+            ok = served > 0
+            msg = (
+                f"{who} served {served:.0f} tokens from {tiers}"
+                if ok
+                else f"secondary tier {tiers} was never hit on the {who}: it does not pay"
+            )
+            add(name, c_hits, s_hits, 0.0, ok if enough else None, msg, gated=True)
+
+    # Reported, not gated: transfer health, KV pressure, and what the engines really run.
+    add(
+        LOAD_THROUGHPUT,
+        _num(c.load_bytes_per_second),
+        _num(stable.load_bytes_per_second),
+        None,
+        None,
+        "offload load bytes per transfer second (reported)",
+        gated=False,
+    )
+    add(KV_USAGE, _num(c.kv_usage), _num(stable.kv_usage), None, None, "GPU KV cache usage (reported)", gated=False)
+    add(LIVE_CONFIG, None, None, None, None, _live_config_message(subject, level, who), gated=False)
+
+    return _verdict(rows, error_free_subject=subject_requests is not None, enough=enough, req_msg=req_msg)
+
+
+def _live_config_message(subject: VariantSample, level: Level, who: str) -> str:
+    """What vllm:cache_config_info says the subject runs, and whether it matches the level."""
+    if not subject.config:
+        return f"no vllm:cache_config_info for the {who}"
+    size = subject.config.get("kv_offloading_size", "None")
+    backend = subject.config.get("kv_offloading_backend", "None")
+    seen = f"{who} runs kv_offloading_size={size} kv_offloading_backend={backend}"
+    # Only the plain CPU-tier command line sets --kv-offloading-size; tiered levels use a connector config.
+    if level.secondary_tiers:
+        return seen
+    if level.cpu_bytes is None:
+        matches = size in ("None", "", "0", "0.0")
+    else:
+        try:
+            matches = math.isclose(float(size), level.cpu_bytes / GIB, rel_tol=1e-3)
+        except ValueError:
+            matches = False
+    return f"{seen}: {'matches' if matches else 'DOES NOT MATCH'} level {level.name}"
+
+
+def _verdict(rows: list[_Row], *, error_free_subject: bool, enough: bool, req_msg: str) -> Assessment:
+    metrics = tuple(r.result for r in rows)
+    if not error_free_subject or not enough:
+        return Assessment(Verdict.INCONCLUSIVE, metrics, req_msg)
+    failed = [r.result for r in rows if r.gated and r.result.passed is False]
+    if failed:
+        return Assessment(Verdict.FAIL, metrics, "; ".join(r.message for r in failed))
+    unjudged = [r.result for r in rows if r.gated and r.result.passed is None]
+    if unjudged:
+        return Assessment(Verdict.INCONCLUSIVE, metrics, "; ".join(r.message for r in unjudged))
+    return Assessment(Verdict.PASS, metrics, "every gated metric passed")
+
+
+def advance(previous: AnalysisStatus | None, assessment: Assessment, now: datetime) -> AnalysisStatus:
+    """The status after one more verdict.
+
+    Pass clears both counters and ``failingSince``. Fail counts one more failure, clears the
+    Inconclusive count and starts ``failingSince`` if no Fail run is open. Inconclusive counts one
+    more Inconclusive and leaves the Fail run as it is: missing evidence neither clears a breach
+    nor extends it (``sustained()`` still needs the latest verdict to be Fail).
+    """
+    failures = previous.consecutive_failures if previous else 0
+    inconclusive = previous.consecutive_inconclusive if previous else 0
+    since = previous.failing_since if previous else None
+    if assessment.verdict is Verdict.PASS:
+        failures, inconclusive, since = 0, 0, None
+    elif assessment.verdict is Verdict.FAIL:
+        failures, inconclusive, since = failures + 1, 0, since or now
+    else:
+        inconclusive += 1
+    return AnalysisStatus(
+        time=now,
+        verdict=assessment.verdict,
+        message=assessment.message,
+        metrics=list(assessment.metrics),
+        consecutive_failures=failures,
+        consecutive_inconclusive=inconclusive,
+        failing_since=since,
+    )
+
+
+def sustained(status: AnalysisStatus | None, sustained_for: float | str, now: datetime) -> bool:
+    """Whether a Fail has held for ``sustained_for`` (seconds or a duration such as ``2m``) by ``now``.
+
+    Needs the latest verdict to be Fail and at least two Fail verdicts in the run, so a single
+    spike never rolls back, however long the gap before the next cycle.
+    """
+    if status is None or status.verdict is not Verdict.FAIL or status.failing_since is None:
+        return False
+    if status.consecutive_failures < 2:
+        return False
+    seconds = parse_duration(sustained_for)
+    return (now - status.failing_since).total_seconds() >= seconds
+
+
+def format_metric_value(name: str, value: float | None) -> str:
+    """A metric's value for people: ``412.0ms``, ``3.17x``, ``15.0%``, ``12.6 GB/s``; ``-`` for none."""
+    if value is None:
+        return "-"
+    if name in (TTFT_P99, ITL_P99):
+        return f"{value * 1000:.1f}ms"
+    if name in (TTFT_RATIO, ITL_RATIO, TTFT_VS_BASELINE, ITL_VS_BASELINE):
+        return f"{value:.2f}x"
+    if name in (EXTERNAL_SHARE, KV_USAGE):
+        return f"{value:.1%}"
+    if name == LOAD_THROUGHPUT:
+        return f"{value / 1e9:.1f} GB/s"
+    return f"{value:.0f}"
+
+
+def format_threshold(name: str, threshold: float | None) -> str:
+    """The bound a metric is held to, with its direction: ``<= 1500.0ms``, ``>= 2.0%``, ``> 0``."""
+    if threshold is None:
+        return "-"
+    if name in (REQUESTS, EXTERNAL_SHARE):
+        return f">= {format_metric_value(name, threshold)}"
+    if name.startswith(TIER_HITS):
+        return f"> {threshold:.0f}"
+    return f"<= {format_metric_value(name, threshold)}"

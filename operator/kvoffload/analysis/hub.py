@@ -1,0 +1,166 @@
+"""Measurement batching: many policies' analysis requests, one provider call.
+
+Each policy's reconcile asks the hub for its own ``Measurements``. Requests that
+arrive within a short gather window (50 ms by default) for the same Prometheus
+are coalesced into ONE ``MetricsProvider.measure(targets)`` call, which the
+provider answers with one query per metric for all of them. So the queries per
+cycle stay constant as policies are added. The provider is blocking; it runs in
+a worker thread, one batch at a time per Prometheus.
+
+The hub never raises into a reconcile: a provider that fails, or that does not
+answer for a target, gives that target ``Measurements(error=...)``, which
+``assess()`` turns into Inconclusive.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from kvoffload.analysis.assess import Measurements
+from kvoffload.analysis.prometheus import MetricsProvider, PolicyKey, Target
+from kvoffload.controller.metrics import OperatorMetrics
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GATHER_WINDOW = 0.05
+"""Seconds the first request of a batch waits for others to join it."""
+
+NAMES_MAX_AGE = 300.0
+"""Seconds the series names of a Prometheus are reused before they are asked again."""
+
+
+@dataclass(frozen=True)
+class PrometheusSource:
+    """Which Prometheus to ask, and as whom: policies that share one share its batches."""
+
+    url: str = ""
+    bearer_token: str | None = field(default=None, repr=False)
+
+
+ProviderFactory = Callable[[PrometheusSource], MetricsProvider]
+"""A provider for one Prometheus (spec.prometheus.url and its bearer token)."""
+
+
+@dataclass
+class _Batch:
+    targets: dict[PolicyKey, Target] = field(default_factory=dict)
+    waiters: list[tuple[PolicyKey, asyncio.Future[Measurements]]] = field(default_factory=list)
+
+
+class MeasurementHub:
+    """Coalesces concurrent ``measure`` calls into one provider call per Prometheus.
+
+    ``provider`` is one MetricsProvider for every policy, or a factory that makes one per
+    Prometheus source (called once per source, then reused).
+    """
+
+    def __init__(
+        self,
+        provider: MetricsProvider | ProviderFactory,
+        *,
+        gather_window: float = DEFAULT_GATHER_WINDOW,
+        metrics: OperatorMetrics | None = None,
+    ) -> None:
+        if hasattr(provider, "measure"):
+            single: MetricsProvider = provider  # type: ignore[assignment]
+            self._factory: ProviderFactory = lambda _source: single
+        else:
+            self._factory = provider
+        self.gather_window = gather_window
+        self.metrics = metrics
+        self.provider_calls = 0
+        """Calls made to providers so far (the batching tests count them)."""
+        self._providers: dict[PrometheusSource, MetricsProvider] = {}
+        self._pending: dict[PrometheusSource, _Batch] = {}
+        self._locks: dict[PrometheusSource, asyncio.Lock] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._names: dict[PrometheusSource, tuple[float, frozenset[str]]] = {}
+
+    def provider_for(self, source: PrometheusSource) -> MetricsProvider:
+        """The provider that serves ``source`` (made on first use)."""
+        if source not in self._providers:
+            self._providers[source] = self._factory(source)
+        return self._providers[source]
+
+    async def measure(self, target: Target, source: PrometheusSource | None = None) -> Measurements:
+        """This target's measurements, from a batch shared with every request of the gather window.
+
+        Two requests for the same (namespace, policy) in one batch share its answer (the
+        first request's target is measured).
+        """
+        source = source or PrometheusSource()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Measurements] = loop.create_future()
+        batch = self._pending.get(source)
+        if batch is None:
+            batch = self._pending[source] = _Batch()
+            task = loop.create_task(
+                self._flush_later(source, batch), name=f"kvoffload measurement batch {source.url or 'default'}"
+            )
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        batch.targets.setdefault(target.key, target)
+        batch.waiters.append((target.key, future))
+        return await asyncio.shield(future)
+
+    async def _flush_later(self, source: PrometheusSource, batch: _Batch) -> None:
+        try:
+            await asyncio.sleep(self.gather_window)
+        finally:
+            if self._pending.get(source) is batch:
+                del self._pending[source]  # later requests start the next batch
+        lock = self._locks.setdefault(source, asyncio.Lock())
+        async with lock:  # one batch at a time per Prometheus: the query counter stays honest
+            results = await self._call(source, list(batch.targets.values()))
+        for key, future in batch.waiters:
+            if not future.done():
+                found = results.get(key)
+                future.set_result(
+                    found
+                    if found is not None
+                    else Measurements(canary=None, stable=None, error=f"no answer for {key[0]}/{key[1]}")
+                )
+
+    async def present_names(self, source: PrometheusSource, now: float) -> frozenset[str]:
+        """The vLLM series names this Prometheus holds, fleet-wide: one query per source every
+        ``NAMES_MAX_AGE`` seconds, whatever the number of policies. Empty when it cannot tell."""
+        cached = self._names.get(source)
+        if cached is not None and now - cached[0] < NAMES_MAX_AGE:
+            return cached[1]
+        try:
+            provider = self.provider_for(source)
+            names = await asyncio.to_thread(provider.present_metric_names)
+        except Exception as exc:  # an unknown dialect is confirmed later; analysis must go on
+            log.warning("Listing series names of %s failed: %s", source.url or "(default)", exc)
+            return frozenset()
+        if self.metrics is not None:
+            self.metrics.prometheus_queries.inc()
+        if names:  # an empty answer (Prometheus down) is asked again next time
+            self._names[source] = (now, names)
+        return names
+
+    async def _call(self, source: PrometheusSource, targets: list[Target]) -> dict[PolicyKey, Measurements]:
+        url = source.url
+        try:
+            provider = self.provider_for(source)
+        except Exception as exc:  # a bad URL must not take down other policies' analysis
+            return _all_failed(targets, f"no metrics provider for {url!r}: {exc}")
+        before = getattr(provider, "queries", None)
+        self.provider_calls += 1
+        try:
+            return await asyncio.to_thread(provider.measure, targets)
+        except Exception as exc:  # the Protocol says never raises; a provider bug still must not
+            log.warning("Metrics provider for %s failed: %s", url or "(default)", exc)
+            return _all_failed(targets, f"metrics provider failed: {type(exc).__name__}: {exc}")
+        finally:
+            after = getattr(provider, "queries", None)
+            if self.metrics is not None:
+                sent = after - before if isinstance(before, int) and isinstance(after, int) else 1
+                self.metrics.prometheus_queries.inc(max(0, sent))
+
+
+def _all_failed(targets: list[Target], error: str) -> dict[PolicyKey, Measurements]:
+    return {t.key: Measurements(canary=None, stable=None, error=error) for t in targets}

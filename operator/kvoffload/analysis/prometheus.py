@@ -1,0 +1,319 @@
+"""The Prometheus provider: one cycle's measurements for every policy, in a fixed number of queries.
+
+Engines are selected by the labels the rendered PodMonitor copies from the pods
+(``kvoffload_io_policy``, ``kvoffload_io_variant``, plus ``namespace``). Each
+query covers every policy at once and groups by (namespace, policy, variant), so
+the queries per cycle depend on how many distinct (window, dialect, extra
+matchers) the policies use, never on how many policies there are.
+
+The provider never raises into its callers: connection errors, timeouts, HTTP
+errors and unreadable answers become ``Measurements(error=...)``, which
+``assess()`` turns into Inconclusive.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import requests
+from prometheus_api_client.exceptions import PrometheusApiClientException
+from prometheus_api_client.prometheus_connect import PrometheusConnect
+from urllib3.exceptions import MaxRetryError, ReadTimeoutError
+from urllib3.util.retry import Retry
+
+from kvoffload.analysis.assess import DISK_SOURCE, HOST_SOURCE, Measurements, VariantSample
+from kvoffload.analysis.dialects import (
+    LABEL_OFFLOADING_BACKEND,
+    LABEL_OFFLOADING_SIZE,
+    NEWEST,
+    SOURCE_EXTERNAL_KV_TRANSFER,
+    Dialect,
+)
+from kvoffload.api.quantity import parse_duration
+
+PolicyKey = tuple[str, str]
+"""(namespace, policy name)."""
+
+
+@dataclass(frozen=True)
+class LabelNames:
+    """The series labels that tell policies and variants apart (an operator setting may rename them)."""
+
+    policy: str = "kvoffload_io_policy"
+    variant: str = "kvoffload_io_variant"
+    namespace: str = "namespace"
+    canary_value: str = "canary"
+    """Value of the variant label on canary pods."""
+    stable_value: str = "stable"
+    """Value of the variant label on stable pods."""
+
+    def grouping(self) -> str:
+        return f"{self.namespace}, {self.policy}, {self.variant}"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One policy to measure this cycle."""
+
+    namespace: str
+    policy: str
+    window: str = "2m"
+    """The rate() window, a duration such as ``2m`` (spec.analysis.window)."""
+    dialect: Dialect = NEWEST
+    extra_matchers: str | None = None
+    """Label matchers added to every query, e.g. ``cluster="prod"`` (spec.prometheus.extraMatchers)."""
+    with_canary: bool = True
+    """False when no canary runs (the Stable guard, the baseline): only the stable variant is read."""
+
+    @property
+    def key(self) -> PolicyKey:
+        return (self.namespace, self.policy)
+
+
+class MetricsProvider(Protocol):
+    """Where analysis gets its evidence; the operator and ``kvoffload analyze`` depend only on this."""
+
+    def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
+        """Measurements for every target, keyed by (namespace, policy); never raises."""
+        ...
+
+    def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
+        """The vLLM series names Prometheus holds (for a target's engines, or all); empty on error."""
+        ...
+
+
+def promql_duration(window: str | float) -> str:
+    """A window as a PromQL duration: whole seconds or milliseconds (``1m30s`` -> ``90s``).
+
+    Prometheus 2.42 accepts compound durations, but a single unit is valid in every version.
+    """
+    seconds = parse_duration(window)
+    millis = round(seconds * 1000)
+    return f"{millis // 1000}s" if millis % 1000 == 0 else f"{millis}ms"
+
+
+@dataclass(frozen=True)
+class Query:
+    """One PromQL expression of a cycle and what its answer fills in."""
+
+    field: str
+    """The VariantSample field (or ``tier_hits`` / ``config``) it fills."""
+    expr: str
+
+
+def build_queries(
+    window: str, dialect: Dialect, extra_matchers: str | None = None, labels: LabelNames | None = None
+) -> tuple[Query, ...]:
+    """The queries of one group of policies sharing (window, dialect, extra matchers).
+
+    Each selects every policy (``<policy label>!=""``) and groups by namespace, policy and variant.
+    Metrics the dialect lacks are left out.
+    """
+    labels = labels or LabelNames()
+    w = promql_duration(window)
+    by = labels.grouping()
+    sel = f'{labels.policy}!=""' + (f", {extra_matchers}" if extra_matchers else "")
+
+    def s(extra: str = "") -> str:
+        return "{" + sel + (f", {extra}" if extra else "") + "}"
+
+    def increase(name: str, extra: str = "", by_labels: str = by) -> str:
+        return f"sum by ({by_labels}) (increase({name}{s(extra)}[{w}]))"
+
+    queries = [
+        Query("requests", increase(f"{dialect.ttft}_count")),
+        Query("ttft_p99", f"histogram_quantile(0.99, sum by (le, {by}) (rate({dialect.ttft_bucket}{s()}[{w}])))"),
+        Query("itl_p99", f"histogram_quantile(0.99, sum by (le, {by}) (rate({dialect.itl_bucket}{s()}[{w}])))"),
+        Query("kv_usage", f"avg by ({by}) (avg_over_time({dialect.kv_cache_usage}{s()}[{w}]))"),
+        Query(
+            "config",
+            f"group by ({by}, {LABEL_OFFLOADING_SIZE}, {LABEL_OFFLOADING_BACKEND}) "
+            f"(last_over_time({dialect.cache_config_info}{s()}[{w}]))",
+        ),
+    ]
+    if dialect.prompt_tokens_by_source:
+        name = dialect.prompt_tokens_by_source
+        external = increase(name, f'source="{SOURCE_EXTERNAL_KV_TRANSFER}"')
+        queries.append(Query("external_share", f"{external} / {increase(name)}"))
+    if dialect.prompt_tokens_cached_by_source:
+        sources = f'source=~"{HOST_SOURCE}|{DISK_SOURCE}"'
+        queries.append(Query("tier_hits", increase(dialect.prompt_tokens_cached_by_source, sources, f"{by}, source")))
+    if dialect.offload is not None:
+        off = dialect.offload
+        queries.append(
+            Query(
+                "load_bytes_per_second",
+                f"{increase(off.load_bytes, off.load_selector)} / {increase(off.load_time, off.load_selector)}",
+            )
+        )
+    return tuple(queries)
+
+
+def _value(item: Mapping[str, Any]) -> float | None:
+    number = float(item["value"][1])
+    return None if math.isnan(number) or math.isinf(number) else number
+
+
+@dataclass
+class _Collected:
+    """Per (namespace, policy, variant): the fields read so far."""
+
+    values: dict[str, float | None] = field(default_factory=dict)
+    tier_hits: dict[str, float] = field(default_factory=dict)
+    config: dict[str, set[str]] = field(default_factory=dict)
+
+
+class PrometheusProvider:
+    """Measurements from Prometheus over its HTTP API (prometheus-api-client's PrometheusConnect)."""
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        bearer_token: str | None = None,
+        bearer_token_file: Path | None = None,
+        verify: bool | str = True,
+        timeout: float = 10.0,
+        retries: int = 1,
+        labels: LabelNames | None = None,
+        clock: Any = time.time,
+    ) -> None:
+        """``verify``: True, False (skip TLS verification) or a CA bundle path.
+
+        ``bearer_token_file`` is re-read every cycle, so a rotated service-account token is picked up.
+        """
+        self.url = url.rstrip("/")
+        self.labels = labels or LabelNames()
+        self.queries = 0
+        """HTTP queries sent so far (tests and the bench check that a cycle's count is constant)."""
+        self._token = bearer_token
+        self._token_file = bearer_token_file
+        self._clock = clock
+        session = requests.Session()
+        session.verify = verify
+        retry = Retry(total=retries, backoff_factor=0.1, status_forcelist=(502, 503, 504), raise_on_status=True)
+        # requests takes a float timeout; the library annotates int.
+        self._client = PrometheusConnect(url=self.url, session=session, retry=retry, timeout=timeout)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _headers(self) -> dict[str, str]:
+        token = self._token
+        if self._token_file is not None:
+            token = self._token_file.read_text().strip()
+        return {"Authorization": f"Bearer {token}"} if token else {}
+
+    def _query(self, expr: str, at: float) -> list[dict[str, Any]]:
+        self.queries += 1
+        self._client.headers = self._headers()
+        result = self._client.custom_query(expr, params={"time": f"{at:.3f}"})
+        if not isinstance(result, list):
+            raise ValueError(f"unexpected answer: {str(result)[:200]}")
+        return result
+
+    def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
+        """One cycle: the same queries for every group of targets, all evaluated at one instant."""
+        at = float(self._clock())
+        groups: dict[tuple[str, Dialect, str | None], list[Target]] = defaultdict(list)
+        for target in targets:
+            groups[(promql_duration(target.window), target.dialect, target.extra_matchers)].append(target)
+        out: dict[PolicyKey, Measurements] = {}
+        for (window, dialect, extra), members in groups.items():
+            try:
+                collected = self._collect(build_queries(window, dialect, extra, self.labels), at)
+            except (
+                requests.RequestException,
+                PrometheusApiClientException,
+                OSError,
+                ValueError,
+                KeyError,
+                TypeError,
+                IndexError,
+            ) as exc:
+                error = _describe(exc)
+                out.update({t.key: Measurements(canary=None, stable=None, error=error) for t in members})
+                continue
+            window_s = parse_duration(window)
+            for t in members:
+                stable = _sample(collected.get((t.namespace, t.policy, self.labels.stable_value)), window_s)
+                canary = (
+                    _sample(collected.get((t.namespace, t.policy, self.labels.canary_value)), window_s)
+                    if t.with_canary
+                    else None
+                )
+                out[t.key] = Measurements(canary=canary, stable=stable)
+        return out
+
+    def _collect(self, queries: Iterable[Query], at: float) -> dict[tuple[str, str, str], _Collected]:
+        labels = self.labels
+        found: dict[tuple[str, str, str], _Collected] = defaultdict(_Collected)
+        for query in queries:
+            for item in self._query(query.expr, at):
+                metric = item["metric"]
+                key = (metric.get(labels.namespace, ""), metric.get(labels.policy, ""), metric.get(labels.variant, ""))
+                entry = found[key]
+                if query.field == "tier_hits":
+                    number = _value(item)
+                    if number is not None:
+                        entry.tier_hits[metric.get("source", "")] = number
+                elif query.field == "config":
+                    for name in (LABEL_OFFLOADING_SIZE, LABEL_OFFLOADING_BACKEND):
+                        entry.config.setdefault(name, set()).add(metric.get(name, "None"))
+                else:
+                    entry.values[query.field] = _value(item)
+        return found
+
+    def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
+        """The ``vllm:`` series names in Prometheus, for one target's engines when given; empty on error."""
+        matcher = '__name__=~"vllm:.+"'
+        if target is not None:
+            matcher += f', {self.labels.namespace}="{target.namespace}", {self.labels.policy}="{target.policy}"'
+            if target.extra_matchers:
+                matcher += f", {target.extra_matchers}"
+        self.queries += 1
+        self._client.headers = self._headers()
+        try:
+            names = self._client.get_label_values("__name__", params={"match[]": "{" + matcher + "}"})
+        except (requests.RequestException, PrometheusApiClientException, OSError, ValueError, KeyError, TypeError):
+            return frozenset()
+        return frozenset(str(n) for n in names)
+
+
+def _sample(entry: _Collected | None, window_s: float) -> VariantSample:
+    if entry is None:
+        return VariantSample()
+    v = entry.values
+    requests_seen = v.get("requests")
+    config = {k: ",".join(sorted(vals)) for k, vals in entry.config.items()} or None
+    return VariantSample(
+        requests=requests_seen,
+        request_rate=None if requests_seen is None else requests_seen / window_s,
+        ttft_p99=v.get("ttft_p99"),
+        itl_p99=v.get("itl_p99"),
+        external_share=v.get("external_share"),
+        tier_hits=dict(entry.tier_hits),
+        kv_usage=v.get("kv_usage"),
+        load_bytes_per_second=v.get("load_bytes_per_second"),
+        config=config,
+    )
+
+
+def _describe(exc: BaseException) -> str:
+    """A one-line reason, without the URL-encoded query noise of requests' messages."""
+    reason = exc.args[0].reason if exc.args and isinstance(exc.args[0], MaxRetryError) else None
+    if isinstance(exc, requests.Timeout) or isinstance(reason, TimeoutError | ReadTimeoutError):
+        return f"Prometheus timed out: {type(reason or exc).__name__}"
+    if isinstance(exc, requests.ConnectionError):
+        return "Prometheus unreachable: connection failed"
+    if isinstance(exc, requests.exceptions.RetryError | PrometheusApiClientException):
+        return f"Prometheus answered with an error: {str(exc)[:300]}"
+    if isinstance(exc, ValueError | KeyError | TypeError | IndexError):
+        return f"Prometheus answer not understood: {type(exc).__name__}: {str(exc)[:200]}"
+    return f"Prometheus query failed: {type(exc).__name__}: {str(exc)[:200]}"

@@ -1,0 +1,1 @@
+"""The KVOffloadPolicy resource: its types, quantities, CRD, errors and naming conventions."""

@@ -1,0 +1,710 @@
+"""The KVOffloadPolicy custom resource: spec and status as pydantic v2 models.
+
+These models are the single source of the schema: ``kvoffload crd`` turns them
+into the CRD, and the operator validates every object through them. Field
+names are camelCase on the wire (aliases) and snake_case in Python.
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    WithJsonSchema,
+    field_validator,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+from pydantic.config import JsonDict, JsonValue
+
+from kvoffload.api.quantity import DURATION_PATTERN, QUANTITY_PATTERN, parse_duration, parse_quantity
+
+API_GROUP = "kvoffload.io"
+API_VERSION = "v1alpha1"
+KIND = "KVOffloadPolicy"
+PLURAL = "kvoffloadpolicies"
+
+# Flags the operator renders itself; extraArgs may not repeat them.
+MANAGED_FLAGS = frozenset(
+    {
+        "--model",
+        "--served-model-name",
+        "--port",
+        "--host",
+        "--max-model-len",
+        "--tensor-parallel-size",
+        "--kv-cache-dtype",
+        "--gpu-memory-utilization",
+        "--kv-offloading-size",
+        "--kv-offloading-backend",
+        "--kv-transfer-config",
+        "--block-size",
+    }
+)
+
+
+# Ladder level names the operator uses itself (see ladder.py).
+RESERVED_LEVEL_NAMES = frozenset({"gpu-only", "cpu-pilot", "cpu"})
+
+
+# --- CEL rules ---------------------------------------------------------------
+# Each pydantic validator below has a twin CEL rule in the generated CRD, so the
+# API server refuses what `kvoffload plan` refuses. Rules run on the object
+# after the API server applied the schema defaults.
+
+
+def _cel_list(names: frozenset[str]) -> str:
+    return "[" + ", ".join(f"'{n}'" for n in sorted(names)) + "]"
+
+
+def cel_rules(*rules: tuple[str, str] | tuple[str, str, str]) -> JsonDict:
+    """``json_schema_extra`` holding CEL rules as (rule, message[, fieldPath]) tuples."""
+    entries: list[JsonValue] = []
+    for rule in rules:
+        entry: JsonDict = {"rule": rule[0], "message": rule[1]}
+        if len(rule) == 3:
+            entry["fieldPath"] = rule[2]
+        entries.append(entry)
+    return {"x-kubernetes-validations": entries}
+
+
+# --- field types -------------------------------------------------------------
+
+
+# Bounds the cost the API server estimates for the CEL quantity() rules.
+QUANTITY_MAX_LENGTH = 64
+
+
+def _quantity(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
+        raise ValueError("must be a Kubernetes quantity such as 32Gi, 500Mi or 8")
+    if len(str(value)) > QUANTITY_MAX_LENGTH:
+        raise ValueError(f"must be at most {QUANTITY_MAX_LENGTH} characters")
+    parse_quantity(value)
+    return str(value)
+
+
+def _positive_quantity(value: str) -> str:
+    if parse_quantity(value) <= 0:
+        raise ValueError("must be greater than zero")
+    return value
+
+
+def _non_negative_quantity(value: str) -> str:
+    if parse_quantity(value) < 0:
+        raise ValueError("must not be negative")
+    return value
+
+
+def _duration(value: Any) -> str:
+    if isinstance(value, bool) or not isinstance(value, str):
+        raise ValueError("must be a duration string such as 30s, 2m or 1500ms")
+    parse_duration(value)
+    return value
+
+
+def _positive_duration(value: str) -> str:
+    if parse_duration(value) <= 0:
+        raise ValueError("must be longer than zero")
+    return value
+
+
+_QUANTITY_SCHEMA: JsonDict = {
+    "anyOf": [{"type": "integer"}, {"type": "string"}],
+    "pattern": QUANTITY_PATTERN,
+    "maxLength": QUANTITY_MAX_LENGTH,
+    "x-kubernetes-int-or-string": True,
+}
+_POSITIVE_QUANTITY_SCHEMA: JsonDict = _QUANTITY_SCHEMA | cel_rules(
+    ("quantity(string(self)).sign() == 1", "must be greater than zero")
+)
+_NON_NEGATIVE_QUANTITY_SCHEMA: JsonDict = _QUANTITY_SCHEMA | cel_rules(
+    ("quantity(string(self)).sign() >= 0", "must not be negative")
+)
+_DURATION_SCHEMA: JsonDict = {
+    "type": "string",
+    "pattern": DURATION_PATTERN,
+    "maxLength": 32,
+    **cel_rules(("duration(self) > duration('0s')", "must be longer than zero")),
+}
+
+Quantity = Annotated[
+    str, BeforeValidator(_quantity), AfterValidator(_positive_quantity), WithJsonSchema(_POSITIVE_QUANTITY_SCHEMA)
+]
+"""A Kubernetes quantity that must be greater than zero."""
+
+NonNegativeQuantity = Annotated[
+    str,
+    BeforeValidator(_quantity),
+    AfterValidator(_non_negative_quantity),
+    WithJsonSchema(_NON_NEGATIVE_QUANTITY_SCHEMA),
+]
+Duration = Annotated[
+    str, BeforeValidator(_duration), AfterValidator(_positive_duration), WithJsonSchema(_DURATION_SCHEMA)
+]
+"""A Go duration such as ``30s``, ``2m`` or ``1500ms``, longer than zero."""
+
+Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
+DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
+
+
+class Model(BaseModel):
+    """Base for every spec model: camelCase on the wire, unknown fields refused."""
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        populate_by_name=True,
+        extra="forbid",
+        frozen=True,
+        use_enum_values=False,
+    )
+
+
+# --- spec --------------------------------------------------------------------
+
+
+class KVCacheDtype(StrEnum):
+    AUTO = "auto"
+    BFLOAT16 = "bfloat16"
+    FLOAT16 = "float16"
+    FP8 = "fp8"
+    FP8_E4M3 = "fp8_e4m3"
+    FP8_E5M2 = "fp8_e5m2"
+
+
+class Backend(StrEnum):
+    NATIVE = "native"
+    LMCACHE = "lmcache"
+
+
+class EvictionPolicy(StrEnum):
+    LRU = "lru"
+    ARC = "arc"
+
+
+class TierType(StrEnum):
+    FS = "fs"
+
+
+class Architecture(Model):
+    """The KV-relevant shape of a model; overrides the built-in catalog."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "has(self.kvLoraRank) != (has(self.numKVHeads) && has(self.headDim))",
+                "give either numKVHeads and headDim (MHA/GQA) or kvLoraRank and qkRopeHeadDim (MLA)",
+            )
+        )
+    )
+
+    num_layers: int = Field(ge=1, le=1024, description="Transformer layers that hold KV (num_hidden_layers).")
+    num_kv_heads: int | None = Field(
+        default=None,
+        alias="numKVHeads",
+        ge=1,
+        le=1024,
+        description="KV heads per layer (num_key_value_heads); omit for MLA.",
+    )
+    head_dim: int | None = Field(default=None, ge=1, le=4096, description="Dimension of one attention head.")
+    kv_lora_rank: int | None = Field(default=None, ge=1, le=65536, description="MLA only: compressed KV rank.")
+    qk_rope_head_dim: int | None = Field(default=None, ge=0, le=4096, description="MLA only: RoPE key dimension.")
+    dtype_bytes: int = Field(
+        default=2, ge=1, le=8, description="Bytes per KV element when kvCacheDtype is auto (model dtype)."
+    )
+
+    @model_validator(mode="after")
+    def _one_attention_kind(self) -> Architecture:
+        mla = self.kv_lora_rank is not None
+        mha = self.num_kv_heads is not None and self.head_dim is not None
+        if mla == mha:
+            raise ValueError("give either numKVHeads and headDim (MHA/GQA) or kvLoraRank and qkRopeHeadDim (MLA)")
+        return self
+
+
+class ConfigMapRef(Model):
+    """A ConfigMap key holding a Hugging Face config.json."""
+
+    name: DnsLabel = Field(description="ConfigMap name, in the policy's namespace.")
+    key: str = Field(default="config.json", min_length=1, max_length=253, description="Key holding config.json.")
+
+
+class EnvVar(Model):
+    """An extra environment variable for the engine container (plain value only)."""
+
+    name: str = Field(
+        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name."
+    )
+    value: str = Field(default="", max_length=32768, description="Variable value.")
+
+
+class ModelSpec(Model):
+    """What vLLM serves and how."""
+
+    name: str = Field(min_length=1, max_length=512, description="Model that `vllm serve` loads (HF id or path).")
+    served_model_name: str | None = Field(
+        default=None, min_length=1, max_length=253, description="Name clients use; default: metadata.name."
+    )
+    image: str = Field(
+        min_length=1,
+        max_length=512,
+        pattern=r"^[^\s]+$",
+        description="vLLM image, pinned; its tag selects the metric dialect.",
+    )
+    vllm_version: str | None = Field(
+        default=None,
+        pattern=r"^[0-9]+\.[0-9]+(\.[0-9]+)?([.+-][0-9A-Za-z.]+)?$",
+        max_length=64,
+        description="vLLM version, when the image tag does not tell it.",
+    )
+    max_model_len: int = Field(ge=16, le=10_000_000, description="Longest prompt plus output, in tokens.")
+    tensor_parallel_size: int = Field(default=1, ge=1, le=64, description="GPUs one engine spans (TP ranks).")
+    kv_cache_dtype: KVCacheDtype = Field(default=KVCacheDtype.AUTO, description="KV cache element type.")
+    architecture: Architecture | None = Field(
+        default=None, description="KV shape of the model; default: the built-in catalog."
+    )
+    config_map: ConfigMapRef | None = Field(
+        default=None, description="A ConfigMap holding the model's HF config.json, instead of the catalog."
+    )
+    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
+        default_factory=list,
+        max_length=128,
+        description="More `vllm serve` arguments; managed flags are refused.",
+        json_schema_extra=cel_rules(
+            (
+                f"self.all(a, !{_cel_list(MANAGED_FLAGS)}.exists(f, a == f || a.startsWith(f + '=')))",
+                f"may not set a flag the operator manages ({', '.join(sorted(MANAGED_FLAGS))}); "
+                "set the matching spec field instead",
+            )
+        ),
+    )
+    env: list[EnvVar] = Field(default_factory=list, max_length=128, description="More environment variables.")
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_managed_flags(cls, args: list[str]) -> list[str]:
+        for arg in args:
+            flag = arg.split("=", 1)[0]
+            if flag in MANAGED_FLAGS:
+                raise ValueError(f"{flag} is managed by the operator; set the matching spec field instead")
+        return args
+
+
+class Toleration(Model):
+    """A Kubernetes toleration."""
+
+    key: str | None = Field(default=None, max_length=316, description="Taint key.")
+    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
+    value: str | None = Field(default=None, max_length=63, description="Taint value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(default=None, description="Effect.")
+    toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long to stay.")
+
+
+class GPUSpec(Model):
+    """Which GPUs each replica gets."""
+
+    class_: str = Field(
+        alias="class",
+        min_length=1,
+        max_length=63,
+        description="GPU class from the catalog (e.g. nvidia-h100-80gb): resource, node labels, host RAM.",
+    )
+    count: int = Field(default=1, ge=1, le=16, description="GPUs per replica; must equal tensorParallelSize.")
+    memory_utilization: float = Field(
+        default=0.90, gt=0.0, le=0.99, description="--gpu-memory-utilization: share of GPU memory vLLM may use."
+    )
+    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels to select on.")
+    tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Extra tolerations.")
+
+
+class ResourceSpec(Model):
+    """Host resources per replica, apart from the pinned pool."""
+
+    base_memory: Quantity = Field(description="Engine process memory without offload.")
+    headroom: NonNegativeQuantity = Field(default="4Gi", description="OS, page cache and co-located processes.")
+    cpu: Quantity = Field(default="8", description="CPU request and limit.")
+
+
+class EmptyDirSource(Model):
+    medium: Literal["", "Memory"] = Field(default="", description="Storage medium.")
+    size_limit: NonNegativeQuantity | None = Field(default=None, description="Size limit.")
+
+
+class PVCSource(Model):
+    claim_name: DnsLabel = Field(description="PersistentVolumeClaim name.")
+    read_only: bool = Field(default=False, description="Mount read-only.")
+
+
+class HostPathSource(Model):
+    path: str = Field(min_length=1, max_length=4096, pattern=r"^/", description="Absolute path on the node.")
+    type: Literal["", "Directory", "DirectoryOrCreate"] = Field(default="DirectoryOrCreate", description="Type.")
+
+
+class TierVolume(Model):
+    """Where a filesystem tier lives: exactly one source."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "(has(self.emptyDir) ? 1 : 0) + (has(self.persistentVolumeClaim) ? 1 : 0)"
+                " + (has(self.hostPath) ? 1 : 0) == 1",
+                "set exactly one of emptyDir, persistentVolumeClaim or hostPath",
+            )
+        )
+    )
+
+    empty_dir: EmptyDirSource | None = Field(default=None, description="Node-local scratch space.")
+    persistent_volume_claim: PVCSource | None = Field(default=None, description="A claim, e.g. local NVMe.")
+    host_path: HostPathSource | None = Field(default=None, description="A path on the node.")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TierVolume:
+        count = sum(v is not None for v in (self.empty_dir, self.persistent_volume_claim, self.host_path))
+        if count != 1:
+            raise ValueError("set exactly one of emptyDir, persistentVolumeClaim or hostPath")
+        return self
+
+
+class SecondaryTier(Model):
+    """A filesystem tier after the CPU tier."""
+
+    name: DnsLabel = Field(description="Tier name, unique in the policy; names the ladder level.")
+    type: TierType = Field(default=TierType.FS, description="Tier type; fs is the only one today.")
+    size: Quantity = Field(description="Bytes this tier may hold.")
+    path: str = Field(min_length=2, max_length=1024, pattern=r"^/", description="Mount path in the container.")
+    read_threads: int = Field(default=16, ge=1, le=1024, description="Reader threads.")
+    write_threads: int = Field(default=8, ge=1, le=1024, description="Writer threads.")
+    volume: TierVolume = Field(default_factory=lambda: TierVolume(empty_dir=EmptyDirSource()), description="Volume.")
+
+
+class OffloadSpec(Model):
+    """The offload tiers to climb to."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "!has(self.storeThreshold) || !has(self.secondaryTiers) || size(self.secondaryTiers) == 0",
+                "storeThreshold applies only to a single CPU tier, without secondaryTiers",
+                ".storeThreshold",
+            )
+        )
+    )
+
+    backend: Backend = Field(default=Backend.NATIVE, description="native (vLLM OffloadingConnector) or lmcache.")
+    cpu: Quantity = Field(description="CPU tier size, total across TP ranks (--kv-offloading-size).")
+    block_size: int | None = Field(default=None, ge=1, le=4096, description="Offload block size in tokens.")
+    eviction_policy: EvictionPolicy = Field(default=EvictionPolicy.LRU, description="CPU tier eviction: lru or arc.")
+    store_threshold: int | None = Field(
+        default=None, ge=0, le=1000, description="Store a block only after this many hits; single CPU tier only."
+    )
+    secondary_tiers: list[SecondaryTier] = Field(
+        default_factory=list,
+        max_length=8,
+        description="Filesystem tiers, in order, after the CPU tier.",
+        json_schema_extra=cel_rules(
+            ("self.all(t, self.exists_one(u, u.name == t.name))", "secondaryTiers names must be unique"),
+            (
+                f"self.all(t, !(t.name in {_cel_list(RESERVED_LEVEL_NAMES)}))",
+                f"secondaryTiers may not be named {', '.join(sorted(RESERVED_LEVEL_NAMES))}: those name ladder levels",
+            ),
+        ),
+    )
+    overhead_factor: float = Field(
+        default=1.0, ge=1.0, le=4.0, description="Pinned pool / configured CPU tier; >1 where vLLM overshoots."
+    )
+
+    @model_validator(mode="after")
+    def _tiers(self) -> OffloadSpec:
+        names = [t.name for t in self.secondary_tiers]
+        if len(set(names)) != len(names):
+            raise ValueError("secondaryTiers names must be unique")
+        if reserved := RESERVED_LEVEL_NAMES.intersection(names):
+            raise ValueError(f"secondaryTiers may not be named {', '.join(sorted(reserved))}: those name ladder levels")
+        if self.store_threshold is not None and self.secondary_tiers:
+            raise ValueError("storeThreshold applies only to a single CPU tier, without secondaryTiers")
+        return self
+
+
+class RolloutSpec(Model):
+    """How each ladder level is introduced."""
+
+    canary_replicas: int = Field(default=1, ge=1, le=1000, description="Replicas that run a new level first.")
+    max_surge: int = Field(default=0, ge=0, le=1000, description="Extra replicas allowed; 0 uses no extra GPUs.")
+    pilot_cpu: Quantity | None = Field(default=None, description="A small CPU tier tried first; omit to skip.")
+    baseline_duration: Duration = Field(default="10m", description="How long the GPU-only baseline is measured.")
+    step_duration: Duration = Field(default="15m", description="How long each canary or promotion step lasts.")
+    promotion_steps: list[Annotated[int, Field(ge=1, le=100)]] = Field(
+        default_factory=lambda: [25, 50, 100],
+        min_length=1,
+        max_length=20,
+        description="Percent of replicas on the new level, step by step; ends at 100.",
+        # isSorted() is Kubernetes' CEL list library; with exists_one it means strictly rising.
+        json_schema_extra=cel_rules(
+            (
+                "self.isSorted() && self.all(s, self.exists_one(t, t == s)) && self[size(self) - 1] == 100",
+                "must rise strictly and end at 100",
+            )
+        ),
+    )
+    progress_deadline: Duration = Field(default="20m", description="A canary not Ready by then is a failure.")
+    auto_promote: bool = Field(default=True, description="false: wait for `kvoffload promote` at each level.")
+
+    @field_validator("promotion_steps")
+    @classmethod
+    def _steps(cls, steps: list[int]) -> list[int]:
+        if any(b <= a for a, b in itertools.pairwise(steps)) or steps[-1] != 100:
+            raise ValueError("must rise strictly and end at 100")
+        return steps
+
+
+class AnalysisSpec(Model):
+    """What Prometheus must show for a level to advance."""
+
+    interval: Duration = Field(default="30s", description="How often analysis runs.")
+    window: Duration = Field(default="2m", description="The rate() window.")
+    ttft_p99: Duration = Field(default="1500ms", description="Absolute p99 time-to-first-token budget.")
+    itl_p99: Duration = Field(default="80ms", description="Absolute p99 inter-token latency budget.")
+    max_regression: float = Field(default=1.2, ge=1.0, le=100.0, description="Most canary p99 / stable p99.")
+    min_external_share: float = Field(
+        default=0.02, ge=0.0, le=1.0, description="Least share of prompt tokens loaded from offload tiers."
+    )
+    sustained_for: Duration = Field(default="2m", description="How long a breach must last to roll back.")
+    min_requests: int = Field(default=50, ge=1, le=10_000_000, description="Fewer in the window: inconclusive.")
+    max_inconclusive: int = Field(default=10, ge=1, le=10_000, description="Inconclusive verdicts in a row that pause.")
+
+
+class SecretKeyRef(Model):
+    name: DnsLabel = Field(description="Secret name, in the policy's namespace.")
+    key: str = Field(min_length=1, max_length=253, description="Key holding the token.")
+
+
+class PrometheusSpec(Model):
+    """Where the metrics live."""
+
+    url: str = Field(
+        default="http://prometheus-operated.monitoring.svc:9090",
+        pattern=r"^https?://[^\s]+$",
+        max_length=2048,
+        description="Prometheus base URL.",
+    )
+    bearer_token_secret: SecretKeyRef | None = Field(default=None, description="Secret with a bearer token.")
+    extra_matchers: str | None = Field(
+        default=None,
+        max_length=1024,
+        pattern=r'^[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"(\s*,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*")*$',
+        description='Label matchers added to every query, e.g. cluster="prod".',
+    )
+
+
+class KVOffloadPolicySpec(Model):
+    """The desired state: a vLLM fleet and the offload ladder it should climb."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "self.gpu.count == self.model.tensorParallelSize",
+                "gpu.count must equal model.tensorParallelSize (one engine spans its GPUs)",
+                ".gpu.count",
+            ),
+            (
+                "!has(self.rollout.pilotCpu)"
+                " || quantity(string(self.rollout.pilotCpu)).isLessThan(quantity(string(self.offload.cpu)))",
+                "rollout.pilotCpu must be smaller than offload.cpu",
+                ".rollout.pilotCpu",
+            ),
+            (
+                "self.rollout.maxSurge != 0 || self.rollout.canaryReplicas < self.replicas",
+                "rollout.canaryReplicas must be fewer than replicas when maxSurge is 0",
+                ".rollout.canaryReplicas",
+            ),
+            (
+                "!(has(self.model.architecture) && has(self.model.configMap))",
+                "set model.architecture or model.configMap, not both",
+                ".model.configMap",
+            ),
+        )
+    )
+
+    model: ModelSpec = Field(description="The model and engine.")
+    gpu: GPUSpec = Field(description="The GPU class and count per replica.")
+    replicas: int = Field(ge=1, le=1000, description="Engine replicas in total.")
+    resources: ResourceSpec = Field(description="Host resources per replica.")
+    offload: OffloadSpec = Field(description="The offload tiers.")
+    rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="The staged rollout.")
+    analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, description="The analysis rules.")
+    prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="The metrics source.")
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> KVOffloadPolicySpec:
+        if self.gpu.count != self.model.tensor_parallel_size:
+            raise ValueError("gpu.count must equal model.tensorParallelSize (one engine spans its GPUs)")
+        if self.rollout.pilot_cpu is not None and parse_quantity(self.rollout.pilot_cpu) >= parse_quantity(
+            self.offload.cpu
+        ):
+            raise ValueError("rollout.pilotCpu must be smaller than offload.cpu")
+        if self.rollout.canary_replicas >= self.replicas and self.rollout.max_surge == 0:
+            raise ValueError("rollout.canaryReplicas must be fewer than replicas when maxSurge is 0")
+        if self.model.architecture is not None and self.model.config_map is not None:
+            raise ValueError("set model.architecture or model.configMap, not both")
+        return self
+
+
+class ObjectMeta(BaseModel):
+    """The parts of metadata the operator reads; the rest passes through."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True, alias_generator=to_camel)
+
+    name: Name = Field(description="Policy name.")
+    namespace: str = Field(default="default", description="Policy namespace.")
+    uid: str | None = None
+    generation: int | None = None
+    labels: dict[str, str] = Field(default_factory=dict)
+    annotations: dict[str, str] = Field(default_factory=dict)
+
+
+# --- status ------------------------------------------------------------------
+
+
+class Status(BaseModel):
+    """Base for status models: camelCase on the wire, tolerant of older fields."""
+
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="ignore")
+
+
+class Phase(StrEnum):
+    PENDING = "Pending"
+    BASELINE = "Baseline"
+    CANARY = "Canary"
+    PROMOTING = "Promoting"
+    STABLE = "Stable"
+    PAUSED = "Paused"
+    ROLLED_BACK = "RolledBack"
+    INVALID = "Invalid"
+
+
+class Verdict(StrEnum):
+    PASS = "Pass"
+    FAIL = "Fail"
+    INCONCLUSIVE = "Inconclusive"
+
+
+class Condition(Status):
+    """A Kubernetes-style condition."""
+
+    type: str = Field(description="Condition type, e.g. Ready, Progressing, Degraded.")
+    status: Literal["True", "False", "Unknown"] = Field(description="True, False or Unknown.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field(default="", description="Human-readable detail.")
+    last_transition_time: datetime = Field(description="When status last changed.")
+    observed_generation: int | None = Field(default=None, description="Spec generation this was computed for.")
+
+
+class StageStatus(Status):
+    index: int = Field(description="Ladder level index (0 = GPU-only).")
+    name: str = Field(description="Ladder level name.")
+    tiers: list[str] = Field(default_factory=list, description="Offload tiers at this level.")
+    step: int = Field(default=0, description="0 = canary; n = promotion step n.")
+    started_at: datetime | None = Field(default=None, description="When this level or step started.")
+
+
+class VariantStatus(Status):
+    config_hash: str = Field(description="Hash of the rendered engine config.")
+    level: int = Field(description="Ladder level index.")
+    tiers: list[str] = Field(default_factory=list, description="Offload tiers.")
+    cpu_size: str | None = Field(default=None, description="CPU tier size, if any.")
+    replicas: int = Field(default=0, description="Desired replicas.")
+    ready: int = Field(default=0, description="Ready replicas.")
+
+
+class BaselineStatus(Status):
+    ttft_p99: float | None = Field(default=None, description="p99 TTFT, seconds.")
+    itl_p99: float | None = Field(default=None, description="p99 ITL, seconds.")
+    request_rate: float | None = Field(default=None, description="Requests per second.")
+    gpu_kv_usage: float | None = Field(default=None, description="GPU KV cache usage, 0 to 1.")
+    taken_at: datetime | None = Field(default=None, description="When the baseline was taken.")
+
+
+class MetricResult(Status):
+    name: str = Field(description="Metric, e.g. ttftP99.")
+    canary: float | None = Field(default=None, description="Canary value.")
+    stable: float | None = Field(default=None, description="Stable value.")
+    threshold: float | None = Field(default=None, description="The bound it is held to.")
+    passed: bool | None = Field(default=None, description="true pass, false breach, null not judged.")
+    message: str = Field(default="", description="Why.")
+
+
+class AnalysisStatus(Status):
+    time: datetime = Field(description="When the analysis ran.")
+    verdict: Verdict = Field(description="Pass, Fail or Inconclusive.")
+    message: str = Field(default="", description="Summary.")
+    metrics: list[MetricResult] = Field(default_factory=list, description="Each metric judged.")
+    consecutive_failures: int = Field(default=0, description="Fail verdicts in a row.")
+    consecutive_inconclusive: int = Field(default=0, description="Inconclusive verdicts in a row.")
+    failing_since: datetime | None = Field(default=None, description="Start of the current run of Fail verdicts.")
+
+
+class HostMemoryStatus(Status):
+    pinned: str = Field(description="Pinned pool per replica.")
+    shm: str = Field(description="/dev/shm size limit per replica.")
+    request: str = Field(description="Memory request per replica.")
+    limit: str = Field(description="Memory limit per replica (= request).")
+
+
+class HistoryEntry(Status):
+    time: datetime = Field(description="When it was decided.")
+    stage: str = Field(description="Ladder level name then.")
+    decision: str = Field(description="What was decided, e.g. Promote, Rollback.")
+    reason: str = Field(description="CamelCase reason.")
+    message: str = Field(default="", description="Detail with figures.")
+
+
+class KVOffloadPolicyStatus(Status):
+    """What the operator observed and decided; written only by the operator."""
+
+    phase: Phase = Field(default=Phase.PENDING, description="Derived from the conditions.")
+    observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")
+    stage: StageStatus | None = Field(default=None, description="Where on the ladder the rollout is.")
+    ladder: list[str] = Field(default_factory=list, description="Ladder level names, bottom first.")
+    stable: VariantStatus | None = Field(default=None, description="The stable variant.")
+    canary: VariantStatus | None = Field(default=None, description="The canary variant, while one runs.")
+    baseline: BaselineStatus | None = Field(default=None, description="The GPU-only baseline.")
+    last_analysis: AnalysisStatus | None = Field(default=None, description="The latest analysis.")
+    host_memory: HostMemoryStatus | None = Field(default=None, description="Host memory per replica.")
+    conditions: list[Condition] = Field(default_factory=list, description="Kubernetes-style conditions.")
+    history: list[HistoryEntry] = Field(default_factory=list, description="The last 20 decisions.")
+    annotations_seen: dict[str, str] = Field(
+        default_factory=dict, description="Manual-control annotation values already acted on."
+    )
+    message: str = Field(default="", description="A one-line summary.")
+    # Display strings for `kubectl get kvop`: printer columns take one JSONPath and cannot join or format.
+    tiers_summary: str = Field(
+        default="",
+        description="Offload tiers of the current stage joined for display, e.g. cpu+nvme; none if GPU-only.",
+    )
+    canary_summary: str = Field(default="", description="Canary and stable replicas for display, e.g. 1/3.")
+    ttft_p99: str = Field(
+        default="", description="Latest p99 time to first token for display (canary while one runs), e.g. 212ms."
+    )
+    external_share: str = Field(
+        default="", description="Latest share of prompt tokens loaded from offload tiers for display, e.g. 31.0%."
+    )
+
+
+class KVOffloadPolicy(BaseModel):
+    """A whole KVOffloadPolicy object."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    api_version: Literal["kvoffload.io/v1alpha1"] = Field(alias="apiVersion")
+    kind: Literal["KVOffloadPolicy"]
+    metadata: ObjectMeta
+    spec: KVOffloadPolicySpec
+    status: KVOffloadPolicyStatus | None = None

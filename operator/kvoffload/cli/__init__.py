@@ -1,0 +1,1 @@
+"""The kvoffload command line."""

@@ -1,0 +1,580 @@
+"""The ``kvoffload`` command: the operator, and the tools around it."""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from kvoffload import __version__
+from kvoffload.policy.validation import PolicyError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# Exit codes: 0 ok / pass, 1 fail verdict, 2 bad input, 3 inconclusive.
+EXIT_BAD_INPUT = 2
+
+
+def reports_bad_input(func: F) -> F:
+    """Print a PolicyError as a list of field paths and exit 2, never a traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(*args, **kwargs)
+        except PolicyError as exc:
+            click.echo(exc.render(), err=True)
+            sys.exit(EXIT_BAD_INPUT)
+
+    return wrapper  # type: ignore[return-value]
+
+
+POLICY_FILE = click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+OUTPUT = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, prog_name="kvoffload")
+def main() -> None:
+    """Roll out vLLM KV-cache offloading (GPU -> pinned CPU -> filesystem tiers) one measured stage
+    at a time, and take the newest tier away again when p99 TTFT or ITL breaks its budget.
+
+    Start with `kvoffload demo` to watch the whole loop on this machine, or
+    `kvoffload plan FILE` to size a policy.
+    """
+
+
+@main.command()
+@POLICY_FILE
+@OUTPUT
+@reports_bad_input
+def plan(file: Path, output: str) -> None:
+    """Size a policy: KV bytes per token, tokens per tier, pinned pool, /dev/shm, host memory, warnings.
+
+    A policy with spec.model.configMap is sized from a ConfigMap of that name in the same file.
+    """
+    import json
+
+    from kvoffload.policy.sizing import format_plan, plan_policy, resolve_config_map
+    from kvoffload.policy.validation import iter_documents, load_policy
+
+    policy = resolve_config_map(load_policy(file), iter_documents(file), str(file))
+    result = plan_policy(policy)
+    if output == "json":
+        click.echo(json.dumps(result.model_dump(mode="json", by_alias=True), indent=2))
+    else:
+        click.echo(format_plan(result))
+
+
+@main.command()
+@POLICY_FILE
+@click.option("--level", type=int, default=None, help="Ladder level index (0 = GPU-only). Default: the top level.")
+@click.option("--stage", default=None, help="Ladder level name, e.g. gpu-only, cpu-pilot, cpu, nvme.")
+@reports_bad_input
+def render(file: Path, level: int | None, stage: str | None) -> None:
+    """Print the manifests (Deployment, Service, PodMonitor) of one ladder level, for GitOps."""
+    from kvoffload.policy.ladder import build_ladder, find_level
+    from kvoffload.policy.render import dump_yaml, render_level
+    from kvoffload.policy.validation import load_policy
+
+    if level is not None and stage is not None:
+        click.echo("give --level or --stage, not both", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    policy = load_policy(file)
+    try:
+        chosen = find_level(build_ladder(policy.spec), index=level, name=stage)
+    except KeyError as exc:
+        click.echo(f"{file}: {exc.args[0]}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    text = dump_yaml(render_level(policy, chosen))  # whole text first: nothing printed on error
+    click.echo(text, nl=False)
+
+
+@main.command()
+def crd() -> None:
+    """Print the KVOffloadPolicy CustomResourceDefinition generated from the models."""
+    from kvoffload.api.crd import crd_yaml
+
+    click.echo(crd_yaml(), nl=False)
+
+
+def _env(name: str) -> str:
+    return f"KVOFFLOAD_EMULATE_{name}"
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+    short_help="An engine that speaks vLLM's /metrics and /v1/completions, for demos and tests.",
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--model", default=None, help="What `vllm serve` would load (also taken from `serve MODEL`).")
+@click.option("--served-model-name", default=None)
+@click.option("--kv-offloading-size", type=float, default=None, help="CPU tier, GiB (vLLM's flag).")
+@click.option("--kv-offloading-backend", type=click.Choice(["native", "lmcache"]), default=None)
+@click.option("--kv-transfer-config", default=None, help="JSON, as vLLM takes it (OffloadingConnector, LMCache).")
+@click.option("--max-model-len", type=int, default=None)
+@click.option("--block-size", type=int, default=None, help="Tokens per KV block (default 16).")
+@click.option("--gpu-memory-utilization", type=float, default=None)
+@click.option("--tensor-parallel-size", "-tp", type=int, default=None)
+@click.option("--kv-cache-dtype", default=None)
+@click.option(
+    "--kv-bytes-per-token",
+    type=int,
+    default=None,
+    envvar=_env("KV_BYTES_PER_TOKEN"),
+    help="Default: the model catalog's figure, else 114688 (Qwen3-0.6B).",
+)
+@click.option(
+    "--gpu-kv-blocks",
+    type=int,
+    default=None,
+    envvar=_env("GPU_KV_BLOCKS"),
+    help="GPU KV cache capacity in blocks (default 4096).",
+)
+@click.option(
+    "--vllm-version", default=None, envvar=_env("VLLM_VERSION"), help="Metric dialect to speak (default 0.32.0)."
+)
+@click.option(
+    "--startup-delay",
+    type=float,
+    default=None,
+    envvar=_env("STARTUP_DELAY"),
+    help="Seconds before the port opens (models pinning the CPU pool).",
+)
+@click.option("--itl", type=float, default=None, envvar=_env("ITL"), help="Seconds between output tokens (0.010).")
+@click.option(
+    "--added-latency", type=float, default=0.0, envvar=_env("ADDED_LATENCY"), help="Seconds added to every TTFT."
+)
+@click.option("--ttft-multiplier", type=float, default=1.0, envvar=_env("TTFT_MULTIPLIER"))
+@click.option(
+    "--ttft-multiplier-after",
+    type=float,
+    default=None,
+    envvar=_env("TTFT_MULTIPLIER_AFTER"),
+    help="Seconds from start before --ttft-multiplier applies.",
+)
+@click.option("--itl-multiplier", type=float, default=1.0, envvar=_env("ITL_MULTIPLIER"))
+@click.option("--itl-multiplier-after", type=float, default=None, envvar=_env("ITL_MULTIPLIER_AFTER"))
+@click.option(
+    "--outage-after",
+    type=float,
+    default=None,
+    envvar=_env("OUTAGE_AFTER"),
+    help="Seconds from start before every endpoint answers 503.",
+)
+@click.option(
+    "--outage-for",
+    type=float,
+    default=None,
+    envvar=_env("OUTAGE_FOR"),
+    help="How long the outage lasts (default: for good).",
+)
+def emulate(args: tuple[str, ...], port: int, host: str, **options: Any) -> None:
+    """Run an emulated vLLM engine: block-level GPU/CPU/disk caches priced by a cost model,
+    vLLM 0.32's exact /metrics families, and fault knobs (also `POST /emulator/faults`).
+
+    Accepts a Deployment's `vllm serve MODEL --flag ...` arguments; flags it does not know
+    are ignored with a warning.
+    """
+    import logging
+    import time
+
+    from kvoffload.lab.engine import emulator
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        config, faults, ignored = emulator.build({"args": args, **options}, time.monotonic())
+    except emulator.ConfigError as exc:
+        click.echo(str(exc), err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if ignored:
+        click.echo(f"warning: ignoring arguments the emulator does not model: {' '.join(ignored)}", err=True)
+    emulator.run(emulator.Emulator(config, faults), host, port)
+
+
+EXIT_FAIL = 1
+EXIT_INCONCLUSIVE = 3
+
+
+@main.command()
+@POLICY_FILE
+@click.option("--prometheus", "prometheus_url", default=None, help="Prometheus base URL. Default: spec.prometheus.url.")
+@click.option("--level", type=int, default=None, help="Ladder level the canary runs (0 = GPU-only). Default: the top.")
+@click.option("--guard", is_flag=True, help="No canary runs: judge the stable variant against the absolute budgets.")
+@click.option("--warming-up", is_flag=True, help="Judge as in a step's first half: offload hit checks not gated.")
+@click.option(
+    "--variant-labels",
+    default="kvoffload_io_policy,kvoffload_io_variant",
+    show_default=True,
+    help="The series labels naming the policy and the variant, as POLICY_LABEL,VARIANT_LABEL.",
+)
+@click.option("--bearer-token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
+@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), default=None, help="CA bundle for TLS.")
+@click.option("--insecure-skip-tls-verify", is_flag=True, help="Do not verify Prometheus's TLS certificate.")
+@click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds per query.")
+@OUTPUT
+@reports_bad_input
+def analyze(
+    file: Path,
+    prometheus_url: str | None,
+    level: int | None,
+    guard: bool,
+    warming_up: bool,
+    variant_labels: str,
+    bearer_token_file: Path | None,
+    ca_bundle: str | None,
+    insecure_skip_tls_verify: bool,
+    timeout: float,
+    output: str,
+) -> None:
+    """Run one analysis cycle now: canary vs stable, every metric with its value, threshold and verdict.
+
+    Exit status: 0 Pass, 1 Fail, 3 Inconclusive (too few requests, no data, Prometheus unreachable),
+    2 bad input.
+    """
+    import json
+    from dataclasses import replace
+
+    from kvoffload.analysis.assess import assess, format_metric_value, format_threshold
+    from kvoffload.analysis.dialects import confirm_dialect, dialect_for, version_from_image
+    from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider, Target
+    from kvoffload.api.types import Verdict
+    from kvoffload.policy.ladder import build_ladder, find_level
+    from kvoffload.policy.validation import load_policy
+
+    policy = load_policy(file)
+    spec = policy.spec
+    labels = [part.strip() for part in variant_labels.split(",")]
+    if len(labels) != 2 or not all(labels):
+        raise click.BadParameter("want POLICY_LABEL,VARIANT_LABEL", param_hint="--variant-labels")
+    try:
+        chosen = find_level(build_ladder(spec), index=level)
+    except KeyError as exc:
+        raise click.BadParameter(str(exc.args[0]), param_hint="--level") from None
+    try:
+        dialect = dialect_for(spec.model.vllm_version or version_from_image(spec.model.image))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="spec.model.vllmVersion") from None
+
+    provider = PrometheusProvider(
+        prometheus_url or spec.prometheus.url,
+        bearer_token_file=bearer_token_file,
+        verify=False if insecure_skip_tls_verify else (ca_bundle or True),
+        timeout=timeout,
+        labels=LabelNames(policy=labels[0], variant=labels[1]),
+    )
+    namespace = policy.metadata.namespace
+    target = Target(
+        namespace,
+        policy.metadata.name,
+        spec.analysis.window,
+        dialect,
+        spec.prometheus.extra_matchers,
+        with_canary=not guard,
+    )
+    # The image tag can be off by a release: the series Prometheus holds decide.
+    target = replace(target, dialect=confirm_dialect(dialect, set(provider.present_metric_names(target))))
+    measurements = provider.measure([target])[target.key]
+    result = assess(spec, chosen, measurements, warmed_up=not warming_up)
+
+    if output == "json":
+        doc = {
+            "policy": policy.metadata.name,
+            "namespace": namespace,
+            "level": {"index": chosen.index, "name": chosen.name, "tiers": chosen.tiers},
+            "mode": "guard" if guard else "canary",
+            "window": spec.analysis.window,
+            "dialect": target.dialect.name,
+            "verdict": result.verdict.value,
+            "message": result.message,
+            "metrics": [m.model_dump(mode="json", by_alias=True) for m in result.metrics],
+        }
+        click.echo(json.dumps(doc, indent=2))
+    else:
+        who = "stable only (guard)" if guard else "canary vs stable"
+        click.echo(
+            f"{namespace}/{policy.metadata.name}: level {chosen.index} ({chosen.name}), {who}, "
+            f"window {spec.analysis.window}, vLLM dialect {target.dialect.name}, Prometheus {provider.url}"
+        )
+        rows = [("METRIC", "CANARY", "STABLE", "THRESHOLD", "RESULT", "WHY")]
+        for m in result.metrics:
+            verdict = {True: "pass", False: "FAIL", None: "-"}[m.passed]
+            rows.append(
+                (
+                    m.name,
+                    format_metric_value(m.name, m.canary),
+                    format_metric_value(m.name, m.stable),
+                    format_threshold(m.name, m.threshold),
+                    verdict,
+                    m.message,
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        for r in rows if result.metrics else []:
+            click.echo("  ".join(cell.ljust(w) for cell, w in zip(r[:5], widths, strict=True)) + "  " + r[5])
+        click.echo(f"verdict: {result.verdict.value}: {result.message}")
+    codes = {Verdict.PASS: 0, Verdict.FAIL: EXIT_FAIL, Verdict.INCONCLUSIVE: EXIT_INCONCLUSIVE}
+    sys.exit(codes[result.verdict])
+
+
+# --- manual control and status -------------------------------------------------------
+
+POLICY_NAME = click.argument("name")
+NAMESPACE = click.option(
+    "-n", "--namespace", default=None, help="The policy's namespace. Default: the kubeconfig context's, else default."
+)
+KUBECONFIG = click.option(
+    "--kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    envvar="KUBECONFIG",
+    help="Kubeconfig file. Default: $KUBECONFIG, in-cluster, ~/.kube/config.",
+)
+
+
+def _control(verb: str, name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    from kvoffload.cli import control
+
+    try:
+        api = control.connect(kubeconfig)
+        ns = namespace or control.default_namespace(kubeconfig)
+        with api:
+            value, policy = control.request(api, ns, name, verb)
+    except control.ControlError as exc:
+        click.echo(f"kvoffload {verb}: {exc}", err=True)
+        sys.exit(EXIT_FAIL)
+    phase = (policy.get("status") or {}).get("phase", "not yet acted on")
+    click.echo(
+        f"asked {ns}/{name} to {verb} ({control.VERBS[verb]}={value}): {control.WHAT_IT_DOES[verb]}.\n"
+        f"The operator acts on it at its next cycle (phase now: {phase}); see `kvoffload status {name} -n {ns}`."
+    )
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+def promote(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    """End the current baseline or step now and move on, without waiting for evidence."""
+    _control("promote", name, namespace, kubeconfig)
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+def abort(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    """Remove the canary and halt the ladder on the stable level (phase RolledBack)."""
+    _control("abort", name, namespace, kubeconfig)
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+def retry(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    """Start the ladder again from the stable level, after a rollback or a pause."""
+    _control("retry", name, namespace, kubeconfig)
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+def pause(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    """Stop forward motion; rollbacks on hard failures or sustained breaches still apply."""
+    _control("pause", name, namespace, kubeconfig)
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+def resume(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+    """Go on after a pause (a person's, or too many Inconclusive verdicts); the step clock restarts."""
+    _control("resume", name, namespace, kubeconfig)
+
+
+@main.command()
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+@OUTPUT
+def status(name: str, namespace: str | None, kubeconfig: Path | None, output: str) -> None:
+    """A person's view of one policy: phase, ladder position, variants, baseline, last analysis, history."""
+    import json
+
+    from pydantic import ValidationError
+
+    from kvoffload.cli import control, statusview
+
+    try:
+        api = control.connect(kubeconfig)
+        ns = namespace or control.default_namespace(kubeconfig)
+        with api:
+            policy = control.read_policy(api, ns, name)
+    except control.ControlError as exc:
+        click.echo(f"kvoffload status: {exc}", err=True)
+        sys.exit(EXIT_FAIL)
+    try:
+        text = json.dumps(statusview.to_json(policy), indent=2) if output == "json" else statusview.render(policy)
+    except ValidationError as exc:
+        from kvoffload.policy.validation import errors_from
+
+        problems = "; ".join(f"{e.path}: {e.message}" for e in errors_from(exc, ("status",)))
+        click.echo(f"kvoffload status: {ns}/{name} has a status this version cannot read: {problems}", err=True)
+        sys.exit(EXIT_FAIL)
+    click.echo(text)
+
+
+@main.command(short_help="Run the operator (kopf inside).")
+@click.option(
+    "-n",
+    "--namespace",
+    "namespaces",
+    multiple=True,
+    metavar="NS",
+    help="Watch policies in this namespace (repeat for more; globs such as 'llm-*' work).",
+)
+@click.option("-A", "--all-namespaces", is_flag=True, help="Watch policies in every namespace.")
+@click.option(
+    "--standalone",
+    is_flag=True,
+    help="Do not coordinate with other operator instances through kopf peering (one replica, or tests).",
+)
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=8080,
+    show_default=True,
+    help="Serve the operator's own Prometheus metrics at :PORT/metrics; 0 disables.",
+)
+@click.option(
+    "--policy-label",
+    default="kvoffload_io_policy",
+    show_default=True,
+    help="The series label that names the policy (the PodMonitor's sanitised kvoffload.io/policy).",
+)
+@click.option(
+    "--variant-label",
+    default="kvoffload_io_variant",
+    show_default=True,
+    help="The series label that names the variant, stable or canary (sanitised kvoffload.io/variant).",
+)
+@click.option(
+    "--prometheus-url",
+    default=None,
+    envvar="KVOFFLOAD_PROMETHEUS_URL",
+    help="Query this Prometheus for every policy instead of each spec.prometheus.url.",
+)
+@click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level (kopf's and the operator's).")
+def run(
+    namespaces: tuple[str, ...],
+    all_namespaces: bool,
+    standalone: bool,
+    metrics_port: int,
+    policy_label: str,
+    variant_label: str,
+    prometheus_url: str | None,
+    verbose: bool,
+) -> None:
+    """Run the operator: watch KVOffloadPolicies and roll each one up its ladder, stage by measured stage.
+
+    Talks to the cluster through the in-cluster service account, else $KUBECONFIG (or
+    ~/.kube/config). Give -n NS (repeatable) or -A. Stops cleanly on SIGINT or SIGTERM.
+    """
+    import asyncio
+
+    import kopf
+
+    from kvoffload.controller.handlers import run_operator
+    from kvoffload.controller.reconcile import ControllerSettings
+
+    if bool(namespaces) == all_namespaces:
+        click.echo("give -n NAMESPACE (one or more) or -A, not both and not neither", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    import kubernetes.config
+
+    kopf.configure(verbose=verbose)
+    try:
+        asyncio.run(
+            run_operator(
+                namespaces=namespaces,
+                clusterwide=all_namespaces,
+                standalone=standalone,
+                metrics_port=metrics_port,
+                controller_settings=ControllerSettings(prometheus_url=prometheus_url),
+                policy_label=policy_label,
+                variant_label=variant_label,
+            )
+        )
+    except kubernetes.config.ConfigException as exc:
+        click.echo(f"kvoffload run: no Kubernetes configuration (in-cluster or $KUBECONFIG): {exc}", err=True)
+        sys.exit(EXIT_FAIL)
+
+
+@main.command()
+@click.option(
+    "--scenario",
+    type=click.Choice(["promote", "regression"]),
+    default="promote",
+    show_default=True,
+    help="promote: climb to the top and stay. regression: the newest tier's canary slows down ×4 and is rolled back.",
+)
+@click.option("--fast", is_flag=True, help="Shrink every duration: each scenario ends in about 2-3 minutes.")
+@OUTPUT
+@click.option(
+    "--out",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("demo-out"),
+    show_default=True,
+    help="Where the report goes (timeline.png, summary.md, report.html, operator.log).",
+)
+@click.option(
+    "--policy",
+    "policy_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="A KVOffloadPolicy to roll out instead of the embedded demo policy (examples/demo-two-tier.yaml).",
+)
+@reports_bad_input
+def demo(scenario: str, fast: bool, output: str, out_dir: Path, policy_path: Path | None) -> None:
+    """The whole loop on this machine, no cluster needed: an emulated Kubernetes API, a real Prometheus,
+    emulated vLLM engines, the operator, and a replay of the Mooncake conversation trace.
+
+    Shows the rollout live, writes a report (PNG plot and summary) into --out, and exits 0 when the
+    scenario ended as expected, 1 otherwise. With -o json only the final status and timeline go to
+    stdout (the progress view goes to stderr).
+    """
+    import asyncio
+    import json
+
+    from kvoffload.lab import demo as demo_mod
+
+    stream = sys.stderr if output == "json" else sys.stdout
+    progress = demo_mod.Progress(stream)
+    try:
+        result = asyncio.run(
+            demo_mod.run_until_signalled(
+                demo_mod.SCENARIOS[scenario], fast=fast, out_dir=out_dir, policy_path=policy_path, progress=progress
+            )
+        )
+    except demo_mod.DemoError as exc:
+        click.echo(f"kvoffload demo: {exc}", err=True)
+        sys.exit(EXIT_FAIL)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        progress.close()
+        click.echo("kvoffload demo: interrupted; every process it started has been stopped", err=True)
+        sys.exit(130)
+    if output == "json":
+        click.echo(json.dumps(result.to_json(), indent=2))
+    else:
+        click.echo(demo_mod.final_summary(result))
+    sys.exit(0 if result.ok else EXIT_FAIL)

@@ -1,0 +1,274 @@
+"""A person's view of one policy: what ``kvoffload status NAME`` prints.
+
+Pure: it formats a policy object (as the API server returns it) and reads no
+clock unless it is not given one. The status is read through
+``KVOffloadPolicyStatus``, so a field the operator wrote is shown the way the
+model means it; the spec is read leniently, since a person may look at a
+policy whose spec is invalid.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+from kvoffload.analysis.assess import format_metric_value, format_threshold
+from kvoffload.api.quantity import format_duration
+from kvoffload.api.types import (
+    AnalysisStatus,
+    BaselineStatus,
+    Condition,
+    HistoryEntry,
+    KVOffloadPolicyStatus,
+    Phase,
+    VariantStatus,
+)
+from kvoffload.rollout import conditions as cond
+
+DONE = "✓"
+FAILED = "✗"
+ARROW = " → "
+ROLLBACK_DECISIONS = frozenset({"Rollback", "Abort"})
+DEFAULT_PROMOTION_STEPS = (25, 50, 100)
+HISTORY_SHOWN = 10
+
+
+def table(rows: Sequence[Sequence[str]], indent: str = "  ") -> list[str]:
+    """Rows as left-aligned columns (the first row is the header); the last column is not padded."""
+    if not rows:
+        return []
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    out = []
+    for row in rows:
+        cells = [cell.ljust(w) for cell, w in zip(row[:-1], widths[:-1], strict=True)] + [row[-1]]
+        out.append((indent + "  ".join(cells)).rstrip())
+    return out
+
+
+def age(then: datetime | None, now: datetime) -> str:
+    """How long ago, e.g. ``3m12s``; ``-`` when unknown."""
+    if then is None:
+        return "-"
+    return format_duration(max(0.0, (now - then).total_seconds()))
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _promotion_steps(spec: Mapping[str, Any]) -> Sequence[int]:
+    steps = (spec.get("rollout") or {}).get("promotionSteps")
+    if isinstance(steps, list) and all(isinstance(s, int) for s in steps):
+        return steps
+    return DEFAULT_PROMOTION_STEPS
+
+
+def _step_label(step: int, steps: Sequence[int]) -> str:
+    if step == 0:
+        return "canary"
+    return f"{steps[step - 1]}%" if 0 < step <= len(steps) else f"step {step}"
+
+
+def rolled_back_level(history: Sequence[HistoryEntry]) -> str | None:
+    """The level the latest rollback took away: the stage of the decision just before it."""
+    for i in range(len(history) - 1, 0, -1):
+        if history[i].decision in ROLLBACK_DECISIONS:
+            return history[i - 1].stage
+    return None
+
+
+def position(status: KVOffloadPolicyStatus, steps: Sequence[int] = DEFAULT_PROMOTION_STEPS) -> str:
+    """Where the rollout stands on the current level: baseline, canary, a percentage, ✓ at rest; paused added."""
+    if status.stage is None:
+        return ""
+    if status.canary is not None:
+        where = _step_label(status.stage.step, steps)
+    elif status.phase is Phase.BASELINE or (status.phase is Phase.PAUSED and _in_baseline(status)):
+        where = "baseline"
+    elif status.phase is Phase.STABLE:
+        where = DONE
+    else:
+        where = ""
+    if status.phase is Phase.PAUSED:
+        where = f"{where} paused".strip()
+    return where
+
+
+def ladder_line(status: KVOffloadPolicyStatus, steps: Sequence[int] = DEFAULT_PROMOTION_STEPS) -> str:
+    """The ladder with the current position marked, e.g. ``gpu-only ✓ → cpu-pilot ✓ → [cpu 50%] → nvme``.
+
+    Levels below the current stage are done (✓); the current one is in brackets with
+    where it is (baseline, canary, the promotion percentage, ✓ when stable at the top);
+    after a rollback the level taken away is marked ✗.
+    """
+    if not status.ladder:
+        return "-"
+    if status.stage is None:
+        return ARROW.join(status.ladder)
+    current = status.stage.index
+    failed = rolled_back_level(status.history) if status.phase is Phase.ROLLED_BACK else None
+    where = position(status, steps)
+    parts: list[str] = []
+    for index, name in enumerate(status.ladder):
+        if index < current:
+            parts.append(f"{name} {DONE}")
+        elif index == current:
+            parts.append(f"[{name} {where}]" if where else f"[{name}]")
+        elif name == failed:
+            parts.append(f"{name} {FAILED}")
+        else:
+            parts.append(name)
+    return ARROW.join(parts)
+
+
+def _in_baseline(status: KVOffloadPolicyStatus) -> bool:
+    progressing = cond.find(status.conditions, cond.PROGRESSING)
+    return progressing is not None and progressing.reason == cond.Reason.BASELINE_RUNNING
+
+
+def _variant_rows(status: KVOffloadPolicyStatus) -> list[list[str]]:
+    rows = [["VARIANT", "LEVEL", "TIERS", "CPU TIER", "READY/DESIRED", "CONFIG"]]
+    pairs: list[tuple[str, VariantStatus | None]] = [("stable", status.stable), ("canary", status.canary)]
+    for who, variant in pairs:
+        if variant is None:
+            continue
+        name = status.ladder[variant.level] if 0 <= variant.level < len(status.ladder) else f"level {variant.level}"
+        rows.append(
+            [
+                who,
+                f"{variant.level} {name}",
+                "+".join(variant.tiers) or "none",
+                variant.cpu_size or "-",
+                f"{variant.ready}/{variant.replicas}",
+                variant.config_hash,
+            ]
+        )
+    return rows
+
+
+def _seconds(value: float | None) -> str:
+    return "-" if value is None else format_duration(value)
+
+
+def _baseline_line(baseline: BaselineStatus, now: datetime) -> str:
+    rate = "-" if baseline.request_rate is None else f"{baseline.request_rate:.2f} req/s"
+    usage = "-" if baseline.gpu_kv_usage is None else f"{baseline.gpu_kv_usage:.0%}"
+    return (
+        f"p99 TTFT {_seconds(baseline.ttft_p99)}, p99 ITL {_seconds(baseline.itl_p99)}, {rate}, "
+        f"GPU KV usage {usage} (taken {age(baseline.taken_at, now)} ago)"
+    )
+
+
+def _analysis_lines(analysis: AnalysisStatus, now: datetime) -> list[str]:
+    head = f"Last analysis: {analysis.verdict.value} {age(analysis.time, now)} ago"
+    streaks = (
+        f"failures in a row {analysis.consecutive_failures}, inconclusive in a row {analysis.consecutive_inconclusive}"
+    )
+    if analysis.failing_since is not None:
+        streaks += f", failing for {age(analysis.failing_since, now)}"
+    lines = [f"{head} ({streaks})"]
+    if analysis.message:
+        lines.append(f"  {analysis.message}")
+    if analysis.metrics:
+        rows = [["METRIC", "CANARY", "STABLE", "THRESHOLD", "RESULT", "WHY"]]
+        for m in analysis.metrics:
+            rows.append(
+                [
+                    m.name,
+                    format_metric_value(m.name, m.canary),
+                    format_metric_value(m.name, m.stable),
+                    format_threshold(m.name, m.threshold),
+                    {True: "pass", False: "FAIL", None: "-"}[m.passed],
+                    m.message,
+                ]
+            )
+        lines.extend(table(rows))
+    return lines
+
+
+def _condition_rows(conditions: Sequence[Condition], now: datetime) -> list[list[str]]:
+    rows = [["TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"]]
+    for c in conditions:
+        rows.append([c.type, c.status, c.reason, f"{age(c.last_transition_time, now)} ago", c.message])
+    return rows
+
+
+def _history_rows(history: Sequence[HistoryEntry]) -> list[list[str]]:
+    rows = [["TIME", "STAGE", "DECISION", "REASON", "MESSAGE"]]
+    for h in history:
+        rows.append([h.time.astimezone(UTC).strftime("%H:%M:%SZ"), h.stage, h.decision, h.reason, h.message])
+    return rows
+
+
+def render(policy_obj: Mapping[str, Any], now: datetime | None = None) -> str:
+    """The status of one policy object as text for a terminal.
+
+    Raises pydantic's ValidationError when ``status`` does not fit ``KVOffloadPolicyStatus``.
+    ``now`` defaults to the current time (ages are relative to it).
+    """
+    now = now or datetime.now(UTC)
+    meta = policy_obj.get("metadata") or {}
+    spec = policy_obj.get("spec") or {}
+    name = f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
+    created = _parse_time(meta.get("creationTimestamp"))
+    raw = policy_obj.get("status")
+    if not raw or "phase" not in raw:
+        return (
+            f"{name}: no status yet (age {age(created, now)}): the operator has not acted on it; "
+            "is `kvoffload run` running and watching this namespace?"
+        )
+    status = KVOffloadPolicyStatus.model_validate(raw)
+    generation = meta.get("generation")
+    lines: list[str] = []
+    header = f"{name}  phase {status.phase.value}"
+    if status.stage is not None:
+        header += f"  stage {status.stage.index} {status.stage.name}"
+        where = position(status, _promotion_steps(spec))
+        header += f" ({where + ', ' if where else ''}for {age(status.stage.started_at, now)})"
+    header += f"  age {age(created, now)}"
+    lines.append(header)
+    if generation is not None and status.observed_generation is not None and generation != status.observed_generation:
+        lines.append(f"  (spec generation {generation} not yet acted on; status is for {status.observed_generation})")
+    if status.message:
+        lines.append(f"  {status.message}")
+    lines += ["", f"Ladder: {ladder_line(status, _promotion_steps(spec))}"]
+    if status.stable is not None or status.canary is not None:
+        lines += ["", "Variants:", *table(_variant_rows(status))]
+    lines.append("")
+    lines.append(
+        f"Baseline: {_baseline_line(status.baseline, now) if status.baseline is not None else 'not taken yet'}"
+    )
+    lines.append("")
+    lines += _analysis_lines(status.last_analysis, now) if status.last_analysis is not None else ["Last analysis: none"]
+    if status.host_memory is not None:
+        hm = status.host_memory
+        lines += [
+            "",
+            f"Host memory per replica: pinned {hm.pinned}, /dev/shm {hm.shm}, request {hm.request}, limit {hm.limit}",
+        ]
+    if status.conditions:
+        lines += ["", "Conditions:", *table(_condition_rows(status.conditions, now))]
+    if status.history:
+        shown = status.history[-HISTORY_SHOWN:]
+        more = f", {len(status.history) - len(shown)} older not shown" if len(shown) < len(status.history) else ""
+        lines += ["", f"History (oldest first{more}):", *table(_history_rows(shown))]
+    return "\n".join(lines)
+
+
+def to_json(policy_obj: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``kvoffload status -o json`` prints: the policy's identity and its status as the model reads it."""
+    meta = policy_obj.get("metadata") or {}
+    raw = policy_obj.get("status")
+    status = KVOffloadPolicyStatus.model_validate(raw) if raw else None
+    return {
+        "name": meta.get("name"),
+        "namespace": meta.get("namespace"),
+        "generation": meta.get("generation"),
+        "status": status.model_dump(mode="json", by_alias=True, exclude_none=True) if status is not None else None,
+    }

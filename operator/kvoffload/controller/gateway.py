@@ -1,0 +1,583 @@
+"""The Kubernetes gateway: the operator's thin adapter to the API server.
+
+Besides the kopf handlers, this is the only module that talks to Kubernetes. It uses
+the official client (``kubernetes.client.ApiClient``) for transport, configuration and
+errors, with plain dicts in and out so that one code path serves every kind. Each
+method is a coroutine that runs the blocking call in a worker thread, retries
+conflicts and transient failures with bounded, jittered exponential backoff, and never
+changes or deletes an object that the policy does not own.
+
+Updates are whole-object replacements (PUT) carrying the resourceVersion that was read
+and checked for ownership, so a concurrent change, including a change of owner, makes
+the write fail with 409 and the next attempt reads and checks again. This is correct on
+a real API server (which also keeps a Service's allocated clusterIP on PUT); server-side
+apply is not used because the emulated API server cannot honour its field ownership.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import dataclasses
+import datetime
+import hashlib
+import json
+import logging
+import random
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+from urllib.parse import quote
+
+import kubernetes.client
+import kubernetes.config
+import urllib3.exceptions
+from kubernetes.client.exceptions import ApiException
+
+from kvoffload.api.types import API_GROUP, API_VERSION, KIND, PLURAL
+from kvoffload.policy.render import LABEL_CONFIG_HASH, LABEL_POLICY, LABEL_VARIANT
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Obj = dict[str, Any]
+
+POLICY_API_VERSION = f"{API_GROUP}/{API_VERSION}"
+COMPONENT = "kvoffload"
+
+# The kinds the operator reads or writes: (apiVersion, kind) -> plural.
+PLURALS: dict[tuple[str, str], str] = {
+    ("apps/v1", "Deployment"): "deployments",
+    ("v1", "Service"): "services",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "podmonitors",
+    ("v1", "ConfigMap"): "configmaps",
+    ("v1", "Secret"): "secrets",
+    ("v1", "Pod"): "pods",
+    ("v1", "Event"): "events",
+    (POLICY_API_VERSION, KIND): PLURAL,
+}
+# Children that apply()/delete_owned() manage, by kind.
+CHILD_KINDS: dict[str, str] = {"Deployment": "apps/v1", "Service": "v1", "PodMonitor": "monitoring.coreos.com/v1"}
+
+RETRIABLE_STATUSES = frozenset({0, 409, 429, 500, 502, 503, 504})
+
+
+class GatewayError(Exception):
+    """An API operation the operator asked for did not happen; ``reason`` names it for an Event."""
+
+    reason = "ApiError"
+
+
+class NotOwnedError(GatewayError):
+    """The object exists but belongs to someone else: kvoffload neither adopts nor touches it."""
+
+    reason = "NotOwned"
+
+
+class MissingObjectError(GatewayError):
+    """An object (or a key in it) that the policy refers to does not exist."""
+
+    reason = "NotFound"
+
+
+class ApiRejectedError(GatewayError):
+    """The API server refused the request (a 4xx other than a conflict)."""
+
+    reason = "Rejected"
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class ApiUnavailableError(GatewayError):
+    """Conflicts or transient failures lasted longer than the retry budget."""
+
+    reason = "ApiUnavailable"
+
+
+class _Again(Exception):
+    """Raised inside an attempt to start over from a fresh read."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PolicyRef:
+    """The KVOffloadPolicy that owns the children, as an owner and as an Event's object."""
+
+    namespace: str
+    name: str
+    uid: str
+    api_version: str = POLICY_API_VERSION
+    kind: str = KIND
+
+    @classmethod
+    def from_body(cls, body: Mapping[str, Any]) -> PolicyRef:
+        """From a policy object (e.g. kopf's ``body``)."""
+        meta = body["metadata"]
+        return cls(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta["uid"],
+            api_version=body.get("apiVersion", POLICY_API_VERSION),
+            kind=body.get("kind", KIND),
+        )
+
+    def owner_reference(self) -> Obj:
+        """The controller reference its children carry, so the garbage collector removes them with it."""
+        return {
+            "apiVersion": self.api_version,
+            "kind": self.kind,
+            "name": self.name,
+            "uid": self.uid,
+            "controller": True,
+            "blockOwnerDeletion": True,
+        }
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.namespace}/{self.name}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RetryPolicy:
+    """Bounded exponential backoff with full jitter: attempt n waits U(0, min(max, base * 2**n))."""
+
+    attempts: int = 6
+    base_delay: float = 0.2
+    max_delay: float = 5.0
+
+    def delay(self, attempt: int, rng: random.Random) -> float:
+        return rng.uniform(0.0, min(self.max_delay, self.base_delay * 2**attempt))
+
+
+@dataclasses.dataclass(frozen=True)
+class PodState:
+    """What the rollout needs to know about one engine pod."""
+
+    name: str
+    variant: str | None
+    config_hash: str | None  # the engine config the pod runs (its template's config-hash label)
+    ready: bool
+    restarts: int
+    oom_killed: bool  # a container's current or last termination was OOMKilled
+    crash_looping: bool  # a container is waiting in CrashLoopBackOff
+    started_at: datetime.datetime | None
+    phase: str
+    terminating: bool
+
+
+@dataclasses.dataclass(frozen=True)
+class DeploymentState:
+    """One owned engine Deployment and how far its rollout got."""
+
+    name: str
+    variant: str | None
+    replicas: int
+    ready_replicas: int
+    updated_replicas: int
+    available_replicas: int
+    generation: int
+    observed_generation: int
+    labels: Mapping[str, str]
+    annotations: Mapping[str, str]
+
+
+@dataclasses.dataclass(frozen=True)
+class OwnedWorkloads:
+    """The policy's Deployments and the pods that carry its label."""
+
+    deployments: tuple[DeploymentState, ...]
+    pods: tuple[PodState, ...]
+
+
+def api_client_from_environment(
+    kubeconfig: str | None = None, context: str | None = None
+) -> kubernetes.client.ApiClient:
+    """An ApiClient from a kubeconfig file, else the in-cluster service account, else ~/.kube/config."""
+    configuration = kubernetes.client.Configuration()
+    if kubeconfig is None:
+        try:
+            kubernetes.config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+            return kubernetes.client.ApiClient(configuration)
+        except kubernetes.config.ConfigException:
+            pass
+    kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+        config_file=kubeconfig, context=context, client_configuration=configuration
+    )
+    return kubernetes.client.ApiClient(configuration)
+
+
+def resource_path(
+    api_version: str, plural: str, namespace: str | None, name: str | None = None, subresource: str | None = None
+) -> str:
+    """The REST path of a collection, an object or an object's subresource."""
+    base = f"/apis/{api_version}" if "/" in api_version else f"/api/{api_version}"
+    parts = [base]
+    if namespace is not None:
+        parts.append(f"namespaces/{quote(namespace, safe='')}")
+    parts.append(plural)
+    if name is not None:
+        parts.append(quote(name, safe=""))
+    if subresource is not None:
+        parts.append(subresource)
+    return "/".join(parts)
+
+
+def _controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return next((ref for ref in refs if ref.get("controller")), None)
+
+
+def _owned_by(obj: Mapping[str, Any], owner: PolicyRef) -> bool:
+    refs = obj.get("metadata", {}).get("ownerReferences") or []
+    return any(ref.get("uid") == owner.uid for ref in refs)
+
+
+def _rfc3339(value: str | None) -> datetime.datetime | None:
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def parse_pod(pod: Mapping[str, Any]) -> PodState:
+    """Read readiness, restarts, OOM kills and crash loops from a pod's status."""
+    meta, status = pod.get("metadata", {}), pod.get("status") or {}
+    containers = [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+    terminations = [
+        (container.get(state) or {}).get("terminated") or {}
+        for container in containers
+        for state in ("state", "lastState")
+    ]
+    waiting = [((container.get("state") or {}).get("waiting") or {}) for container in containers]
+    conditions = status.get("conditions") or []
+    labels = meta.get("labels") or {}
+    return PodState(
+        name=meta["name"],
+        variant=labels.get(LABEL_VARIANT),
+        config_hash=labels.get(LABEL_CONFIG_HASH),
+        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+        restarts=sum(int(container.get("restartCount") or 0) for container in containers),
+        oom_killed=any(term.get("reason") == "OOMKilled" for term in terminations),
+        crash_looping=any(wait.get("reason") == "CrashLoopBackOff" for wait in waiting),
+        started_at=_rfc3339(status.get("startTime")),
+        phase=status.get("phase") or "Unknown",
+        terminating=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def parse_deployment(deployment: Mapping[str, Any]) -> DeploymentState:
+    meta, spec, status = deployment["metadata"], deployment.get("spec") or {}, deployment.get("status") or {}
+    labels = meta.get("labels") or {}
+    return DeploymentState(
+        name=meta["name"],
+        variant=labels.get(LABEL_VARIANT),
+        replicas=int(spec.get("replicas", 1)),
+        ready_replicas=int(status.get("readyReplicas") or 0),
+        updated_replicas=int(status.get("updatedReplicas") or 0),
+        available_replicas=int(status.get("availableReplicas") or 0),
+        generation=int(meta.get("generation") or 0),
+        observed_generation=int(status.get("observedGeneration") or 0),
+        labels=labels,
+        annotations=meta.get("annotations") or {},
+    )
+
+
+class KubernetesGateway:
+    """The operator's API operations. Create one per ApiClient; it is safe to share between handlers."""
+
+    def __init__(
+        self,
+        api_client: kubernetes.client.ApiClient,
+        *,
+        retry: RetryPolicy = RetryPolicy(),
+        request_timeout: tuple[float, float] = (5.0, 30.0),
+        rng: random.Random | None = None,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self._api = api_client
+        self._retry = retry
+        self._timeout = request_timeout
+        self._rng = rng or random.Random()
+        self._sleep = sleep
+
+    # --- children --------------------------------------------------------------------
+
+    async def apply(self, obj: Mapping[str, Any], owner: PolicyRef) -> Obj:
+        """Create or update a child (Deployment, Service, PodMonitor) owned by the policy.
+
+        The child gets the policy as its controller ownerReference. An existing object
+        of that name is updated only if the policy already owns it; labels, annotations
+        and finalizers that others set on it are kept. Returns the object as stored.
+        Raises NotOwnedError for an object owned by someone else (or by no one).
+        """
+        api_version, kind = obj["apiVersion"], obj["kind"]
+        plural = self._child_plural(api_version, kind)
+        name = obj["metadata"]["name"]
+        namespace = obj["metadata"].get("namespace", owner.namespace)
+        if namespace != owner.namespace:
+            raise GatewayError(f"{kind} {namespace}/{name}: children must live in the policy's namespace")
+        desired = copy.deepcopy(dict(obj))
+        desired.pop("status", None)
+        desired["metadata"] = {
+            **desired["metadata"],
+            "namespace": namespace,
+            "ownerReferences": [owner.owner_reference()],
+        }
+
+        async def attempt() -> Obj:
+            current = await self._get(resource_path(api_version, plural, namespace, name))
+            if current is None:
+                try:
+                    return await self._call("POST", resource_path(api_version, plural, namespace), body=desired)
+                except ApiException as exc:
+                    if exc.status == 409:  # created meanwhile: read it and check its owner
+                        raise _Again from exc
+                    raise
+            self._require_owned(current, owner, kind)
+            try:
+                return await self._call(
+                    "PUT", resource_path(api_version, plural, namespace, name), body=self._replacement(current, desired)
+                )
+            except ApiException as exc:
+                if exc.status == 404:  # deleted meanwhile: create it again
+                    raise _Again from exc
+                raise
+
+        return await self._retrying(attempt, f"apply {kind} {namespace}/{name}")
+
+    async def delete_owned(self, kind: str, name: str, owner: PolicyRef) -> bool:
+        """Delete a child if the policy owns it. False if it was already gone; NotOwnedError if it is not ours."""
+        api_version = CHILD_KINDS.get(kind)
+        if api_version is None:
+            raise GatewayError(f"kvoffload does not manage objects of kind {kind}")
+        path = resource_path(api_version, PLURALS[(api_version, kind)], owner.namespace, name)
+
+        async def attempt() -> bool:
+            current = await self._get(path)
+            if current is None:
+                return False
+            self._require_owned(current, owner, kind)
+            meta = current["metadata"]
+            options = {
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "propagationPolicy": "Background",
+                # Delete exactly what was checked: a changed or re-created object fails with 409.
+                "preconditions": {"uid": meta.get("uid"), "resourceVersion": meta.get("resourceVersion")},
+            }
+            try:
+                await self._call("DELETE", path, body=options)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return False
+                raise
+            return True
+
+        return await self._retrying(attempt, f"delete {kind} {owner.namespace}/{name}")
+
+    async def list_owned(self, policy: PolicyRef) -> OwnedWorkloads:
+        """The policy's Deployments (by label and ownerReference) and the pods with its label."""
+        query = {"labelSelector": f"{LABEL_POLICY}={policy.name}"}
+        deployments = await self._retrying(
+            lambda: self._call("GET", resource_path("apps/v1", "deployments", policy.namespace), query=query),
+            f"list Deployments of {policy}",
+        )
+        pods = await self._retrying(
+            lambda: self._call("GET", resource_path("v1", "pods", policy.namespace), query=query),
+            f"list pods of {policy}",
+        )
+        return OwnedWorkloads(
+            deployments=tuple(
+                parse_deployment(item) for item in deployments.get("items", []) if _owned_by(item, policy)
+            ),
+            pods=tuple(parse_pod(item) for item in pods.get("items", [])),
+        )
+
+    # --- the policy itself -----------------------------------------------------------
+
+    async def patch_status(self, policy: PolicyRef, status: Mapping[str, Any]) -> Obj:
+        """Merge-patch the policy's status subresource (``None`` values remove keys)."""
+        path = resource_path(policy.api_version, PLURAL, policy.namespace, policy.name, "status")
+        body = {"status": dict(status)}
+        return await self._retrying(
+            lambda: self._call("PATCH", path, body=body, content_type="application/merge-patch+json"),
+            f"patch the status of {policy}",
+        )
+
+    async def emit_event(self, policy: PolicyRef, type_: str, reason: str, message: str) -> bool:
+        """Record a core/v1 Event on the policy; repeats of the same event raise its count.
+
+        Returns False (and logs) if the Event could not be written: Events are auxiliary and
+        must never fail a reconciliation.
+        """
+        if type_ not in ("Normal", "Warning"):
+            raise ValueError(f"event type must be Normal or Warning, not {type_!r}")
+        digest = hashlib.sha256(f"{policy.uid}\0{type_}\0{reason}\0{message}".encode()).hexdigest()[:16]
+        name = f"{policy.name[:200]}.{digest}"  # names are at most 253 characters
+        now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        collection = resource_path("v1", "events", policy.namespace)
+        event = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": name, "namespace": policy.namespace},
+            "involvedObject": {
+                "apiVersion": policy.api_version,
+                "kind": policy.kind,
+                "name": policy.name,
+                "namespace": policy.namespace,
+                "uid": policy.uid,
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "count": 1,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "source": {"component": COMPONENT},
+            "reportingComponent": COMPONENT,
+        }
+
+        async def attempt() -> None:
+            try:
+                await self._call("POST", collection, body=event)
+                return
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+            existing = await self._get(f"{collection}/{name}")
+            if existing is None:
+                raise _Again
+            bump = {
+                "metadata": {"resourceVersion": existing["metadata"]["resourceVersion"]},
+                "count": int(existing.get("count") or 1) + 1,
+                "lastTimestamp": now,
+            }
+            await self._call("PATCH", f"{collection}/{name}", body=bump, content_type="application/merge-patch+json")
+
+        try:
+            await self._retrying(attempt, f"record event {reason} on {policy}")
+        except GatewayError as exc:
+            log.warning("Could not record an Event on %s: %s", policy, exc)
+            return False
+        return True
+
+    async def read_configmap(self, namespace: str, name: str, key: str) -> str:
+        """One value of a ConfigMap; MissingObjectError names what is missing."""
+        configmap = await self._retrying(
+            lambda: self._get(resource_path("v1", "configmaps", namespace, name)), f"read ConfigMap {namespace}/{name}"
+        )
+        if configmap is None:
+            raise MissingObjectError(f"ConfigMap {namespace}/{name} not found")
+        data = configmap.get("data") or {}
+        if key not in data:
+            raise MissingObjectError(f"ConfigMap {namespace}/{name} has no key {key!r}")
+        return str(data[key])
+
+    async def read_secret(self, namespace: str, name: str, key: str) -> str:
+        """One value of a Secret, decoded; MissingObjectError names what is missing."""
+        secret = await self._retrying(
+            lambda: self._get(resource_path("v1", "secrets", namespace, name)), f"read Secret {namespace}/{name}"
+        )
+        if secret is None:
+            raise MissingObjectError(f"Secret {namespace}/{name} not found")
+        data = secret.get("data") or {}
+        if key not in data:
+            raise MissingObjectError(f"Secret {namespace}/{name} has no key {key!r}")
+        return base64.b64decode(data[key]).decode().strip()
+
+    # --- plumbing --------------------------------------------------------------------
+
+    @staticmethod
+    def _child_plural(api_version: str, kind: str) -> str:
+        if CHILD_KINDS.get(kind) != api_version:
+            raise GatewayError(f"kvoffload does not manage objects of kind {api_version} {kind}")
+        return PLURALS[(api_version, kind)]
+
+    @staticmethod
+    def _require_owned(current: Mapping[str, Any], owner: PolicyRef, kind: str) -> None:
+        controller = _controller_of(current)
+        if _owned_by(current, owner) and (controller is None or controller.get("uid") == owner.uid):
+            return
+        meta = current["metadata"]
+        holder = f"owned by {controller.get('kind')} {controller.get('name')}" if controller else "not owned by it"
+        raise NotOwnedError(
+            f"{kind} {meta.get('namespace')}/{meta['name']} already exists and is {holder}; "
+            f"{owner} will not adopt or change it"
+        )
+
+    @staticmethod
+    def _replacement(current: Mapping[str, Any], desired: Mapping[str, Any]) -> Obj:
+        """The PUT body: the desired object on top of what others keep in the current metadata."""
+        meta, wanted = current["metadata"], desired["metadata"]
+        ours = {ref["uid"] for ref in wanted["ownerReferences"]}
+        refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("uid") not in ours]
+        body = {key: value for key, value in desired.items() if key != "metadata"}
+        merged = {
+            **{key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion", "finalizers") if key in meta},
+            "labels": {**(meta.get("labels") or {}), **(wanted.get("labels") or {})},
+            "annotations": {**(meta.get("annotations") or {}), **(wanted.get("annotations") or {})},
+            "ownerReferences": [*wanted["ownerReferences"], *refs],
+        }
+        body["metadata"] = {key: value for key, value in merged.items() if value not in ({}, [])}
+        return body
+
+    async def _retrying(self, attempt: Callable[[], Awaitable[T]], what: str) -> T:
+        """Run an attempt; on a conflict or transient failure, back off and run it again."""
+        last: BaseException | None = None
+        for number in range(self._retry.attempts):
+            if number:
+                await self._sleep(self._retry.delay(number - 1, self._rng))
+            try:
+                return await attempt()
+            except _Again as exc:
+                last = exc.__cause__ or exc
+            except ApiException as exc:
+                if exc.status not in RETRIABLE_STATUSES:
+                    raise ApiRejectedError(f"{what}: {exc.status} {_message(exc)}", exc.status) from exc
+                last = exc
+            except urllib3.exceptions.HTTPError as exc:
+                last = exc
+            log.debug("%s: attempt %d failed (%s); retrying", what, number + 1, last)
+        raise ApiUnavailableError(f"{what}: gave up after {self._retry.attempts} attempts: {last}") from last
+
+    async def _get(self, path: str) -> Obj | None:
+        try:
+            return await self._call("GET", path)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: Any = None,
+        query: Mapping[str, str] | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        return await asyncio.to_thread(self._call_blocking, method, path, body, query, content_type)
+
+    def _call_blocking(
+        self, method: str, path: str, body: Any, query: Mapping[str, str] | None, content_type: str
+    ) -> Obj:
+        request = self._api.param_serialize(
+            method=method,
+            resource_path=path,
+            query_params=list((query or {}).items()),
+            header_params={"Accept": "application/json", "Content-Type": content_type},
+            body=body,
+            auth_settings=["BearerToken"],
+        )
+        response = self._api.call_api(*request, _request_timeout=self._timeout)
+        response.read()  # type: ignore[no-untyped-call]
+        data = self._api.response_deserialize(response, {"2XX": "object"}).data
+        return data if isinstance(data, dict) else {}
+
+
+def _message(exc: ApiException) -> str:
+    """The API server's message from a Status body, else the HTTP reason."""
+    try:
+        return str(json.loads(exc.body or "")["message"])
+    except (ValueError, KeyError, TypeError):
+        return str(exc.reason)

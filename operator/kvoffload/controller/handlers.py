@@ -1,0 +1,296 @@
+"""The kopf wiring: when to reconcile a policy. The cycle itself is ``Controller.reconcile``.
+
+- ``on.create``, ``on.resume`` and ``on.update`` are stacked on one ``ensure`` handler that
+  reconciles at once (a new policy, an operator restart, an edited spec or a manual-control
+  annotation) and wakes the policy's daemon so that it re-reads its timing.
+- A ``daemon`` per policy loops: reconcile, then wait ``spec.analysis.interval`` (read from
+  the live body every loop), or less when the plan says a decision falls due sooner, or until
+  ``ensure`` wakes it. It survives every error: it logs, counts and backs off, so one bad
+  policy never stops the operator. It ends when the policy is deleted; Kubernetes' garbage
+  collector removes the children through their ownerReferences.
+- A per-policy ``asyncio.Lock`` keeps reconciles of one policy from overlapping.
+- Kubernetes API failures in ``ensure`` become ``kopf.TemporaryError(delay=...)``; a bad spec
+  never raises (the policy goes Invalid).
+
+``register(registry, controller)`` adds the handlers to a registry; ``run_operator(...)``
+runs kopf with them in-process (``kvoffload run``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import kopf
+
+from kvoffload.api.quantity import parse_duration
+from kvoffload.api.types import API_GROUP, API_VERSION, PLURAL
+from kvoffload.controller.metrics import OperatorMetrics
+from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
+from kvoffload.rollout.decide import Plan
+
+log = logging.getLogger(__name__)
+
+RESOURCE = (API_GROUP, API_VERSION, PLURAL)
+FINALIZER = f"{API_GROUP}/finalizer"
+DIFFBASE_KEY = "last-handled-configuration"
+PEERING_NAME = "kvoffload"
+DEFAULT_INTERVAL = 30.0
+"""Seconds between cycles when spec.analysis.interval cannot be read (an invalid policy)."""
+MIN_GAP = 0.5
+"""A daemon that wakes within this many seconds of the last reconcile only re-reads its timing."""
+
+ControllerFactory = Callable[[], Controller | Awaitable[Controller]]
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    """How the per-policy loop paces itself."""
+
+    min_interval: float = 0.1
+    max_interval: float = 3600.0
+    error_backoff: float = 1.0
+    """First wait after an unexpected error; doubles per error in a row."""
+    max_backoff: float = 300.0
+    daemon_cancellation_timeout: float = 5.0
+
+
+@dataclass
+class _Slot:
+    """One policy's runtime: its lock, its wake-up and what its last cycle said."""
+
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wake: asyncio.Event = field(default_factory=asyncio.Event)
+    last_done: float | None = None
+    plan: Plan | None = None
+    failures: int = 0
+    retry_after: float | None = None
+
+
+class PolicyRuntime:
+    """The operator's state between handler calls: the Controller and one slot per policy."""
+
+    def __init__(
+        self,
+        controller: Controller | ControllerFactory,
+        loop_settings: LoopSettings | None = None,
+        metrics: OperatorMetrics | None = None,
+    ) -> None:
+        self._source = controller
+        self.controller: Controller | None = controller if isinstance(controller, Controller) else None
+        self.loop = loop_settings or LoopSettings()
+        self._metrics = metrics
+        self._slots: dict[str, _Slot] = {}
+
+    @property
+    def metrics(self) -> OperatorMetrics:
+        if self._metrics is not None:
+            return self._metrics
+        return self.controller.metrics if self.controller is not None else OperatorMetrics()
+
+    async def start(self) -> None:
+        """Build the Controller (once) if a factory was given."""
+        if self.controller is None:
+            made = self._source()  # type: ignore[operator]
+            self.controller = await made if inspect.isawaitable(made) else made
+
+    def slot(self, uid: str) -> _Slot:
+        if uid not in self._slots:
+            self._slots[uid] = _Slot()
+        return self._slots[uid]
+
+    async def reconcile(self, body: Mapping[str, Any]) -> Plan:
+        """One cycle under the policy's lock."""
+        await self.start()
+        assert self.controller is not None
+        slot = self.slot(_uid(body))
+        async with slot.lock:
+            try:
+                slot.plan = await self.controller.reconcile(body)
+            finally:
+                slot.last_done = time.monotonic()
+        slot.failures, slot.retry_after = 0, None
+        return slot.plan
+
+    async def ensure(self, body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
+        """Reconcile now; API errors ask kopf to retry; anything else is left to the daemon's backoff."""
+        slot = self.slot(_uid(body))
+        try:
+            await self.reconcile(body)
+        except ReconcileError as exc:
+            slot.failures, slot.retry_after = slot.failures + 1, exc.delay  # the daemon retries too
+            raise kopf.TemporaryError(f"Kubernetes API: {exc}", delay=exc.delay) from exc
+        except Exception as exc:  # a bug must not become kopf's endless handler retries
+            slot.failures += 1
+            slot.retry_after = min(self.loop.max_backoff, self.loop.error_backoff * 2 ** (slot.failures - 1))
+            self.metrics.reconcile_errors.inc()
+            logger.exception("reconcile failed; the policy's loop will try again: %s", exc)
+        finally:
+            slot.wake.set()
+
+    async def run_loop(self, body: Mapping[str, Any], stopped: Any, logger: Any) -> None:
+        """The per-policy daemon: reconcile, wait, repeat until ``stopped``."""
+        uid = _uid(body)
+        slot = self.slot(uid)
+        try:
+            while not stopped:
+                recent = slot.last_done is not None and time.monotonic() - slot.last_done < MIN_GAP
+                if not recent:
+                    await self._loop_cycle(body, slot, logger)
+                slot.wake.clear()
+                await _wait(self._delay(body, slot), slot.wake, stopped)
+        finally:
+            self._slots.pop(uid, None)
+            if self.controller is not None:
+                self.controller.forget(uid)
+
+    async def _loop_cycle(self, body: Mapping[str, Any], slot: _Slot, logger: Any) -> None:
+        try:
+            await self.reconcile(body)
+        except ReconcileError as exc:
+            slot.failures += 1
+            slot.retry_after = exc.delay
+            logger.warning("Kubernetes API error; retrying in %.0fs: %s", exc.delay, exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            slot.failures += 1
+            slot.retry_after = min(self.loop.max_backoff, self.loop.error_backoff * 2 ** (slot.failures - 1))
+            self.metrics.reconcile_errors.inc()
+            logger.exception(
+                "reconcile failed (%d in a row); retrying in %.1fs: %s", slot.failures, slot.retry_after, exc
+            )
+
+    def _delay(self, body: Mapping[str, Any], slot: _Slot) -> float:
+        """The analysis interval from the live body; sooner when the plan or a retry wants it."""
+        delay = _interval(body)
+        if slot.plan is not None and slot.plan.requeue_after is not None:
+            delay = min(delay, slot.plan.requeue_after)
+        if slot.failures and slot.retry_after is not None:
+            delay = slot.retry_after
+        if slot.last_done is not None:  # count from the last cycle, which ensure may have run
+            delay -= time.monotonic() - slot.last_done
+        return min(self.loop.max_interval, max(self.loop.min_interval, delay))
+
+
+def configure_settings(settings: kopf.OperatorSettings) -> None:
+    """kopf settings of the operator: its own finalizer and annotation prefix, quiet Events, sane timeouts."""
+    settings.persistence.finalizer = FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=API_GROUP, key=DIFFBASE_KEY)
+    settings.posting.level = logging.WARNING  # kopf's own log lines become Events only at WARNING and above
+    settings.posting.reporting_component = "kvoffload"
+    settings.peering.name = PEERING_NAME
+    settings.peering.mandatory = False
+    # The server ends a watch before the client gives up on it; a dead connection is noticed in minutes.
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+    settings.watching.connect_timeout = 30
+
+
+def register(
+    registry: kopf.OperatorRegistry,
+    controller: Controller | ControllerFactory,
+    *,
+    loop_settings: LoopSettings | None = None,
+    metrics: OperatorMetrics | None = None,
+) -> PolicyRuntime:
+    """Add the operator's handlers to ``registry``; returns the runtime they share."""
+    runtime = PolicyRuntime(controller, loop_settings, metrics)
+    cancel_after = runtime.loop.daemon_cancellation_timeout
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        configure_settings(settings)
+        await runtime.start()
+
+    @kopf.on.resume(*RESOURCE, registry=registry)
+    @kopf.on.create(*RESOURCE, registry=registry)
+    @kopf.on.update(*RESOURCE, registry=registry)
+    async def ensure(body: kopf.Body, logger: Any, **_: Any) -> None:
+        await runtime.ensure(body, logger)
+
+    @kopf.daemon(*RESOURCE, registry=registry, cancellation_timeout=cancel_after)
+    async def policy_loop(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Any, **_: Any) -> None:
+        await runtime.run_loop(body, stopped, logger)
+
+    return runtime
+
+
+async def run_operator(
+    *,
+    namespaces: Collection[str] = (),
+    clusterwide: bool = False,
+    standalone: bool = False,
+    metrics_port: int = 8080,
+    controller_settings: ControllerSettings | None = None,
+    policy_label: str = "kvoffload_io_policy",
+    variant_label: str = "kvoffload_io_variant",
+    stop_flag: Any = None,
+    ready_flag: Any = None,
+) -> None:
+    """Run the operator until stopped (SIGINT/SIGTERM, or ``stop_flag``): kopf, the Controller built
+    from the in-cluster service account or $KUBECONFIG, and the metrics endpoint (0: none).
+
+    Raises ``kubernetes.config.ConfigException`` when there is no cluster configuration.
+    """
+    from kvoffload.analysis.hub import MeasurementHub
+    from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider
+    from kvoffload.controller.gateway import KubernetesGateway, api_client_from_environment
+
+    metrics = OperatorMetrics()
+    labels = LabelNames(policy=policy_label, variant=variant_label)
+    # Built before kopf starts, so a missing kubeconfig fails at once instead of in a retry loop.
+    gateway = KubernetesGateway(api_client_from_environment())
+    hub = MeasurementHub(
+        lambda source: PrometheusProvider(source.url, bearer_token=source.bearer_token, labels=labels), metrics=metrics
+    )
+    controller = Controller(gateway, hub, controller_settings, metrics=metrics)
+
+    registry = kopf.OperatorRegistry()
+    register(registry, controller, metrics=metrics)
+    # A registry of our own gets none of kopf's fallback logins: log in as the gateway does.
+    kopf.on.login(registry=registry)(kopf.login_via_client)
+    server = metrics.serve(metrics_port) if metrics_port else None
+    try:
+        await kopf.operator(
+            registry=registry,
+            standalone=standalone,
+            clusterwide=clusterwide,
+            namespaces=list(namespaces),
+            stop_flag=stop_flag,
+            ready_flag=ready_flag,
+        )
+    finally:
+        if server is not None:
+            server.shutdown()
+
+
+def _uid(body: Mapping[str, Any]) -> str:
+    meta = body.get("metadata") or {}
+    return str(meta.get("uid") or f"{meta.get('namespace')}/{meta.get('name')}")
+
+
+def _interval(body: Mapping[str, Any]) -> float:
+    try:
+        return parse_duration(body["spec"]["analysis"]["interval"])
+    except (KeyError, TypeError, ValueError):
+        return DEFAULT_INTERVAL
+
+
+async def _wait(delay: float, wake: asyncio.Event, stopped: Any) -> None:
+    """Sleep ``delay`` seconds, or less when woken or stopped."""
+    waits = [asyncio.ensure_future(wake.wait()), asyncio.ensure_future(stopped.wait())]
+    try:
+        await asyncio.wait(waits, timeout=delay, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waits:
+            task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.gather(*waits, return_exceptions=True)

@@ -1,0 +1,512 @@
+"""The reconcile cycle of one policy: gather observations, assess, decide, apply the plan.
+
+``Controller.reconcile(body)`` is everything the kopf handlers do for a policy; they
+only call it at the right times (``kvoffload.handlers``). One cycle:
+
+1. Parse the policy (and read its ``spec.model.configMap`` through the gateway). A
+   spec that cannot work gets ``rollout.invalid``: phase Invalid with every field path
+   in the condition's message and a Warning Event; no Deployment is touched, and
+   nothing is raised (bad input must not make kopf retry forever).
+2. Observe: the config hash of every ladder level, the policy's own Deployments and
+   pods (ready pods per config hash; OOMKilled, CrashLoopBackOff and restarts).
+3. Measure the analysis subject through the ``MeasurementHub`` (one batched query per
+   metric for all policies) and ``assess()`` it, at most about once per
+   ``analysis.interval`` (a reconcile woken early by an edit does not add a verdict).
+4. ``rollout.decide`` the Plan, then apply it: the Deployment that shrinks first, then
+   the one that grows, so the fleet never holds more GPUs than the plan allows; the
+   canary deleted when the plan has none; Service and PodMonitor; the status (only
+   when it changed); the plan's Events. Spec is never written.
+
+A Deployment is written only when its rendered content (recorded as a digest
+annotation) or its replicas differ, so a quiet cycle writes nothing at all.
+Kubernetes API failures raise ``ReconcileError`` (after counting them, and an Event
+where a person can act on it); the handler turns that into a retry.
+
+``status.hostMemory`` is the per-replica host memory of the running level that needs
+the most: the stable level's, or the canary's while a canary needs more. That is the
+figure the nodes must have room for during the step.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Any
+
+from pydantic import ValidationError
+
+from kvoffload.analysis.assess import Measurements, assess
+from kvoffload.analysis.dialects import Dialect, confirm_dialect, dialect_for, version_from_image
+from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
+from kvoffload.analysis.prometheus import Target
+from kvoffload.api.quantity import parse_duration, to_quantity
+from kvoffload.api.types import (
+    API_GROUP,
+    HostMemoryStatus,
+    KVOffloadPolicy,
+    KVOffloadPolicySpec,
+    KVOffloadPolicyStatus,
+)
+from kvoffload.controller.gateway import (
+    ApiRejectedError,
+    DeploymentState,
+    GatewayError,
+    KubernetesGateway,
+    MissingObjectError,
+    NotOwnedError,
+    OwnedWorkloads,
+    PolicyRef,
+)
+from kvoffload.controller.metrics import OperatorMetrics
+from kvoffload.policy.catalog import ConfigError, architecture_from_configmap_data
+from kvoffload.policy.ladder import Level, build_ladder
+from kvoffload.policy.render import (
+    ANNOTATION_LEVEL_INDEX,
+    LABEL_CONFIG_HASH,
+    Variant,
+    check_renderable,
+    config_hash,
+    render_deployment,
+    render_pod_monitor,
+    render_service,
+)
+from kvoffload.policy.sizing import SizingError, host_memory, with_architecture
+from kvoffload.policy.validation import FieldError, PolicyError, parse_policy
+from kvoffload.rollout.decide import (
+    Observations,
+    Plan,
+    PodObservation,
+    VariantObservation,
+    VariantPlan,
+    Variants,
+    analysis_subject,
+    decide,
+    invalid,
+)
+
+log = logging.getLogger(__name__)
+
+ANNOTATION_APPLIED = f"{API_GROUP}/applied-digest"
+"""Digest of the rendered child the operator last wrote; equal digests mean nothing to write."""
+
+Clock = Callable[[], datetime]
+
+
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    """Operator-wide choices for the reconcile cycle."""
+
+    prometheus_url: str | None = None
+    """Query this Prometheus for every policy instead of spec.prometheus.url (local clusters, tests)."""
+    children_resync_seconds: float = 300.0
+    """Service and PodMonitor are rewritten at most this often when unchanged (heals drift, e.g. a deletion)."""
+    retry_delay_seconds: float = 10.0
+    """How soon a cycle that hit a Kubernetes API error is tried again."""
+    analysis_due_fraction: float = 0.5
+    """A cycle measures only when this share of analysis.interval has passed since the last verdict."""
+
+
+class ReconcileError(Exception):
+    """A Kubernetes API operation failed; the cycle should be retried after ``delay`` seconds."""
+
+    def __init__(self, message: str, *, operation: str, delay: float) -> None:
+        super().__init__(message)
+        self.operation = operation
+        self.delay = delay
+
+
+@dataclass
+class _Ctx:
+    """One cycle's inputs."""
+
+    ref: PolicyRef
+    body: dict[str, Any]
+    status: KVOffloadPolicyStatus | None
+    now: datetime
+    started: float = field(default_factory=time.perf_counter)
+
+
+class Controller:
+    """Reconciles KVOffloadPolicies. One instance serves every policy; calls for one policy must not overlap
+    (the handlers hold a per-policy lock)."""
+
+    def __init__(
+        self,
+        gateway: KubernetesGateway,
+        hub: MeasurementHub,
+        settings: ControllerSettings | None = None,
+        clock: Clock = utc_now,
+        metrics: OperatorMetrics | None = None,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.gateway = gateway
+        self.hub = hub
+        self.settings = settings or ControllerSettings()
+        self.clock = clock
+        self.metrics = metrics or hub.metrics or OperatorMetrics()
+        if hub.metrics is None:
+            hub.metrics = self.metrics
+        self._monotonic = monotonic
+        # (policy uid, kind) -> (digest, when written): Service and PodMonitor are not listed each cycle.
+        self._children: dict[tuple[str, str], tuple[str, float]] = {}
+
+    # --- the cycle -----------------------------------------------------------------------
+
+    async def reconcile(self, body: Mapping[str, Any]) -> Plan:
+        """One cycle for the policy ``body`` (a kopf body or a plain object, with metadata.uid).
+
+        Returns the Plan it applied. Never raises for a bad spec (the Plan is Invalid); raises
+        ReconcileError when the Kubernetes API failed (nothing is half-judged: the next cycle
+        decides again from the status as stored).
+        """
+        plain = _plain(body)
+        ctx = _Ctx(PolicyRef.from_body(plain), plain, _stored_status(plain), self.clock())
+        try:
+            plan = await self._cycle(ctx)
+        finally:
+            self.metrics.cycle_seconds.observe(time.perf_counter() - ctx.started)
+        self.metrics.set_phase(ctx.ref.uid, plan.status.phase.value)
+        return plan
+
+    def forget(self, uid: str) -> None:
+        """Drop what is remembered of a policy (it was deleted or is no longer watched)."""
+        for key in [k for k in self._children if k[0] == uid]:
+            del self._children[key]
+        self.metrics.forget_policy(uid)
+
+    async def _cycle(self, ctx: _Ctx) -> Plan:
+        meta = ctx.body.get("metadata") or {}
+        generation = meta.get("generation")
+        try:
+            policy, dialect = await self._parse(ctx)
+        except PolicyError as exc:
+            plan = invalid(ctx.status, [str(e) for e in exc.errors], generation, ctx.now)
+            await self._finish(ctx, plan)
+            return plan
+
+        spec = policy.spec
+        ladder = build_ladder(spec)
+        level_hashes = {level.index: config_hash(policy, level) for level in ladder}
+        owned = await self._api("list", self.gateway.list_owned(ctx.ref), ctx.ref)
+        stable_seen = _observe(owned, ctx.ref.name, "stable")
+        canary_seen = _observe(owned, ctx.ref.name, "canary")
+
+        assessment = measurements = None
+        if self._analysis_due(policy, ctx, generation):
+            subject = analysis_subject(spec, ctx.status, ctx.now)
+            target = Target(
+                namespace=ctx.ref.namespace,
+                policy=ctx.ref.name,
+                window=spec.analysis.window,
+                dialect=dialect,
+                extra_matchers=spec.prometheus.extra_matchers,
+                with_canary=ctx.status is not None and ctx.status.canary is not None,
+            )
+            measurements = await self._measure(target, spec, ctx.ref, ctx.now)
+            baseline = ctx.status.baseline if ctx.status is not None else None
+            assessment = assess(
+                spec,
+                subject.level,
+                measurements,
+                warmed_up=subject.warmed_up,
+                baseline=baseline,
+                stable_side=subject.stable_side,
+            )
+            self.metrics.verdicts.labels(verdict=assessment.verdict.value).inc()
+
+        observations = Observations(
+            generation=generation,
+            level_hashes=level_hashes,
+            annotations=dict(meta.get("annotations") or {}),
+            stable=stable_seen,
+            canary=canary_seen,
+            assessment=assessment,
+            measurements=measurements,
+        )
+        decided = decide(spec, ctx.status, observations, ctx.now)
+        variants = decided.variants
+        assert variants is not None  # decide always plans Deployments
+        status = decided.status.model_copy(update={"host_memory": _host_memory(policy, ladder, variants)})
+        plan = Plan(status=status, variants=variants, events=decided.events, requeue_after=decided.requeue_after)
+        await self._apply_deployments(ctx, policy, ladder, variants, owned)
+        await self._apply_shared(ctx, policy)
+        await self._finish(ctx, plan)
+        return plan
+
+    async def _parse(self, ctx: _Ctx) -> tuple[KVOffloadPolicy, Dialect]:
+        """The policy, with a ConfigMap architecture resolved, and its metric dialect; PolicyError names fields."""
+        obj = {k: v for k, v in ctx.body.items() if k != "status"}  # status is ours, not input
+        policy = parse_policy(obj, f"{ctx.ref.namespace}/{ctx.ref.name}")
+        spec = policy.spec
+        ref = spec.model.config_map
+        if ref is not None and spec.model.architecture is None:
+            path = "spec.model.configMap"
+            try:
+                text = await self._api(
+                    "read_configmap", self.gateway.read_configmap(ctx.ref.namespace, ref.name, ref.key), ctx.ref
+                )
+                arch = architecture_from_configmap_data({ref.key: text}, ref.key)
+            except MissingObjectError as exc:
+                raise PolicyError([FieldError(path, str(exc))]) from None
+            except ConfigError as exc:
+                raise PolicyError([FieldError(path, f"ConfigMap {ref.name!r} key {ref.key!r}: {exc}")]) from None
+            policy = policy.model_copy(update={"spec": with_architecture(spec, arch)})
+        problems = check_renderable(policy)
+        if problems:
+            raise PolicyError(problems)
+        version = policy.spec.model.vllm_version
+        try:
+            dialect = dialect_for(version or version_from_image(policy.spec.model.image))
+        except ValueError as exc:
+            raise PolicyError([FieldError("spec.model.vllmVersion", str(exc))]) from None
+        try:
+            for level in build_ladder(policy.spec):
+                config_hash(policy, level)
+                host_memory(policy.spec, level)
+        except SizingError as exc:
+            raise PolicyError([FieldError(exc.path, str(exc).removeprefix(f"{exc.path}: "))]) from None
+        return policy, dialect
+
+    def _analysis_due(self, policy: KVOffloadPolicy, ctx: _Ctx, generation: int | None) -> bool:
+        status = ctx.status
+        if status is None or status.stable is None or status.stage is None:
+            return False  # a new ladder starts; there is nothing to judge yet
+        if status.observed_generation != generation:
+            return False  # a new spec starts a new ladder
+        last = status.last_analysis
+        if last is None:
+            return True
+        interval = parse_duration(policy.spec.analysis.interval)
+        return (ctx.now - last.time).total_seconds() >= self.settings.analysis_due_fraction * interval
+
+    # --- applying --------------------------------------------------------------------------
+
+    async def _apply_deployments(
+        self,
+        ctx: _Ctx,
+        policy: KVOffloadPolicy,
+        ladder: list[Level],
+        variants: Variants,
+        owned: OwnedWorkloads,
+    ) -> None:
+        """Write the Deployments that differ from the plan, the shrinking one first."""
+        steps: list[tuple[int, str, Callable[[], Awaitable[object]]]] = []
+        wanted: tuple[tuple[Variant, VariantPlan | None], ...] = (
+            ("stable", variants.stable),
+            ("canary", variants.canary),
+        )
+        for variant, vp in wanted:
+            name = f"{ctx.ref.name}-{variant}"
+            current = _deployment(owned, name)
+            if vp is None:
+                if current is not None:
+                    steps.append((-current.replicas, f"delete {name}", _bind(self._delete, ctx, name)))
+                continue
+            manifest = with_digest(render_deployment(policy, ladder[vp.level], variant, vp.replicas))
+            if current is not None and _up_to_date(current, manifest):
+                continue
+            grows = vp.replicas - (current.replicas if current is not None else 0)
+            steps.append((grows, f"apply {name}", _bind(self._apply, ctx, manifest)))
+        for _, what, run in sorted(steps, key=lambda s: s[0]):  # stable sort: shrink before grow
+            log.debug("%s: %s", ctx.ref, what)
+            await run()
+
+    async def _apply_shared(self, ctx: _Ctx, policy: KVOffloadPolicy) -> None:
+        """Service and PodMonitor: written when they changed, or after the resync period."""
+        now = self._monotonic()
+        for manifest in (with_digest(render_service(policy)), with_digest(render_pod_monitor(policy))):
+            key = (ctx.ref.uid, manifest["kind"])
+            digest = manifest["metadata"]["annotations"][ANNOTATION_APPLIED]
+            written = self._children.get(key)
+            if (
+                written is not None
+                and written[0] == digest
+                and now - written[1] < self.settings.children_resync_seconds
+            ):
+                continue
+            try:
+                await self._apply(ctx, manifest)
+            except ReconcileError as exc:
+                cause = exc.__cause__
+                if manifest["kind"] == "PodMonitor" and isinstance(cause, ApiRejectedError) and cause.status == 404:
+                    # No Prometheus Operator: scraping is configured some other way. Say so, go on.
+                    await self.gateway.emit_event(
+                        ctx.ref,
+                        "Warning",
+                        "PodMonitorUnavailable",
+                        "the PodMonitor kind is not served (no Prometheus Operator?): scrape the engines another way",
+                    )
+                else:
+                    raise
+            self._children[key] = (digest, now)
+
+    async def _apply(self, ctx: _Ctx, manifest: dict[str, Any]) -> None:
+        await self._api("apply", self.gateway.apply(manifest, ctx.ref), ctx.ref)
+
+    async def _delete(self, ctx: _Ctx, name: str) -> None:
+        await self._api("delete", self.gateway.delete_owned("Deployment", name, ctx.ref), ctx.ref)
+
+    async def _finish(self, ctx: _Ctx, plan: Plan) -> None:
+        """Write the status if it changed, then the Events; count the new decisions."""
+        new = _dump(plan.status)
+        old = _dump(ctx.status) if ctx.status is not None else None
+        if new != old:
+            body = plan.status.model_dump(mode="json", by_alias=True)  # None removes a key (merge patch)
+            await self._api("patch_status", self.gateway.patch_status(ctx.ref, body), ctx.ref)
+        before = ctx.status.history if ctx.status is not None else []
+        self.metrics.count_decisions(e.decision for e in plan.status.history if e not in before)
+        for event in plan.events:
+            await self.gateway.emit_event(ctx.ref, event.type, event.reason, event.message)
+
+    async def _measure(self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef, now: datetime) -> Measurements:
+        """This cycle's measurements, in the dialect confirmed against the series Prometheus holds;
+        a missing bearer-token Secret makes them inconclusive, with the reason."""
+        token = None
+        if (secret := spec.prometheus.bearer_token_secret) is not None:
+            try:
+                token = await self._api(
+                    "read_secret", self.gateway.read_secret(ref.namespace, secret.name, secret.key), ref
+                )
+            except MissingObjectError as exc:
+                return Measurements(canary=None, stable=None, error=f"spec.prometheus.bearerTokenSecret: {exc}")
+        source = PrometheusSource(self.settings.prometheus_url or spec.prometheus.url, token)
+        present = await self.hub.present_names(source, now.timestamp())
+        target = replace(target, dialect=confirm_dialect(target.dialect, present))
+        return await self.hub.measure(target, source)
+
+    async def _api(self, operation: str, call: Awaitable[Any], ref: PolicyRef) -> Any:
+        """Await a gateway call; a failure is counted, told in an Event when a person can act, and re-raised typed."""
+        try:
+            return await call
+        except MissingObjectError:
+            self.metrics.api_errors.labels(operation=operation).inc()
+            raise
+        except GatewayError as exc:
+            self.metrics.api_errors.labels(operation=operation).inc()
+            if isinstance(exc, NotOwnedError | ApiRejectedError) and not _is_404(exc):
+                await self.gateway.emit_event(ref, "Warning", exc.reason, str(exc))
+            log.warning("%s: %s failed: %s", ref, operation, exc)
+            raise ReconcileError(str(exc), operation=operation, delay=self.settings.retry_delay_seconds) from exc
+
+
+# --- observations --------------------------------------------------------------------------
+
+
+def _deployment(owned: OwnedWorkloads, name: str) -> DeploymentState | None:
+    return next((d for d in owned.deployments if d.name == name), None)
+
+
+def _observe(owned: OwnedWorkloads, policy: str, variant: Variant) -> VariantObservation:
+    """One variant's Deployment and its live pods; ready counts only pods on the Deployment's config."""
+    deployment = _deployment(owned, f"{policy}-{variant}")
+    if deployment is None:
+        return VariantObservation()
+    current = deployment.labels.get(LABEL_CONFIG_HASH)
+    pods = tuple(
+        PodObservation(
+            name=p.name,
+            ready=p.ready,
+            restarts=p.restarts,
+            oom_killed=p.oom_killed,
+            crash_looping=p.crash_looping,
+            config_hash=p.config_hash,
+        )
+        for p in owned.pods
+        if p.variant == variant and not p.terminating
+    )
+    ready = sum(1 for p in pods if p.ready and p.config_hash in (None, current))
+    level_text = deployment.annotations.get(ANNOTATION_LEVEL_INDEX, "")
+    return VariantObservation(
+        exists=True,
+        config_hash=current,
+        level=int(level_text) if level_text.isdigit() else None,
+        desired_replicas=deployment.replicas,
+        ready_replicas=ready,
+        pods=pods,
+    )
+
+
+# --- helpers ---------------------------------------------------------------------------------
+
+
+def with_digest(manifest: dict[str, Any]) -> dict[str, Any]:
+    """The manifest with ``kvoffload.io/applied-digest``: a hash of everything rendered."""
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    meta = manifest["metadata"]
+    return {
+        **manifest,
+        "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), ANNOTATION_APPLIED: digest}},
+    }
+
+
+def _up_to_date(current: DeploymentState, manifest: Mapping[str, Any]) -> bool:
+    digest = manifest["metadata"]["annotations"][ANNOTATION_APPLIED]
+    return bool(
+        current.annotations.get(ANNOTATION_APPLIED) == digest and current.replicas == manifest["spec"]["replicas"]
+    )
+
+
+def _host_memory(policy: KVOffloadPolicy, ladder: list[Level], variants: Variants) -> HostMemoryStatus:
+    """Per replica, for the running level that needs the most (the canary's while it needs more)."""
+    levels = [ladder[variants.stable.level]]
+    if variants.canary is not None:
+        levels.append(ladder[variants.canary.level])
+    biggest = max((host_memory(policy.spec, level) for level in levels), key=lambda m: m.request)
+    return HostMemoryStatus(
+        pinned=to_quantity(biggest.pinned),
+        shm=to_quantity(biggest.shm),
+        request=to_quantity(biggest.request),
+        limit=to_quantity(biggest.limit),
+    )
+
+
+def _stored_status(body: Mapping[str, Any]) -> KVOffloadPolicyStatus | None:
+    raw = body.get("status")
+    if not isinstance(raw, Mapping) or not raw:
+        return None
+    try:
+        return KVOffloadPolicyStatus.model_validate(raw)
+    except ValidationError as exc:  # someone wrote garbage: start over rather than crash every cycle
+        log.warning("Ignoring an unreadable status: %s", exc)
+        return None
+
+
+def _dump(status: KVOffloadPolicyStatus) -> dict[str, Any]:
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _plain(value: Any) -> Any:
+    """A kopf Body (nested Mappings) as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def _is_404(exc: GatewayError) -> bool:
+    return isinstance(exc, ApiRejectedError) and exc.status == 404
+
+
+def _bind(fn: Callable[[_Ctx, Any], Awaitable[None]], ctx: _Ctx, arg: Any) -> Callable[[], Awaitable[None]]:
+    return lambda: fn(ctx, arg)
+
+
+__all__ = [
+    "ANNOTATION_APPLIED",
+    "Controller",
+    "ControllerSettings",
+    "ReconcileError",
+    "utc_now",
+    "with_digest",
+]

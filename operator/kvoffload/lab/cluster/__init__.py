@@ -1,0 +1,1 @@
+"""The local cluster: the emulated API server and the kubelet stand-in."""

@@ -1,0 +1,1 @@
+"""A policy's catalogs, ladder, sizing and rendering: pure functions of the spec."""

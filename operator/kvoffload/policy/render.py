@@ -1,0 +1,638 @@
+"""Rendering: the Kubernetes manifests of one ladder level (Deployment, Service, PodMonitor).
+
+Python computes every value (the vLLM command line, the KV-transfer JSON, the
+LMCache environment, sizes, labels and the config hash); the Jinja2 templates
+in ``templates/`` only give them their structure. Pure: no I/O apart from
+reading the packaged templates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import json
+import math
+import posixpath
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from decimal import Context, Decimal, Inexact
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import jinja2
+import yaml
+
+from kvoffload.api.quantity import GIB, parse_duration, quantity_bytes, to_quantity
+from kvoffload.api.types import (
+    API_GROUP,
+    Backend,
+    EvictionPolicy,
+    KVOffloadPolicy,
+    KVOffloadPolicySpec,
+    SecondaryTier,
+    TierVolume,
+)
+from kvoffload.policy.catalog import GPUClass, find_gpu_class, gpu_class_names
+from kvoffload.policy.ladder import Level
+from kvoffload.policy.sizing import SHM_EXTRA_BYTES, host_memory, progress_deadline_seconds, startup_seconds
+from kvoffload.policy.validation import FieldError, PolicyError
+
+Variant = Literal["stable", "canary"]
+VARIANTS: tuple[Variant, ...] = ("stable", "canary")
+
+PORT = 8000
+CONTAINER = "vllm"
+
+LABEL_POLICY = f"{API_GROUP}/policy"
+LABEL_VARIANT = f"{API_GROUP}/variant"
+LABEL_LEVEL = f"{API_GROUP}/level"
+LABEL_CONFIG_HASH = f"{API_GROUP}/config-hash"
+ANNOTATION_LEVEL_INDEX = f"{API_GROUP}/level-index"
+ANNOTATION_TIERS = f"{API_GROUP}/tiers"
+
+# vLLM keeps the CPU pool in /dev/shm/vllm_offload_<engine>.mmap (PR 50094) and an
+# OOM-kill leaves it there (issue 57303). The memory emptyDir outlives a container
+# restart, so the stale file would count against the limit a second time and the
+# restarted engine would be OOM-killed again. An initContainer runs only when the
+# pod starts, when the emptyDir is new and empty anyway, so the engine container
+# clears the files itself before it execs vLLM: that runs on every restart.
+SHM_PATH = "/dev/shm"
+ENGINE_COMMAND = ("/bin/sh", "-c", f'rm -f {SHM_PATH}/vllm_offload_*; exec vllm serve "$@"', "vllm")
+
+# vLLM's GPU KV block is 16 tokens on CUDA attention backends; an offload block
+# (``block_size`` in kv_connector_extra_config) must be a multiple of it.
+GPU_BLOCK_TOKENS = 16
+
+STARTUP_PROBE_PERIOD_SECONDS = 10
+TERMINATION_GRACE_SECONDS = 60
+
+# Mounting a tier here would hide what the image or the kernel needs.
+_SYSTEM_DIRS = ("/bin", "/dev", "/etc", "/lib", "/lib64", "/proc", "/root", "/sbin", "/sys", "/usr", "/var")
+# ...and nothing may be mounted inside these.
+_NO_MOUNTS_UNDER = ("/dev", "/proc", "/sys")
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_LABEL_NAME = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$")
+_LABEL_PREFIX = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+# Prometheus Operator durations: ``1h2m3s4ms``, whole units only (monitoring.coreos.com/v1).
+_PROM_UNITS = (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1))
+
+
+# --- the engine command line ---------------------------------------------------------
+
+
+def _decimal(numerator: int, denominator: int) -> str:
+    """An exact decimal of a fraction when it terminates (sizes over 2^30 do), else 12 digits."""
+    ctx = Context(prec=80, traps=[Inexact])
+    try:
+        value = ctx.divide(Decimal(numerator), Decimal(denominator))
+    except Inexact:
+        ctx = Context(prec=12)
+        value = ctx.divide(Decimal(numerator), Decimal(denominator))
+    return format(value.normalize(ctx), "f")
+
+
+def gib(n_bytes: int) -> str:
+    """Bytes as the GiB figure vLLM's ``--kv-offloading-size`` takes, exact: 536870912 -> ``0.5``.
+
+    vLLM multiplies the parsed float by 2^30; every whole byte count below 2^53
+    survives that round trip exactly.
+    """
+    return _decimal(n_bytes, GIB)
+
+
+def _needs_connector_config(spec: KVOffloadPolicySpec, level: Level) -> bool:
+    offload = spec.offload
+    return bool(
+        level.secondary_tiers
+        or offload.block_size is not None
+        or offload.eviction_policy != EvictionPolicy.LRU
+        or offload.store_threshold is not None
+    )
+
+
+def _fs_tier_config(tier: SecondaryTier) -> dict[str, Any]:
+    # vLLM 0.32 FileSystemTierManager(root_dir, n_read_threads, n_write_threads): it
+    # has no size setting, so ``size`` bounds the volume instead (see _tier_volume).
+    return {
+        "type": tier.type.value,
+        "root_dir": tier.path,
+        "n_read_threads": tier.read_threads,
+        "n_write_threads": tier.write_threads,
+    }
+
+
+def kv_transfer_config(spec: KVOffloadPolicySpec, level: Level) -> dict[str, Any] | None:
+    """The ``--kv-transfer-config`` object of a level, or None when the plain flags say it all.
+
+    native: OffloadingConnector with ``CPUOffloadingSpec`` (one CPU tier) or
+    ``TieringOffloadingSpec`` (CPU plus filesystem tiers), used when the level has
+    secondary tiers or the spec sets blockSize, evictionPolicy arc or storeThreshold.
+    lmcache: LMCacheConnectorV1, configured through LMCACHE_* variables.
+    """
+    if level.cpu_bytes is None:
+        return None
+    offload = spec.offload
+    if offload.backend == Backend.LMCACHE:
+        return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
+    if not _needs_connector_config(spec, level):
+        return None
+    extra: dict[str, Any] = {
+        "spec_name": "TieringOffloadingSpec" if level.secondary_tiers else "CPUOffloadingSpec",
+        "cpu_bytes_to_use": level.cpu_bytes,
+        "eviction_policy": offload.eviction_policy.value,
+    }
+    if offload.block_size is not None:
+        extra["block_size"] = offload.block_size
+    if offload.store_threshold is not None:
+        extra["store_threshold"] = offload.store_threshold
+    if level.secondary_tiers:
+        extra["secondary_tiers"] = [_fs_tier_config(t) for t in level.secondary_tiers]
+    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}
+
+
+def offload_args(spec: KVOffloadPolicySpec, level: Level) -> list[str]:
+    """The offload flags of a level (none on the GPU-only level).
+
+    native always carries ``--kv-offloading-size/--kv-offloading-backend``, so
+    ``vllm:cache_config_info`` shows the CPU tier on every level (the live config
+    check); vLLM then merges ``cpu_bytes_to_use`` into any ``--kv-transfer-config``
+    with the same value. lmcache must not: ``--kv-offloading-backend lmcache``
+    selects LMCacheMPConnector, which needs a separate LMCache server.
+    """
+    if level.cpu_bytes is None:
+        return []
+    args: list[str] = []
+    if spec.offload.backend == Backend.NATIVE:
+        args += ["--kv-offloading-size", gib(level.cpu_bytes), "--kv-offloading-backend", "native"]
+    config = kv_transfer_config(spec, level)
+    if config is not None:
+        args += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
+    return args
+
+
+def engine_args(policy: KVOffloadPolicy, level: Level) -> list[str]:
+    """The ``vllm serve`` arguments of a level: managed flags, offload flags, then extraArgs."""
+    spec = policy.spec
+    model = spec.model
+    return [
+        "--model",
+        model.name,
+        "--served-model-name",
+        model.served_model_name or policy.metadata.name,
+        "--port",
+        str(PORT),
+        "--max-model-len",
+        str(model.max_model_len),
+        "--tensor-parallel-size",
+        str(model.tensor_parallel_size),
+        "--kv-cache-dtype",
+        model.kv_cache_dtype.value,
+        "--gpu-memory-utilization",
+        repr(spec.gpu.memory_utilization),
+        *offload_args(spec, level),
+        *model.extra_args,
+    ]
+
+
+def lmcache_env(spec: KVOffloadPolicySpec, level: Level) -> list[dict[str, str]]:
+    """LMCACHE_* variables of a level (lmcache backend only).
+
+    LMCache sizes are GiB (it multiplies by 1024**3) per engine process, and every
+    TP rank runs its own LMCache engine, so the totals are divided by the TP size.
+    """
+    if spec.offload.backend != Backend.LMCACHE or level.cpu_bytes is None:
+        return []
+    ranks = spec.model.tensor_parallel_size
+    env = [
+        {"name": "LMCACHE_LOCAL_CPU", "value": "True"},
+        {"name": "LMCACHE_MAX_LOCAL_CPU_SIZE", "value": _decimal(level.cpu_bytes, GIB * ranks)},
+    ]
+    if spec.offload.block_size is not None:
+        env.append({"name": "LMCACHE_CHUNK_SIZE", "value": str(spec.offload.block_size)})
+    for tier in level.secondary_tiers:  # at most one: check_renderable refuses more
+        env.append({"name": "LMCACHE_LOCAL_DISK", "value": f"file://{tier.path}/"})
+        env.append({"name": "LMCACHE_MAX_LOCAL_DISK_SIZE", "value": _decimal(quantity_bytes(tier.size), GIB * ranks)})
+    return env
+
+
+def engine_env(spec: KVOffloadPolicySpec, level: Level) -> list[dict[str, str]]:
+    """The engine's environment: the backend's variables, then spec.model.env."""
+    return [*lmcache_env(spec, level), *({"name": e.name, "value": e.value} for e in spec.model.env)]
+
+
+# --- checks only rendering can make ----------------------------------------------------
+
+
+def _under(path: str, parent: str) -> bool:
+    return path == parent or path.startswith(parent.rstrip("/") + "/")
+
+
+def _check_tier_paths(tiers: Iterable[SecondaryTier]) -> list[FieldError]:
+    errors: list[FieldError] = []
+    seen: list[str] = []
+    for i, tier in enumerate(tiers):
+        where = f"spec.offload.secondaryTiers[{i}].path"
+        path = tier.path
+        if posixpath.normpath(path) != path:
+            errors.append(
+                FieldError(where, f"{path!r} must be a normalized absolute path (no '..', '//' or trailing /)")
+            )
+            continue
+        if _under(SHM_PATH, path) or _under(path, SHM_PATH):
+            errors.append(FieldError(where, f"{path!r} collides with {SHM_PATH}, where vLLM keeps the CPU pool"))
+            continue
+        if any(_under(path, d) for d in _NO_MOUNTS_UNDER) or any(_under(d, path) for d in _SYSTEM_DIRS):
+            errors.append(FieldError(where, f"{path!r} would hide a system directory of the image"))
+            continue
+        for other in seen:
+            if _under(path, other) or _under(other, path):
+                errors.append(FieldError(where, f"{path!r} overlaps the tier mounted at {other!r}"))
+        seen.append(path)
+    return errors
+
+
+def _label_key_ok(key: str) -> bool:
+    prefix, _, name = key.rpartition("/")
+    return bool(_LABEL_NAME.match(name)) and (not prefix or (len(prefix) <= 253 and bool(_LABEL_PREFIX.match(prefix))))
+
+
+def _check_scheduling(spec: KVOffloadPolicySpec) -> list[FieldError]:
+    """What the API server refuses in a pod's nodeSelector and tolerations."""
+    errors: list[FieldError] = []
+    for key, value in spec.gpu.node_selector.items():
+        where = f"spec.gpu.nodeSelector[{key!r}]"
+        if not _label_key_ok(key):
+            errors.append(FieldError(where, "the key must be a label name, optionally prefixed (example.com/name)"))
+        if value and not _LABEL_NAME.match(value):
+            errors.append(
+                FieldError(where, "the value must be a label value (alphanumerics, '-', '_', '.'; 63 at most)")
+            )
+    for i, toleration in enumerate(spec.gpu.tolerations):
+        where = f"spec.gpu.tolerations[{i}]"
+        if toleration.key and not _label_key_ok(toleration.key):
+            errors.append(FieldError(f"{where}.key", "must be a label name, optionally prefixed"))
+        if toleration.operator == "Exists" and toleration.value:
+            errors.append(FieldError(f"{where}.value", "must be empty when operator is Exists"))
+        if not toleration.key and toleration.operator != "Exists":
+            errors.append(FieldError(f"{where}.operator", "must be Exists when key is empty"))
+        if toleration.value and not _LABEL_NAME.match(toleration.value):
+            errors.append(FieldError(f"{where}.value", "must be a label value"))
+    return errors
+
+
+def check_renderable(policy: KVOffloadPolicy) -> list[FieldError]:
+    """What only shows when rendering: names, mount paths, backend limits. Empty when it renders."""
+    spec = policy.spec
+    offload = spec.offload
+    errors: list[FieldError] = []
+    name = policy.metadata.name
+    if len(name) > 63 or not _DNS1035.match(name):
+        errors.append(
+            FieldError(
+                "metadata.name",
+                f"{name!r} must be a DNS-1035 label (a-z, 0-9 and '-', starting with a letter, at most 63 "
+                "characters): it names the Service and labels every pod",
+            )
+        )
+    if find_gpu_class(spec.gpu.class_) is None:
+        known = ", ".join(gpu_class_names())
+        errors.append(FieldError("spec.gpu.class", f"unknown GPU class {spec.gpu.class_!r}; known: {known}"))
+    errors += _check_scheduling(spec)
+    errors += _check_tier_paths(offload.secondary_tiers)
+    for i, tier in enumerate(offload.secondary_tiers):
+        pvc = tier.volume.persistent_volume_claim
+        if pvc is not None and pvc.read_only:
+            errors.append(
+                FieldError(
+                    f"spec.offload.secondaryTiers[{i}].volume.persistentVolumeClaim.readOnly",
+                    "an offload tier is written to; it cannot be read-only",
+                )
+            )
+    if offload.backend == Backend.LMCACHE:
+        if len(offload.secondary_tiers) > 1:
+            errors.append(FieldError("spec.offload.secondaryTiers", "lmcache supports one local disk tier"))
+        if offload.eviction_policy != EvictionPolicy.LRU:
+            errors.append(FieldError("spec.offload.evictionPolicy", "arc is a native-backend policy; lmcache uses lru"))
+        if offload.store_threshold is not None:
+            errors.append(FieldError("spec.offload.storeThreshold", "applies to the native backend only"))
+    elif offload.block_size is not None and offload.block_size % GPU_BLOCK_TOKENS:
+        errors.append(
+            FieldError(
+                "spec.offload.blockSize",
+                f"must be a multiple of vLLM's GPU block size ({GPU_BLOCK_TOKENS} tokens)",
+            )
+        )
+    managed = {"LMCACHE_LOCAL_CPU", "LMCACHE_MAX_LOCAL_CPU_SIZE", "LMCACHE_CHUNK_SIZE"}
+    managed |= {"LMCACHE_LOCAL_DISK", "LMCACHE_MAX_LOCAL_DISK_SIZE"}
+    names: set[str] = set()
+    for i, env in enumerate(spec.model.env):
+        if env.name in names:
+            errors.append(FieldError(f"spec.model.env[{i}].name", f"{env.name} is set twice"))
+        names.add(env.name)
+        if offload.backend == Backend.LMCACHE and env.name in managed:
+            errors.append(
+                FieldError(f"spec.model.env[{i}].name", f"{env.name} is managed by the operator from spec.offload")
+            )
+    return errors
+
+
+# --- Kubernetes objects -------------------------------------------------------------------
+
+
+def _gpu_class(spec: KVOffloadPolicySpec) -> GPUClass:
+    found = find_gpu_class(spec.gpu.class_)
+    if found is None:  # check_renderable refused it already
+        raise PolicyError([FieldError("spec.gpu.class", f"unknown GPU class {spec.gpu.class_!r}")])
+    return found
+
+
+def _volume_name(tier: SecondaryTier, index: int) -> str:
+    name = f"kv-{tier.name}"
+    return name if len(name) <= 63 else f"kv-tier-{index}"
+
+
+def _tier_volume(tier: SecondaryTier) -> dict[str, Any]:
+    source: TierVolume = tier.volume
+    if source.persistent_volume_claim is not None:
+        return {"persistentVolumeClaim": {"claimName": source.persistent_volume_claim.claim_name}}
+    if source.host_path is not None:
+        host: dict[str, Any] = {"path": source.host_path.path}
+        if source.host_path.type:
+            host["type"] = source.host_path.type
+        return {"hostPath": host}
+    empty = source.empty_dir
+    spec: dict[str, Any] = {}
+    if empty is not None and empty.medium:
+        spec["medium"] = empty.medium
+    # vLLM's fs tier never deletes files, so the volume's limit is the tier's only bound.
+    limit = empty.size_limit if empty is not None and empty.size_limit is not None else tier.size
+    spec["sizeLimit"] = to_quantity(quantity_bytes(limit))
+    return {"emptyDir": spec}
+
+
+def _disk_scratch_bytes(level: Level) -> int:
+    """Node disk the level's emptyDir tiers may fill: requested so the scheduler finds room."""
+    total = 0
+    for tier in level.secondary_tiers:
+        empty = tier.volume.empty_dir
+        if empty is not None and empty.medium != "Memory":
+            total += quantity_bytes(empty.size_limit if empty.size_limit is not None else tier.size)
+    return total
+
+
+def _volumes(spec: KVOffloadPolicySpec, level: Level) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    shm = host_memory(spec, level).shm or SHM_EXTRA_BYTES  # NCCL and torch IPC need /dev/shm too
+    volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": to_quantity(shm)}}]
+    mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": SHM_PATH}]
+    for i, tier in enumerate(level.secondary_tiers):
+        name = _volume_name(tier, i)
+        volumes.append({"name": name, **_tier_volume(tier)})
+        mounts.append({"name": name, "mountPath": tier.path})
+    return volumes, mounts
+
+
+def _resources(spec: KVOffloadPolicySpec, level: Level, gpu: GPUClass) -> dict[str, Any]:
+    memory = to_quantity(host_memory(spec, level).request)
+    # request = limit for CPU and memory: Guaranteed QoS, so pinned pages are never
+    # the first to go under node pressure.
+    # Quantities as strings, as the API server returns them, so GitOps diffs stay quiet.
+    limits: dict[str, Any] = {"cpu": str(spec.resources.cpu), "memory": memory, gpu.resource: str(spec.gpu.count)}
+    requests = dict(limits)
+    if scratch := _disk_scratch_bytes(level):
+        requests["ephemeral-storage"] = to_quantity(scratch)
+    return {"requests": requests, "limits": limits}
+
+
+def _tolerations(spec: KVOffloadPolicySpec, gpu: GPUClass) -> list[dict[str, Any]]:
+    merged: list[dict[str, Any]] = []
+    for toleration in (*gpu.tolerations, *spec.gpu.tolerations):
+        item = toleration.model_dump(by_alias=True, exclude_none=True)
+        if item not in merged:
+            merged.append(item)
+    return merged
+
+
+@dataclass(frozen=True)
+class _Engine:
+    """The engine container's config for one level, and its hash."""
+
+    image: str
+    command: list[str]
+    args: list[str]
+    env: list[dict[str, str]]
+    resources: dict[str, Any]
+    volume_mounts: list[dict[str, Any]]
+    volumes: list[dict[str, Any]]
+    gpu: GPUClass
+
+    @property
+    def hash(self) -> str:
+        hashed = {k: v for k, v in dataclasses.asdict(self).items() if k != "gpu"}  # gpu shows in resources
+        canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:10]
+
+
+def _engine(policy: KVOffloadPolicy, level: Level) -> _Engine:
+    spec = policy.spec
+    gpu = _gpu_class(spec)
+    volumes, mounts = _volumes(spec, level)
+    return _Engine(
+        image=spec.model.image,
+        command=list(ENGINE_COMMAND),
+        args=engine_args(policy, level),
+        env=engine_env(spec, level),
+        resources=_resources(spec, level, gpu),
+        volume_mounts=mounts,
+        volumes=volumes,
+        gpu=gpu,
+    )
+
+
+def config_hash(policy: KVOffloadPolicy, level: Level) -> str:
+    """A short, stable hash of the engine config of a level: image, command, args, env,
+    resources and volumes. Replicas and the variant do not enter it, so the same level
+    always gives the same hash (rollback restores a level exactly, by this hash)."""
+    return _engine(policy, level).hash
+
+
+def _prometheus_duration(seconds: float) -> str:
+    millis = max(1, round(seconds * 1000))
+    parts = []
+    for unit, size in _PROM_UNITS:
+        count, millis = divmod(millis, size)
+        if count:
+            parts.append(f"{count}{unit}")
+    return "".join(parts)
+
+
+def _common_labels(policy: KVOffloadPolicy) -> dict[str, str]:
+    return {
+        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/instance": policy.metadata.name,
+        "app.kubernetes.io/component": "engine",
+        "app.kubernetes.io/managed-by": "kvoffload",
+        LABEL_POLICY: policy.metadata.name,
+    }
+
+
+# --- templates ------------------------------------------------------------------------------
+
+
+def _flow_yaml(value: Any) -> str:
+    """One line of flow YAML that ``yaml.safe_load`` turns back into exactly ``value``."""
+    text = yaml.safe_dump(value, default_flow_style=True, allow_unicode=True, sort_keys=False, width=2**31)
+    return text.rstrip("\n").removesuffix("\n...")
+
+
+def _templates_dir() -> Path:
+    packaged = resources.files("kvoffload") / "templates"
+    if packaged.is_dir():  # the wheel: force-included as kvoffload/templates
+        return Path(str(packaged))
+    return Path(__file__).resolve().parents[3] / "templates"  # the editable install: <repo>/templates
+
+
+@functools.cache
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_templates_dir()),
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+        autoescape=False,
+    )
+    env.filters["yaml"] = _flow_yaml
+    return env
+
+
+def _from_template(template: str, /, **context: Any) -> dict[str, Any]:
+    text = _environment().get_template(template).render(**context)
+    obj = yaml.safe_load(text)
+    if not isinstance(obj, dict):  # pragma: no cover - a template bug, not bad input
+        raise TypeError(f"template {template} did not render a mapping")
+    return obj
+
+
+# --- the public renderers --------------------------------------------------------------------
+
+
+def _require_renderable(policy: KVOffloadPolicy) -> None:
+    if errors := check_renderable(policy):
+        raise PolicyError(errors, policy.metadata.name)
+
+
+def render_deployment(policy: KVOffloadPolicy, level: Level, variant: Variant, replicas: int) -> dict[str, Any]:
+    """The engine Deployment ``<policy>-<variant>`` running ``level`` with ``replicas`` pods."""
+    _require_renderable(policy)
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
+    if replicas < 0:
+        raise ValueError("replicas must not be negative")
+    spec = policy.spec
+    engine = _engine(policy, level)
+    gpu = engine.gpu
+    selector = {LABEL_POLICY: policy.metadata.name, LABEL_VARIANT: variant}
+    labels = {
+        **_common_labels(policy),
+        LABEL_VARIANT: variant,
+        LABEL_LEVEL: level.name,
+        LABEL_CONFIG_HASH: engine.hash,
+    }
+    tiers = ",".join(level.tiers) or "none"
+    surge = spec.rollout.max_surge
+    return _from_template(
+        "deployment.yaml.j2",
+        name=f"{policy.metadata.name}-{variant}",
+        namespace=policy.metadata.namespace,
+        labels=labels,
+        annotations={ANNOTATION_LEVEL_INDEX: str(level.index), ANNOTATION_TIERS: tiers},
+        replicas=replicas,
+        # A GPU node rarely has a spare GPU: replace pods one at a time, extra pods only
+        # as far as rollout.maxSurge allows. Recreate would take the whole fleet down.
+        max_surge=surge,
+        max_unavailable=0 if surge else 1,
+        progress_deadline_seconds=math.ceil(progress_deadline_seconds(spec, level)),
+        selector=selector,
+        pod_annotations={"kubectl.kubernetes.io/default-container": CONTAINER, ANNOTATION_TIERS: tiers},
+        termination_grace_seconds=TERMINATION_GRACE_SECONDS,
+        node_selector={**gpu.node_labels, **spec.gpu.node_selector},
+        tolerations=_tolerations(spec, gpu),
+        image=engine.image,
+        command=engine.command,
+        args=engine.args,
+        env=engine.env,
+        port=PORT,
+        resources=engine.resources,
+        volume_mounts=engine.volume_mounts,
+        volumes=engine.volumes,
+        # vLLM opens its port only after loading the model and pinning the pool.
+        startup={
+            "period": STARTUP_PROBE_PERIOD_SECONDS,
+            "failures": max(1, math.ceil(startup_seconds(spec, level) / STARTUP_PROBE_PERIOD_SECONDS)),
+        },
+    )
+
+
+def render_service(policy: KVOffloadPolicy) -> dict[str, Any]:
+    """The Service in front of both variants (selects the policy only)."""
+    _require_renderable(policy)
+    return _from_template(
+        "service.yaml.j2",
+        name=policy.metadata.name,
+        namespace=policy.metadata.namespace,
+        labels=_common_labels(policy),
+        selector={LABEL_POLICY: policy.metadata.name},
+        port=PORT,
+    )
+
+
+def render_pod_monitor(policy: KVOffloadPolicy) -> dict[str, Any]:
+    """The PodMonitor that scrapes every engine of the policy every ``analysis.interval``."""
+    _require_renderable(policy)
+    return _from_template(
+        "podmonitor.yaml.j2",
+        name=policy.metadata.name,
+        namespace=policy.metadata.namespace,
+        labels=_common_labels(policy),
+        selector={LABEL_POLICY: policy.metadata.name},
+        pod_target_labels=[LABEL_POLICY, LABEL_VARIANT],
+        interval=_prometheus_duration(parse_duration(policy.spec.analysis.interval)),
+    )
+
+
+def render(
+    policy: KVOffloadPolicy, level: Level, variant: Variant, replicas: int | None = None
+) -> list[dict[str, Any]]:
+    """The manifests of one variant: its Deployment, then the shared Service and PodMonitor.
+
+    ``replicas`` defaults to spec.replicas for stable and rollout.canaryReplicas for
+    canary. Raises PolicyError naming the fields when the policy cannot be rendered.
+    """
+    if replicas is None:
+        replicas = policy.spec.replicas if variant == "stable" else policy.spec.rollout.canary_replicas
+    return [
+        render_deployment(policy, level, variant, replicas),
+        render_service(policy),
+        render_pod_monitor(policy),
+    ]
+
+
+def render_level(policy: KVOffloadPolicy, level: Level) -> list[dict[str, Any]]:
+    """GitOps output: every replica on ``level`` as the stable Deployment, plus Service and PodMonitor."""
+    return render(policy, level, "stable", policy.spec.replicas)
+
+
+def dump_yaml(documents: Iterable[dict[str, Any]]) -> str:
+    """Multi-document YAML (``---`` separated), keys in rendering order, long lines unfolded."""
+    return yaml.safe_dump_all(
+        list(documents),
+        explicit_start=True,
+        sort_keys=False,
+        allow_unicode=True,
+        default_flow_style=False,
+        width=2**31,
+    )

@@ -1,0 +1,1 @@
+"""The ladder state machine: decide(), its types, conditions and texts."""

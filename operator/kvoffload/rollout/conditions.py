@@ -1,0 +1,145 @@
+"""Kubernetes-style conditions of a KVOffloadPolicy, and the phase derived from them.
+
+Conditions follow the Kubernetes conventions: one entry per type, ``status``
+True/False/Unknown, a CamelCase ``reason`` from the constants below, and a
+``lastTransitionTime`` that moves only when ``status`` changes (a new reason or
+message alone keeps it). The phase is never stored on its own: it is read off
+the conditions by ``derive_phase``, so the two cannot disagree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal
+
+from kvoffload.api.types import Condition, Phase, StageStatus
+
+# --- condition types ------------------------------------------------------------------
+
+READY = "Ready"
+"""True when the ladder has come to rest at its top level."""
+PROGRESSING = "Progressing"
+"""True while a baseline, a canary or a promotion step runs."""
+DEGRADED = "Degraded"
+"""True after a rollback or an abort; the reason says why."""
+PAUSED = "Paused"
+"""True while a person has paused the policy (``kvoffload.io/pause``)."""
+ANALYSIS_INCONCLUSIVE = "AnalysisInconclusive"
+"""True after ``maxInconclusive`` Inconclusive verdicts in a row."""
+INVALID = "Invalid"
+"""True while the spec fails validation; the message lists the field errors."""
+
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PAUSED, ANALYSIS_INCONCLUSIVE, INVALID)
+
+
+class Reason(StrEnum):
+    """Every reason the operator writes into a condition, an Event or a history entry."""
+
+    # Progressing
+    BASELINE_RUNNING = "BaselineRunning"
+    CANARY_RUNNING = "CanaryRunning"
+    PROMOTION_RUNNING = "PromotionRunning"
+    AWAITING_PROMOTION = "AwaitingPromotion"
+    LADDER_COMPLETE = "LadderComplete"
+    ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+    # Transitions
+    BASELINE_TAKEN = "BaselineTaken"
+    CANARY_STARTED = "CanaryStarted"
+    PILOT_PASSED = "PilotPassed"
+    PROMOTED = "Promoted"
+    LEVEL_PROMOTED = "LevelPromoted"
+    NEW_LADDER = "NewLadder"
+    SPEC_CHANGED = "SpecChanged"
+    # Degraded
+    AS_EXPECTED = "AsExpected"
+    ANALYSIS_FAILED = "AnalysisFailed"
+    GUARD_BREACH = "GuardBreach"
+    CANARY_OOM_KILLED = "CanaryOOMKilled"
+    CANARY_CRASH_LOOPING = "CanaryCrashLoopBackOff"
+    CANARY_RESTARTED = "CanaryRestarted"
+    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    ABORTED = "Aborted"
+    # Paused / AnalysisInconclusive
+    PAUSED = "Paused"
+    NOT_PAUSED = "NotPaused"
+    RESUMED = "Resumed"
+    TOO_MANY_INCONCLUSIVE = "TooManyInconclusive"
+    ENOUGH_EVIDENCE = "EnoughEvidence"
+    # Manual control
+    MANUAL_PROMOTE = "ManualPromote"
+    RETRY = "Retry"
+    MANUAL_ACTION_IGNORED = "ManualActionIgnored"
+    # Invalid
+    SPEC_INVALID = "SpecInvalid"
+    SPEC_VALID = "SpecValid"
+
+
+ConditionStatus = Literal["True", "False", "Unknown"]
+
+
+def find(conditions: Sequence[Condition], type_: str) -> Condition | None:
+    """The condition of that type, or None."""
+    return next((c for c in conditions if c.type == type_), None)
+
+
+def is_true(conditions: Sequence[Condition], type_: str) -> bool:
+    """Whether the condition of that type exists and is True."""
+    found = find(conditions, type_)
+    return found is not None and found.status == "True"
+
+
+def set_condition(
+    conditions: Sequence[Condition],
+    type_: str,
+    status: bool | ConditionStatus,
+    reason: str,
+    message: str,
+    now: datetime,
+    generation: int | None = None,
+) -> list[Condition]:
+    """A new list with that condition set; the input is left alone.
+
+    ``lastTransitionTime`` is kept when ``status`` is unchanged (a new reason or
+    message is not a transition) and set to ``now`` when it changes or the
+    condition is new. The order of existing conditions is kept; a new one goes last.
+    """
+    text: ConditionStatus = status if isinstance(status, str) else ("True" if status else "False")
+    old = find(conditions, type_)
+    since = old.last_transition_time if old is not None and old.status == text else now
+    new = Condition(
+        type=type_,
+        status=text,
+        reason=str(reason),
+        message=message,
+        last_transition_time=since,
+        observed_generation=generation,
+    )
+    if old is None:
+        return [*conditions, new]
+    return [new if c.type == type_ else c for c in conditions]
+
+
+def derive_phase(conditions: Sequence[Condition], stage: StageStatus | None) -> Phase:
+    """The phase the conditions (and the stage's step) mean, most pressing first.
+
+    Invalid; then Paused (by a person, or by ``AnalysisInconclusive``); then
+    RolledBack (Degraded); then, while Progressing, Baseline (reason
+    BaselineRunning), Canary (step 0) or Promoting (step 1 and on); then Stable
+    (Ready); else Pending.
+    """
+    if is_true(conditions, INVALID):
+        return Phase.INVALID
+    if is_true(conditions, PAUSED) or is_true(conditions, ANALYSIS_INCONCLUSIVE):
+        return Phase.PAUSED
+    if is_true(conditions, DEGRADED):
+        return Phase.ROLLED_BACK
+    progressing = find(conditions, PROGRESSING)
+    if progressing is not None and progressing.status == "True":
+        if progressing.reason == Reason.BASELINE_RUNNING:
+            return Phase.BASELINE
+        return Phase.PROMOTING if stage is not None and stage.step > 0 else Phase.CANARY
+    if is_true(conditions, READY):
+        return Phase.STABLE
+    return Phase.PENDING

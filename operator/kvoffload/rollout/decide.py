@@ -1,0 +1,1044 @@
+"""The ladder state machine: ``decide(spec, status, observations, now) -> Plan``.
+
+One pure function decides, each cycle, what the fleet should run next. The
+kopf handler gathers ``Observations`` (Deployments, pods, annotations, this
+cycle's ``Assessment``), calls ``decide`` and applies the ``Plan``: the
+Deployments per variant, the new status, the Events. ``decide`` does no I/O,
+never reads the clock and never touches spec (GitOps owns it).
+
+The rules (DESIGN.md, "The ladder" and "Analysis"):
+
+- **Baseline.** A new ladder starts with every replica on the stable level
+  (GPU-only for a new policy) for ``baselineDuration``. Inconclusive extends
+  it; then the stable figures go into ``status.baseline``. A fleet already
+  over budget still climbs (offload may be the cure), with a Warning Event.
+  A new ladder that starts at the top level is Stable at once.
+- **Canary.** ``canaryReplicas`` run the next level. With ``maxSurge: s`` the
+  stable side shrinks by ``max(0, canary - s)``, so the fleet never uses more
+  than ``(replicas + maxSurge) × gpu.count`` GPUs.
+- **Promotion.** The level then takes ``promotionSteps`` percent of the
+  replicas (``ceil(pct × replicas / 100)``, at least ``canaryReplicas``; a step
+  that would not add a replica is skipped). Every step lasts ``stepDuration``
+  and advances only on a Pass verdict at its end with every canary Ready;
+  never on Inconclusive or Fail. At 100% the level becomes stable and the next
+  level's canary starts; at the top the phase is Stable. ``autoPromote:
+  false`` waits at the end of each step for ``kvoffload.io/promote``.
+- **The CPU pilot** is canary-only: when it passes, the canary moves on to the
+  full CPU level while the stable side stays where it is.
+- **Rollback.** A Fail that has held for ``sustainedFor`` (``analysis.sustained``)
+  or a hard failure (a canary pod OOMKilled, restarted or in CrashLoopBackOff,
+  or canaries not Ready within the progress deadline from the step start;
+  ``sizing.progress_deadline_seconds`` stretches it with the pinned pool)
+  removes the canary; the stable level stays exactly as it was (index and
+  config hash). The ladder then halts (RolledBack) until a new generation or
+  ``kvoffload.io/retry``.
+- **Stable guard.** At the top level, analysis goes on against the absolute
+  budgets; a sustained breach rolls the whole fleet to the level below
+  (skipping the canary-only pilot), phase RolledBack. The guard runs while
+  the ladder rests at the top (paused or not); after a rollback the ladder
+  halts and nothing moves on its own, so the guard does not run there.
+- **Inconclusive** holds; ``maxInconclusive`` in a row pause a baseline or a
+  step (``AnalysisInconclusive``) until evidence returns or a person resumes.
+  The guard never pauses: a quiet night at the top is not a problem.
+- **Manual control** through annotations, each acted on once per change of
+  value (``status.annotationsSeen``), one per cycle in the order abort, pause,
+  resume, retry, promote. Annotations already on a policy when it is first
+  seen are recorded, not acted on.
+- **Pause stops forward motion, never a rollback.** While paused nothing
+  advances, but a hard failure or a sustained breach still rolls back: an
+  engine that is OOM-killed is not left serving because a person looked away.
+- **A resume restarts the step clock:** a step's evidence is gathered while
+  the policy is running, never across a pause.
+- **A streak never spans a step start:** verdicts from before the current step
+  began do not count toward its rollback or pause.
+- **Spec changed** (a new generation): the canary goes and a new ladder starts
+  from the current stable level, found in the new ladder by name; when that
+  name is gone, the nearest level below it in the old ladder whose name is
+  still there (never the canary-only pilot), else GPU-only. A manual pause
+  is kept.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from enum import Enum
+from typing import Literal
+
+from kvoffload.analysis.assess import EXTERNAL_SHARE, ITL_P99, TTFT_P99, Assessment, Measurements, advance, sustained
+from kvoffload.api.quantity import format_duration, parse_duration, to_quantity
+from kvoffload.api.types import (
+    AnalysisStatus,
+    BaselineStatus,
+    Condition,
+    HistoryEntry,
+    KVOffloadPolicySpec,
+    KVOffloadPolicyStatus,
+    StageStatus,
+    VariantStatus,
+    Verdict,
+)
+from kvoffload.policy.ladder import Level, build_ladder
+from kvoffload.policy.sizing import progress_deadline_seconds
+from kvoffload.rollout import conditions as cond
+from kvoffload.rollout.conditions import Reason
+
+ANNOTATION_PREFIX = "kvoffload.io/"
+PROMOTE = f"{ANNOTATION_PREFIX}promote"
+ABORT = f"{ANNOTATION_PREFIX}abort"
+RETRY = f"{ANNOTATION_PREFIX}retry"
+PAUSE = f"{ANNOTATION_PREFIX}pause"
+RESUME = f"{ANNOTATION_PREFIX}resume"
+MANUAL_ANNOTATIONS = (ABORT, PAUSE, RESUME, RETRY, PROMOTE)
+"""The manual-control annotations, in the order they are acted on when several change at once."""
+
+HISTORY_LIMIT = 20
+PENDING_REQUEUE_SECONDS = 1.0
+"""How soon to come back when another manual annotation waits its turn."""
+
+
+# --- what decide sees ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodObservation:
+    """One engine pod of a variant."""
+
+    name: str
+    ready: bool = False
+    restarts: int = 0
+    """Container restarts, summed over the pod's containers."""
+    oom_killed: bool = False
+    """A container's last or current state was terminated with reason OOMKilled."""
+    crash_looping: bool = False
+    """A container waits with reason CrashLoopBackOff."""
+    config_hash: str | None = None
+    """The config hash label of the pod; None when unknown (then it is judged as current)."""
+
+
+@dataclass(frozen=True)
+class VariantObservation:
+    """The Deployment of one variant (stable or canary) as the cluster shows it."""
+
+    exists: bool = False
+    config_hash: str | None = None
+    """The config hash in the Deployment's pod template."""
+    level: int | None = None
+    """The ladder level label in the Deployment's pod template."""
+    desired_replicas: int = 0
+    ready_replicas: int = 0
+    """Ready replicas running ``config_hash`` (pods of an older template are not counted)."""
+    pods: tuple[PodObservation, ...] = ()
+
+
+@dataclass(frozen=True)
+class Observations:
+    """Everything ``decide`` needs to know about the world, gathered by the adapter."""
+
+    generation: int | None
+    """metadata.generation of the policy."""
+    level_hashes: Mapping[int, str]
+    """Config hash of every ladder level of the current spec, by level index (from the renderer)."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    """The policy's annotations; only the ``kvoffload.io/`` control keys are read."""
+    stable: VariantObservation = field(default_factory=VariantObservation)
+    canary: VariantObservation = field(default_factory=VariantObservation)
+    assessment: Assessment | None = None
+    """This cycle's verdict from ``assess()``; None when no analysis ran this cycle."""
+    measurements: Measurements | None = None
+    """This cycle's raw figures; the baseline is taken from ``measurements.stable``."""
+
+
+# --- what decide returns ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VariantPlan:
+    """One variant's desired Deployment: which level, how many replicas, which config."""
+
+    level: int
+    replicas: int
+    config_hash: str
+
+
+@dataclass(frozen=True)
+class Variants:
+    """The desired Deployments. ``canary is None``: delete the canary Deployment."""
+
+    stable: VariantPlan
+    canary: VariantPlan | None
+
+    @property
+    def total_replicas(self) -> int:
+        return self.stable.replicas + (self.canary.replicas if self.canary is not None else 0)
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to record on the policy."""
+
+    type: Literal["Normal", "Warning"]
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What to apply: the Deployments, the status, the Events.
+
+    ``variants is None`` means touch no Deployment (an invalid spec).
+    """
+
+    status: KVOffloadPolicyStatus
+    variants: Variants | None
+    events: tuple[Event, ...] = ()
+    requeue_after: float | None = None
+    """Seconds until the next decision is due (a step ends, another annotation waits), if useful."""
+
+
+@dataclass(frozen=True)
+class AnalysisSubject:
+    """What the adapter passes to ``assess()`` this cycle."""
+
+    level: Level
+    """The level whose engines are judged: the canary's, else the stable's."""
+    warmed_up: bool
+    """True after the first half of a canary or promotion step (external share and tier hits gated)."""
+    stable_side: bool = True
+    """False when the canary runs every replica: no stable p99 shares the window to compare with."""
+
+
+# --- replica arithmetic -------------------------------------------------------------
+
+
+def canary_replicas(spec: KVOffloadPolicySpec, step: int) -> int:
+    """Canary replicas at ``step`` (0 = canary; n = promotionSteps[n-1] percent), at most ``replicas``."""
+    total = spec.replicas
+    first = min(spec.rollout.canary_replicas, total)
+    if step == 0:
+        return first
+    pct = spec.rollout.promotion_steps[step - 1]
+    return min(total, max(first, math.ceil(pct * total / 100)))
+
+
+def stable_replicas(spec: KVOffloadPolicySpec, canary: int) -> int:
+    """Stable replicas beside ``canary`` canaries: ``replicas - max(0, canary - maxSurge)``."""
+    return spec.replicas - max(0, canary - spec.rollout.max_surge)
+
+
+def next_step(spec: KVOffloadPolicySpec, step: int) -> int | None:
+    """The next promotion step that adds canary replicas, or None when the level is at 100%."""
+    current = canary_replicas(spec, step)
+    for n in range(step + 1, len(spec.rollout.promotion_steps) + 1):
+        if canary_replicas(spec, n) > current:
+            return n
+    return None
+
+
+def analysis_subject(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus | None, now: datetime) -> AnalysisSubject:
+    """The level to judge and whether its tiers count as warm.
+
+    Warm after the first half of a canary or promotion step. The stable guard
+    and the baseline are never warm: they are held to the absolute budgets only.
+    """
+    ladder = build_ladder(spec)
+    if status is None or status.stable is None or not 0 <= status.stable.level < len(ladder):
+        return AnalysisSubject(ladder[0], warmed_up=False)
+    if status.canary is None or not 0 <= status.canary.level < len(ladder):
+        return AnalysisSubject(ladder[status.stable.level], warmed_up=False)
+    started = status.stage.started_at if status.stage is not None else None
+    half = parse_duration(spec.rollout.step_duration) / 2
+    warm = started is not None and (now - started).total_seconds() >= half
+    return AnalysisSubject(ladder[status.canary.level], warmed_up=warm, stable_side=status.stable.replicas > 0)
+
+
+# --- decide ---------------------------------------------------------------------------
+
+
+class _Mode(Enum):
+    """Where the ladder is; Paused is a flag on top of these, not a mode."""
+
+    BASELINE = "baseline"
+    STEP = "step"  # a canary or promotion step: a canary Deployment runs
+    STABLE = "stable"  # at the top, the guard watching
+    ROLLED_BACK = "rolledBack"  # halted until retry or a new generation
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    """One decision's inputs, read-only."""
+
+    spec: KVOffloadPolicySpec
+    ladder: list[Level]
+    status: KVOffloadPolicyStatus
+    obs: Observations
+    now: datetime
+    evidence: AnalysisStatus | None
+    """lastAnalysis after this cycle's verdict, counting only verdicts since the step started."""
+    seen: Mapping[str, str]
+    """annotationsSeen to write."""
+
+    def level(self, index: int) -> Level:
+        return self.ladder[index]
+
+    def level_name(self, index: int) -> str:
+        return self.ladder[index].name if 0 <= index < len(self.ladder) else f"level {index}"
+
+    def hash_of(self, level: Level) -> str:
+        return self.obs.level_hashes[level.index]
+
+    @property
+    def stage(self) -> StageStatus:
+        assert self.status.stage is not None  # decide() starts a fresh ladder otherwise
+        return self.status.stage
+
+    @property
+    def stable(self) -> VariantStatus:
+        assert self.status.stable is not None
+        return self.status.stable
+
+    @property
+    def elapsed(self) -> float:
+        started = self.stage.started_at
+        return (self.now - started).total_seconds() if started is not None else math.inf
+
+    @property
+    def paused(self) -> bool:
+        return cond.is_true(self.status.conditions, cond.PAUSED)
+
+    @property
+    def top(self) -> Level:
+        return self.ladder[-1]
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """One transition (or hold), before it is written into the status."""
+
+    mode: _Mode
+    stage: StageStatus
+    stable: VariantPlan
+    canary: VariantPlan | None
+    reason: str
+    """The Progressing reason, or the Degraded reason when rolled back."""
+    message: str
+    event: Event | None = None
+    decision: str | None = None
+    """The history entry's decision; None for a hold."""
+    paused: bool | None = None
+    """None keeps the Paused condition as it was."""
+    inconclusive: bool = False
+    baseline: BaselineStatus | None = None
+    """A new baseline; None keeps the old one."""
+    seen: Mapping[str, str] | None = None
+    """annotationsSeen to write; None takes the context's."""
+
+
+def decide(
+    spec: KVOffloadPolicySpec,
+    status: KVOffloadPolicyStatus | None,
+    observations: Observations,
+    now: datetime,
+) -> Plan:
+    """The next step of the ladder for one policy.
+
+    Pure: the same inputs give the same Plan, and neither input is changed.
+    ``observations.level_hashes`` must hold every level of ``build_ladder(spec)``
+    (KeyError otherwise). Guarantees: no promotion without a Pass verdict at
+    the end of a full step (or a manual promote); the fleet never has zero
+    replicas; it never asks for more than ``(replicas + maxSurge)`` replicas.
+    """
+    ladder = build_ladder(spec)
+    missing = [lv.index for lv in ladder if lv.index not in observations.level_hashes]
+    if missing:
+        raise KeyError(f"observations.level_hashes lacks ladder levels {missing}")
+    current = status if status is not None else KVOffloadPolicyStatus()
+    ctx = _Ctx(
+        spec=spec,
+        ladder=ladder,
+        status=current,
+        obs=observations,
+        now=now,
+        evidence=_evidence(current, observations.assessment, now),
+        seen=_seen_still_set(current.annotations_seen, observations.annotations),
+    )
+
+    if current.stable is None or current.stage is None:
+        return _write(ctx, _start_fresh(ctx))
+    if observations.generation != current.observed_generation or current.ladder != [lv.name for lv in ladder]:
+        return _write(ctx, _new_spec(ctx))
+    mode = _mode_of(current)
+    if mode is None:
+        return _write(ctx, _start_ladder(ctx, _map_level(ctx), Reason.NEW_LADDER, "status was incomplete"))
+    if (failure := _failure(ctx, mode)) is not None:
+        return _write(ctx, _roll_back(ctx, mode, *failure))
+    if (key := _next_manual(ctx)) is not None:
+        return _write(ctx, _manual(ctx, mode, key))
+    return _write(ctx, _continue(ctx, mode))
+
+
+def invalid(status: KVOffloadPolicyStatus | None, errors: Sequence[str], generation: int | None, now: datetime) -> Plan:
+    """The Plan for a spec that fails validation: phase Invalid, the field errors in the
+    condition's message, and no Deployment touched (``variants is None``).
+
+    The rest of the status is kept, so a fixed spec (a new generation) resumes
+    from the stable level it had.
+    """
+    current = status if status is not None else KVOffloadPolicyStatus()
+    message = "; ".join(errors) or "the spec is invalid"
+    was = cond.find(current.conditions, cond.INVALID)
+    news = was is None or was.status != "True" or was.message != message
+    conditions = cond.set_condition(
+        current.conditions, cond.INVALID, True, Reason.SPEC_INVALID, message, now, generation
+    )
+    history = list(current.history)
+    if news:
+        stage = current.stage.name if current.stage is not None else ""
+        history.append(
+            HistoryEntry(time=now, stage=stage, decision="Invalid", reason=Reason.SPEC_INVALID, message=message)
+        )
+    new_status = current.model_copy(
+        update={
+            "conditions": conditions,
+            "phase": cond.derive_phase(conditions, current.stage),
+            "observed_generation": generation,
+            "history": history[-HISTORY_LIMIT:],
+            "message": f"invalid spec: {message}",
+        }
+    )
+    events = (Event("Warning", Reason.SPEC_INVALID, message),) if news else ()
+    return Plan(status=new_status, variants=None, events=events)
+
+
+# --- situations -------------------------------------------------------------------------
+
+
+def _mode_of(status: KVOffloadPolicyStatus) -> _Mode | None:
+    if status.canary is not None:
+        return _Mode.STEP
+    progressing = cond.find(status.conditions, cond.PROGRESSING)
+    if progressing is not None and progressing.status == "True" and progressing.reason == Reason.BASELINE_RUNNING:
+        return _Mode.BASELINE
+    if cond.is_true(status.conditions, cond.DEGRADED):
+        return _Mode.ROLLED_BACK
+    if cond.is_true(status.conditions, cond.READY):
+        return _Mode.STABLE
+    return None
+
+
+def _failure(ctx: _Ctx, mode: _Mode) -> tuple[Reason, str] | None:
+    """Why the newest level must go now, if it must: a canary's hard failure or a sustained breach."""
+    if mode is _Mode.STEP:
+        if (hard := _hard_failure(ctx)) is not None:
+            return hard
+        if sustained(ctx.evidence, ctx.spec.analysis.sustained_for, ctx.now):
+            return Reason.ANALYSIS_FAILED, f"canary failed for {_failing_for(ctx)}: {_figures(ctx.evidence)}"
+    guarded = mode is _Mode.STABLE and _level_below(ctx, ctx.level(ctx.stable.level)) is not None
+    if guarded and sustained(ctx.evidence, ctx.spec.analysis.sustained_for, ctx.now):
+        return Reason.GUARD_BREACH, f"stable fleet over budget for {_failing_for(ctx)}: {_figures(ctx.evidence)}"
+    return None
+
+
+def _hard_failure(ctx: _Ctx) -> tuple[Reason, str] | None:
+    canary = ctx.status.canary
+    assert canary is not None
+    level = ctx.level(canary.level)
+    pods = [p for p in ctx.obs.canary.pods if p.config_hash in (None, canary.config_hash)]
+    where = f"at level {level.name}{_cpu_text(level)}"
+    for pod in pods:
+        if pod.oom_killed:
+            return Reason.CANARY_OOM_KILLED, f"canary pod {pod.name} was OOMKilled {where}"
+    for pod in pods:
+        if pod.crash_looping:
+            return Reason.CANARY_CRASH_LOOPING, f"canary pod {pod.name} is in CrashLoopBackOff {where}"
+    for pod in pods:
+        if pod.restarts > 0:
+            return Reason.CANARY_RESTARTED, f"canary pod {pod.name} restarted {pod.restarts} time(s) {where}"
+    deadline = progress_deadline_seconds(ctx.spec, level)
+    ready = _ready(ctx.obs.canary, canary.config_hash)
+    if ready < canary.replicas and ctx.elapsed >= deadline:
+        return (
+            Reason.PROGRESS_DEADLINE_EXCEEDED,
+            f"only {ready}/{canary.replicas} canary replicas Ready {format_duration(ctx.elapsed)} after the step "
+            f"started (progress deadline {format_duration(deadline)}) {where}",
+        )
+    return None
+
+
+def _next_manual(ctx: _Ctx) -> str | None:
+    return next((key for key in MANUAL_ANNOTATIONS if _changed(ctx.obs.annotations, ctx.seen, key)), None)
+
+
+def _continue(ctx: _Ctx, mode: _Mode) -> _Outcome:
+    if mode is _Mode.BASELINE:
+        return _run_baseline(ctx)
+    if mode is _Mode.STEP:
+        return _run_step(ctx)
+    return _hold(ctx, mode)
+
+
+# --- transitions ------------------------------------------------------------------------
+
+
+def _start_fresh(ctx: _Ctx) -> _Outcome:
+    """A policy seen for the first time: a ladder from GPU-only, or from the level that already runs."""
+    adopted = _adopted_level(ctx)
+    level = adopted or ctx.ladder[0]
+    why = f"adopted the running {level.name} Deployment; " if adopted else ""
+    seen = {k: v for k in MANUAL_ANNOTATIONS if (v := ctx.obs.annotations.get(k, ""))}
+    outcome = _start_ladder(ctx, level, Reason.NEW_LADDER, f"{why}ladder {' → '.join(lv.name for lv in ctx.ladder)}")
+    return replace(outcome, seen=seen, paused=False)
+
+
+def _new_spec(ctx: _Ctx) -> _Outcome:
+    level = _map_level(ctx)
+    old = ctx.status.observed_generation
+    dropped = f"dropped canary {ctx.level_name(ctx.status.canary.level)}; " if ctx.status.canary else ""
+    return _start_ladder(
+        ctx, level, Reason.SPEC_CHANGED, f"generation {old} → {ctx.obs.generation}: {dropped}stable level {level.name}"
+    )
+
+
+def _start_ladder(ctx: _Ctx, level: Level, reason: Reason, why: str) -> _Outcome:
+    """Every replica on ``level``; a baseline when there is a level to climb to, else Stable."""
+    stable = VariantPlan(level.index, ctx.spec.replicas, ctx.hash_of(level))
+    stage = _stage(level, 0, ctx.now)
+    if level.index == ctx.top.index:
+        message = f"{why}; {level.name} is the top level: Stable, the guard watches"
+        return _Outcome(
+            _Mode.STABLE,
+            stage,
+            stable,
+            None,
+            Reason.LADDER_COMPLETE,
+            message,
+            event=Event("Normal", reason, message),
+            decision=str(reason),
+        )
+    duration = ctx.spec.rollout.baseline_duration
+    message = f"{why}; baseline of {level.name} on {ctx.spec.replicas} replicas for {duration}"
+    return _Outcome(
+        _Mode.BASELINE,
+        stage,
+        stable,
+        None,
+        Reason.BASELINE_RUNNING,
+        message,
+        event=Event("Normal", reason, message),
+        decision=str(reason),
+    )
+
+
+def _run_baseline(ctx: _Ctx) -> _Outcome:
+    duration = parse_duration(ctx.spec.rollout.baseline_duration)
+    if ctx.paused or _too_inconclusive(ctx):
+        return _hold(ctx, _Mode.BASELINE)
+    if ctx.elapsed < duration:
+        return _hold(ctx, _Mode.BASELINE, f"measuring the baseline: {_progress(ctx, duration)}")
+    verdict = ctx.obs.assessment
+    if verdict is None or verdict.verdict is Verdict.INCONCLUSIVE:
+        why = verdict.message if verdict is not None else "no analysis this cycle"
+        return _hold(ctx, _Mode.BASELINE, f"baseline extended ({format_duration(ctx.elapsed)}): {why}")
+    return _finish_baseline(ctx, manual=False)
+
+
+def _finish_baseline(ctx: _Ctx, *, manual: bool) -> _Outcome:
+    """Record the stable figures and start the next level's canary.
+
+    A fleet already over budget does not stop the climb (offload may be the cure),
+    but the Event says so as a Warning.
+    """
+    baseline = _baseline_from(ctx)
+    level = ctx.level(ctx.stable.level)
+    figures = _baseline_text(baseline)
+    if manual:
+        why, reason = f"baseline cut short by {PROMOTE} ({figures})", Reason.MANUAL_PROMOTE
+    else:
+        why = f"baseline of {level.name} taken over {format_duration(ctx.elapsed)}: {figures}"
+        reason = Reason.BASELINE_TAKEN
+    outcome = _start_canary(ctx, _stable_plan(ctx), ctx.level(level.index + 1), reason, why)
+    verdict = ctx.obs.assessment
+    if verdict is not None and verdict.verdict is Verdict.FAIL and not manual:
+        message = f"{outcome.message}; the {level.name} fleet is already over budget: {verdict.message}"
+        outcome = replace(outcome, message=message, event=Event("Warning", reason, message))
+    return replace(outcome, baseline=baseline)
+
+
+def _start_canary(ctx: _Ctx, stable: VariantPlan, level: Level, reason: Reason, why: str) -> _Outcome:
+    """``canaryReplicas`` on ``level``; the stable side shrinks beyond maxSurge."""
+    count = canary_replicas(ctx.spec, 0)
+    stable = replace(stable, replicas=stable_replicas(ctx.spec, count))
+    canary = VariantPlan(level.index, count, ctx.hash_of(level))
+    message = (
+        f"{why}; canary {level.name}{_cpu_text(level)} on {count} of {ctx.spec.replicas} replicas, "
+        f"stable {ctx.level(stable.level).name} keeps {stable.replicas}"
+    )
+    return _Outcome(
+        _Mode.STEP,
+        _stage(level, 0, ctx.now),
+        stable,
+        canary,
+        Reason.CANARY_RUNNING,
+        message,
+        event=Event("Normal", reason, message),
+        decision=str(reason),
+        inconclusive=False,
+    )
+
+
+def _run_step(ctx: _Ctx) -> _Outcome:
+    canary = ctx.status.canary
+    assert canary is not None
+    duration = parse_duration(ctx.spec.rollout.step_duration)
+    if ctx.paused or _too_inconclusive(ctx):
+        return _hold(ctx, _Mode.STEP)
+    if ctx.elapsed < duration:
+        return _hold(ctx, _Mode.STEP, f"{_step_name(ctx)}: {_progress(ctx, duration)}, {_verdict_text(ctx)}")
+    ready = _ready(ctx.obs.canary, canary.config_hash)
+    if ready < canary.replicas:
+        return _hold(ctx, _Mode.STEP, f"{_step_name(ctx)}: waiting for canaries Ready ({ready}/{canary.replicas})")
+    verdict = ctx.obs.assessment
+    if verdict is None or verdict.verdict is not Verdict.PASS:
+        return _hold(ctx, _Mode.STEP, f"{_step_name(ctx)}: step over, waiting for a Pass; {_verdict_text(ctx)}")
+    if not ctx.spec.rollout.auto_promote:
+        return _hold(
+            ctx,
+            _Mode.STEP,
+            f"{_step_name(ctx)}: passed ({_figures(ctx.evidence)}); waiting for {PROMOTE}",
+            reason=Reason.AWAITING_PROMOTION,
+        )
+    return _advance(ctx, manual=False)
+
+
+def _advance(ctx: _Ctx, *, manual: bool) -> _Outcome:
+    """The step is done: the next promotion step, the next level, or the top."""
+    canary = ctx.status.canary
+    assert canary is not None
+    level = ctx.level(canary.level)
+    evidence = (
+        f"promoted by {PROMOTE} without waiting for evidence (last: {_figures(ctx.evidence)})"
+        if manual
+        else f"{_step_name(ctx)} passed after {format_duration(ctx.elapsed)} ({_figures(ctx.evidence)})"
+    )
+    manual_reason = Reason.MANUAL_PROMOTE if manual else None
+    if level.canary_only:
+        return _start_canary(
+            ctx, _stable_plan(ctx), ctx.level(level.index + 1), manual_reason or Reason.PILOT_PASSED, evidence
+        )
+    step = next_step(ctx.spec, ctx.stage.step)
+    if step is not None:
+        count = canary_replicas(ctx.spec, step)
+        stable = replace(_stable_plan(ctx), replicas=stable_replicas(ctx.spec, count))
+        pct = ctx.spec.rollout.promotion_steps[step - 1]
+        message = f"{evidence}; {level.name} now on {count} of {ctx.spec.replicas} replicas ({pct}%)"
+        reason = manual_reason or Reason.PROMOTED
+        return _Outcome(
+            _Mode.STEP,
+            _stage(level, step, ctx.now),
+            stable,
+            replace(_plan_of(canary), replicas=count),
+            Reason.PROMOTION_RUNNING,
+            message,
+            event=Event("Normal", reason, message),
+            decision=str(reason),
+        )
+    promoted = VariantPlan(level.index, ctx.spec.replicas, canary.config_hash)
+    reason = manual_reason or Reason.LEVEL_PROMOTED
+    if level.index == ctx.top.index:
+        message = f"{evidence}; {level.name} is stable on all {ctx.spec.replicas} replicas: the top of the ladder"
+        return _Outcome(
+            _Mode.STABLE,
+            _stage(level, 0, ctx.now),
+            promoted,
+            None,
+            Reason.LADDER_COMPLETE,
+            message,
+            event=Event("Normal", reason, message),
+            decision=str(reason),
+        )
+    return _start_canary(ctx, promoted, ctx.level(level.index + 1), reason, f"{evidence}; {level.name} is stable")
+
+
+def _roll_back(ctx: _Ctx, mode: _Mode, reason: Reason, why: str) -> _Outcome:
+    """The canary goes; the stable level stays exactly (the guard: the fleet drops a level)."""
+    if mode is _Mode.STABLE:
+        current = ctx.level(ctx.stable.level)
+        below = _level_below(ctx, current)
+        assert below is not None  # _failure checks it
+        landing = below
+        target = VariantPlan(below.index, ctx.spec.replicas, ctx.hash_of(below))
+        message = f"{why}; took away {current.name}: the fleet rolls back to {below.name}"
+    else:
+        target = replace(_stable_plan(ctx), replicas=ctx.spec.replicas)
+        landing = ctx.level(target.level)
+        dropped = f"canary {ctx.level_name(ctx.status.canary.level)} removed" if ctx.status.canary else "ladder halted"
+        message = f"{why}; {dropped}, all {ctx.spec.replicas} replicas on {landing.name} ({target.config_hash})"
+    return _Outcome(
+        _Mode.ROLLED_BACK,
+        _stage(landing, 0, ctx.now),
+        target,
+        None,
+        reason,
+        message,
+        event=Event("Warning", reason, message),
+        decision="Rollback",
+        paused=False,
+        inconclusive=False,
+    )
+
+
+def _manual(ctx: _Ctx, mode: _Mode, key: str) -> _Outcome:
+    """Act on one changed annotation (and remember its value), or say why it does nothing."""
+    seen = {**ctx.seen, key: ctx.obs.annotations[key]}
+    stopped = ctx.paused or cond.is_true(ctx.status.conditions, cond.ANALYSIS_INCONCLUSIVE)
+    outcome: _Outcome | None = None
+    if key == ABORT and mode in (_Mode.BASELINE, _Mode.STEP):
+        outcome = replace(_roll_back(ctx, mode, Reason.ABORTED, f"aborted by {ABORT}"), decision="Abort")
+    elif key == PAUSE and mode is not _Mode.ROLLED_BACK and not ctx.paused:
+        message = f"paused by {PAUSE}: nothing advances until {RESUME} (rollbacks still apply)"
+        outcome = _hold(
+            ctx, mode, message, paused=True, event=Event("Normal", Reason.PAUSED, message), decision="Pause"
+        )
+    elif key == RESUME and stopped:
+        outcome = _resume(ctx, mode)
+    elif key == RETRY and (mode is _Mode.ROLLED_BACK or stopped):
+        level = ctx.level(ctx.stable.level)
+        outcome = replace(
+            _start_ladder(ctx, level, Reason.RETRY, f"retry by {RETRY} from {level.name}"),
+            paused=False,
+            inconclusive=False,
+        )
+    elif key == PROMOTE and mode is _Mode.BASELINE:
+        outcome = _finish_baseline(ctx, manual=True)
+    elif key == PROMOTE and mode is _Mode.STEP:
+        outcome = _advance(ctx, manual=True)
+    if outcome is None:
+        message = f"{key}={ctx.obs.annotations[key]!r} ignored: nothing to do in phase {ctx.status.phase.value}"
+        outcome = _hold(ctx, mode, message, event=Event("Normal", Reason.MANUAL_ACTION_IGNORED, message))
+    return replace(outcome, seen=seen)
+
+
+def _resume(ctx: _Ctx, mode: _Mode) -> _Outcome:
+    """Clear the pause and restart the step clock: evidence is gathered while running."""
+    stage = ctx.stage.model_copy(update={"started_at": ctx.now}) if mode in (_Mode.BASELINE, _Mode.STEP) else ctx.stage
+    message = f"resumed by {RESUME}; the step clock restarts"
+    held = _hold(ctx, mode, message, paused=False, event=Event("Normal", Reason.RESUMED, message), decision="Resume")
+    return replace(held, stage=stage, inconclusive=False)
+
+
+def _hold(
+    ctx: _Ctx,
+    mode: _Mode,
+    message: str | None = None,
+    *,
+    reason: Reason | None = None,
+    paused: bool | None = None,
+    event: Event | None = None,
+    decision: str | None = None,
+) -> _Outcome:
+    """Keep the Deployments as they are; report why. Pauses on too many Inconclusive verdicts."""
+    stable = _stable_plan(ctx)
+    canary = _plan_of(ctx.status.canary) if ctx.status.canary is not None else None
+    if reason is None:
+        reason = _resting_reason(ctx, mode)
+    inconclusive = mode in (_Mode.BASELINE, _Mode.STEP) and _too_inconclusive(ctx)
+    if message is None:
+        if paused if paused is not None else ctx.paused:
+            message = f"paused; set {RESUME} to go on"
+        elif inconclusive:
+            message = (
+                f"paused: {_inconclusive_count(ctx)} Inconclusive verdicts in a row; set {RESUME} or wait for evidence"
+            )
+        else:
+            message = ctx.status.message
+    newly = inconclusive and not cond.is_true(ctx.status.conditions, cond.ANALYSIS_INCONCLUSIVE)
+    if newly and event is None:
+        why = ctx.evidence.message if ctx.evidence is not None else ""
+        message = (
+            f"paused: {_inconclusive_count(ctx)} Inconclusive verdicts in a row "
+            f"(maxInconclusive {ctx.spec.analysis.max_inconclusive}): {why}"
+        )
+        event = Event("Warning", Reason.TOO_MANY_INCONCLUSIVE, message)
+        decision = "Pause"
+    return _Outcome(
+        mode,
+        ctx.stage,
+        stable,
+        canary,
+        reason,
+        message,
+        event=event,
+        decision=decision,
+        paused=paused,
+        inconclusive=inconclusive,
+    )
+
+
+# --- writing the plan -------------------------------------------------------------------
+
+
+def _write(ctx: _Ctx, o: _Outcome) -> Plan:
+    """Turn an outcome into the Plan: conditions, phase, status, history, events."""
+    seen = o.seen if o.seen is not None else ctx.seen
+    paused = o.paused if o.paused is not None else ctx.paused
+    conditions = _conditions(ctx, o, paused)
+    stage_level = ctx.level(o.stage.index)
+    last_analysis = ctx.evidence if ctx.evidence is not None else ctx.status.last_analysis
+    history = list(ctx.status.history)
+    if o.decision is not None:
+        history.append(
+            HistoryEntry(
+                time=ctx.now,
+                stage=stage_level.name,
+                decision=o.decision,
+                reason=o.reason if o.event is None else o.event.reason,
+                message=o.message,
+            )
+        )
+    status = KVOffloadPolicyStatus(
+        phase=cond.derive_phase(conditions, o.stage),
+        observed_generation=ctx.obs.generation,
+        stage=o.stage,
+        ladder=[lv.name for lv in ctx.ladder],
+        stable=_variant_status(ctx.level(o.stable.level), o.stable, ctx.obs.stable),
+        canary=_variant_status(ctx.level(o.canary.level), o.canary, ctx.obs.canary) if o.canary else None,
+        baseline=o.baseline if o.baseline is not None else ctx.status.baseline,
+        last_analysis=last_analysis,
+        host_memory=ctx.status.host_memory,
+        conditions=conditions,
+        history=history[-HISTORY_LIMIT:],
+        annotations_seen=dict(seen),
+        message=o.message,
+        **_display(o, last_analysis),
+    )
+    return Plan(
+        status=status,
+        variants=Variants(o.stable, o.canary),
+        events=(o.event,) if o.event is not None else (),
+        requeue_after=_requeue_after(ctx, o, seen, paused),
+    )
+
+
+def _display(o: _Outcome, analysis: AnalysisStatus | None) -> dict[str, str]:
+    """The printer-column strings: tiers, canary/stable replicas, the subject's p99 TTFT and external share."""
+
+    def subject(name: str) -> float | None:
+        found = next((m for m in analysis.metrics if m.name == name), None) if analysis is not None else None
+        if found is None:
+            return None
+        return found.canary if o.canary is not None else found.stable
+
+    ttft, share = subject(TTFT_P99), subject(EXTERNAL_SHARE)
+    return {
+        "tiers_summary": "+".join(o.stage.tiers) or "none",
+        "canary_summary": f"{o.canary.replicas if o.canary is not None else 0}/{o.stable.replicas}",
+        "ttft_p99": "" if ttft is None else f"{ttft * 1000:.0f}ms",
+        "external_share": "" if share is None else f"{share:.1%}",
+    }
+
+
+def _conditions(ctx: _Ctx, o: _Outcome, paused: bool) -> list[Condition]:
+    def put(conds: list[Condition], type_: str, status: bool, reason: str, message: str = "") -> list[Condition]:
+        return cond.set_condition(conds, type_, status, reason, message, ctx.now, ctx.obs.generation)
+
+    c = list(ctx.status.conditions)
+    if o.mode in (_Mode.BASELINE, _Mode.STEP):
+        c = put(c, cond.READY, False, Reason.ROLLOUT_IN_PROGRESS)
+        c = put(c, cond.PROGRESSING, True, o.reason, o.message)
+        c = put(c, cond.DEGRADED, False, Reason.AS_EXPECTED)
+    elif o.mode is _Mode.STABLE:
+        c = put(c, cond.READY, True, Reason.LADDER_COMPLETE, o.message)
+        c = put(c, cond.PROGRESSING, False, Reason.LADDER_COMPLETE)
+        c = put(c, cond.DEGRADED, False, Reason.AS_EXPECTED)
+    else:
+        c = put(c, cond.READY, False, o.reason)
+        c = put(c, cond.PROGRESSING, False, o.reason)
+        c = put(c, cond.DEGRADED, True, o.reason, o.message)
+    c = put(c, cond.PAUSED, paused, Reason.PAUSED if paused else Reason.NOT_PAUSED)
+    c = put(
+        c,
+        cond.ANALYSIS_INCONCLUSIVE,
+        o.inconclusive,
+        Reason.TOO_MANY_INCONCLUSIVE if o.inconclusive else Reason.ENOUGH_EVIDENCE,
+        o.message if o.inconclusive else "",
+    )
+    return put(c, cond.INVALID, False, Reason.SPEC_VALID)
+
+
+def _requeue_after(ctx: _Ctx, o: _Outcome, seen: Mapping[str, str], paused: bool) -> float | None:
+    if any(_changed(ctx.obs.annotations, seen, key) for key in MANUAL_ANNOTATIONS):
+        return PENDING_REQUEUE_SECONDS
+    if paused or o.inconclusive or o.stage.started_at is None:
+        return None
+    if o.mode is _Mode.BASELINE:
+        duration = parse_duration(ctx.spec.rollout.baseline_duration)
+    elif o.mode is _Mode.STEP:
+        duration = parse_duration(ctx.spec.rollout.step_duration)
+    else:
+        return None
+    left = duration - (ctx.now - o.stage.started_at).total_seconds()
+    return left if left > 0 else None
+
+
+# --- small helpers ----------------------------------------------------------------------
+
+
+def _plan_of(variant: VariantStatus) -> VariantPlan:
+    """The VariantPlan a variant status describes."""
+    return VariantPlan(variant.level, variant.replicas, variant.config_hash)
+
+
+def _stable_plan(ctx: _Ctx) -> VariantPlan:
+    return _plan_of(ctx.stable)
+
+
+def _stage(level: Level, step: int, now: datetime) -> StageStatus:
+    return StageStatus(index=level.index, name=level.name, tiers=level.tiers, step=step, started_at=now)
+
+
+def _variant_status(level: Level, plan: VariantPlan, seen: VariantObservation) -> VariantStatus:
+    return VariantStatus(
+        config_hash=plan.config_hash,
+        level=plan.level,
+        tiers=level.tiers,
+        cpu_size=to_quantity(level.cpu_bytes) if level.cpu_bytes is not None else None,
+        replicas=plan.replicas,
+        ready=_ready(seen, plan.config_hash),
+    )
+
+
+def _ready(seen: VariantObservation, config_hash: str) -> int:
+    """Ready replicas running ``config_hash``; a Deployment still on another config counts none."""
+    return seen.ready_replicas if seen.exists and seen.config_hash == config_hash else 0
+
+
+def _evidence(status: KVOffloadPolicyStatus, assessment: Assessment | None, now: datetime) -> AnalysisStatus | None:
+    previous = status.last_analysis
+    started = status.stage.started_at if status.stage is not None else None
+    if previous is not None and started is not None and previous.time <= started:
+        previous = None  # a streak never spans a step start
+    if assessment is None:
+        return previous
+    return advance(previous, assessment, now)
+
+
+def _too_inconclusive(ctx: _Ctx) -> bool:
+    return _inconclusive_count(ctx) >= ctx.spec.analysis.max_inconclusive
+
+
+def _inconclusive_count(ctx: _Ctx) -> int:
+    return ctx.evidence.consecutive_inconclusive if ctx.evidence is not None else 0
+
+
+def _changed(annotations: Mapping[str, str], seen: Mapping[str, str], key: str) -> bool:
+    value = annotations.get(key, "")
+    return bool(value) and seen.get(key) != value
+
+
+def _seen_still_set(seen: Mapping[str, str], annotations: Mapping[str, str]) -> dict[str, str]:
+    """Forget values of annotations that were removed, so setting one again counts as a change."""
+    return {k: v for k, v in seen.items() if k in annotations}
+
+
+def _adopted_level(ctx: _Ctx) -> Level | None:
+    """A stable Deployment already running a known level with the exact config: keep it."""
+    seen = ctx.obs.stable
+    if not seen.exists or seen.level is None or not 0 <= seen.level < len(ctx.ladder):
+        return None
+    level = ctx.ladder[seen.level]
+    if level.canary_only or seen.config_hash != ctx.hash_of(level):
+        return None
+    return level
+
+
+def _map_level(ctx: _Ctx) -> Level:
+    """The stable level in the new ladder by name; if gone, the nearest lower old level that remains."""
+    by_name = {lv.name: lv for lv in ctx.ladder if not lv.canary_only}
+    old = ctx.status.ladder
+    index = ctx.stable.level
+    for name in reversed(old[: index + 1]):
+        if name in by_name:
+            return by_name[name]
+    return ctx.ladder[0]
+
+
+def _level_below(ctx: _Ctx, level: Level) -> Level | None:
+    """The level the guard falls back to: the next lower one that may hold the whole fleet."""
+    return next((lv for lv in reversed(ctx.ladder[: level.index]) if not lv.canary_only), None)
+
+
+def _resting_reason(ctx: _Ctx, mode: _Mode) -> Reason:
+    if mode is _Mode.BASELINE:
+        return Reason.BASELINE_RUNNING
+    if mode is _Mode.STEP:
+        return Reason.CANARY_RUNNING if ctx.stage.step == 0 else Reason.PROMOTION_RUNNING
+    if mode is _Mode.STABLE:
+        return Reason.LADDER_COMPLETE
+    degraded = cond.find(ctx.status.conditions, cond.DEGRADED)
+    return Reason(degraded.reason) if degraded is not None and degraded.reason in set(Reason) else Reason.ABORTED
+
+
+def _baseline_from(ctx: _Ctx) -> BaselineStatus:
+    sample = ctx.obs.measurements.stable if ctx.obs.measurements is not None else None
+    if sample is None:
+        return BaselineStatus(taken_at=ctx.now)
+    return BaselineStatus(
+        ttft_p99=sample.ttft_p99,
+        itl_p99=sample.itl_p99,
+        request_rate=sample.request_rate,
+        gpu_kv_usage=sample.kv_usage,
+        taken_at=ctx.now,
+    )
+
+
+def _seconds(value: float | None) -> str:
+    return "n/a" if value is None else format_duration(value)
+
+
+def _baseline_text(b: BaselineStatus) -> str:
+    rate = "n/a" if b.request_rate is None else f"{b.request_rate:.2f} req/s"
+    usage = "n/a" if b.gpu_kv_usage is None else f"{b.gpu_kv_usage:.0%}"
+    return f"p99 TTFT {_seconds(b.ttft_p99)}, p99 ITL {_seconds(b.itl_p99)}, {rate}, GPU KV {usage}"
+
+
+def _figures(analysis: AnalysisStatus | None) -> str:
+    """A verdict with its key figures, for Events and messages."""
+    if analysis is None:
+        return "no analysis yet"
+    parts: list[str] = []
+    for m in analysis.metrics:
+        if m.name not in (TTFT_P99, ITL_P99, EXTERNAL_SHARE):
+            continue
+        show = (lambda v: f"{v:.1%}") if m.name == EXTERNAL_SHARE else _seconds
+        values = [f"{who} {show(v)}" for who, v in (("canary", m.canary), ("stable", m.stable)) if v is not None]
+        if values:
+            parts.append(f"{m.name} {' / '.join(values)}")
+    figures = f"; {', '.join(parts)}" if parts else ""
+    return f"{analysis.verdict.value}: {analysis.message}{figures}"
+
+
+def _verdict_text(ctx: _Ctx) -> str:
+    return f"last verdict {_figures(ctx.evidence)}" if ctx.evidence is not None else "no verdict yet"
+
+
+def _failing_for(ctx: _Ctx) -> str:
+    since = ctx.evidence.failing_since if ctx.evidence is not None else None
+    return format_duration((ctx.now - since).total_seconds()) if since is not None else "?"
+
+
+def _progress(ctx: _Ctx, duration: float) -> str:
+    return f"{format_duration(ctx.elapsed)} of {format_duration(duration)}"
+
+
+def _step_name(ctx: _Ctx) -> str:
+    level = ctx.level(ctx.stage.index)
+    step = ctx.stage.step
+    if step == 0:
+        return f"canary {level.name}"
+    return f"{level.name} at {ctx.spec.rollout.promotion_steps[step - 1]}%"
+
+
+def _cpu_text(level: Level) -> str:
+    return f" ({to_quantity(level.cpu_bytes)} CPU tier)" if level.cpu_bytes is not None else ""
