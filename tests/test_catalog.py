@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from kvoffload.api.quantity import GIB
 from kvoffload.api.types import Architecture
 from kvoffload.policy.catalog import (
-    GIB,
     GPU_CLASSES,
     MODELS,
     ConfigError,

@@ -21,10 +21,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kvoffload.api.types import API_GROUP, API_VERSION, KIND
+from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PEERING_NAME
 from kvoffload.cli.main import run
 from kvoffload.controller.gateway import PLURALS, PolicyRef
-from kvoffload.controller.handlers import PEERING_NAME
 from tests.support.kube import EmulatedCluster, kvoffload_run, policy_manifest, wait_for
 
 REPO = Path(__file__).resolve().parent.parent

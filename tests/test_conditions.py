@@ -6,16 +6,16 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from kvoffload.api.conventions import DEGRADED, PAUSED, PROGRESSING, READY, Reason
 from kvoffload.api.types import Condition, Phase, StageStatus
 from kvoffload.rollout import conditions as cond
-from kvoffload.rollout.conditions import Reason
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
 LATER = T0 + timedelta(minutes=5)
 
 
 def test_a_new_condition_gets_now_as_its_transition_time():
-    conditions = cond.set_condition([], cond.READY, True, Reason.LADDER_COMPLETE, "done", T0, generation=3)
+    conditions = cond.set_condition([], READY, True, Reason.LADDER_COMPLETE, "done", T0, generation=3)
 
     assert conditions == [
         Condition(
@@ -30,9 +30,9 @@ def test_a_new_condition_gets_now_as_its_transition_time():
 
 
 def test_an_unchanged_status_keeps_last_transition_time_even_when_reason_and_message_change():
-    before = cond.set_condition([], cond.PROGRESSING, True, Reason.CANARY_RUNNING, "canary cpu", T0)
+    before = cond.set_condition([], PROGRESSING, True, Reason.CANARY_RUNNING, "canary cpu", T0)
 
-    after = cond.set_condition(before, cond.PROGRESSING, True, Reason.PROMOTION_RUNNING, "cpu at 50%", LATER)
+    after = cond.set_condition(before, PROGRESSING, True, Reason.PROMOTION_RUNNING, "cpu at 50%", LATER)
 
     (progressing,) = after
     assert progressing.last_transition_time == T0
@@ -40,20 +40,20 @@ def test_an_unchanged_status_keeps_last_transition_time_even_when_reason_and_mes
 
 
 def test_a_changed_status_moves_last_transition_time():
-    before = cond.set_condition([], cond.DEGRADED, False, Reason.AS_EXPECTED, "", T0)
+    before = cond.set_condition([], DEGRADED, False, Reason.AS_EXPECTED, "", T0)
 
-    after = cond.set_condition(before, cond.DEGRADED, True, Reason.CANARY_OOM_KILLED, "pod x OOMKilled", LATER)
+    after = cond.set_condition(before, DEGRADED, True, Reason.CANARY_OOM_KILLED, "pod x OOMKilled", LATER)
 
     assert after[0].status == "True"
     assert after[0].last_transition_time == LATER
 
 
 def test_setting_a_condition_leaves_the_input_list_and_the_other_conditions_alone():
-    before = cond.set_condition([], cond.READY, False, Reason.ROLLOUT_IN_PROGRESS, "", T0)
-    before = cond.set_condition(before, cond.PAUSED, False, Reason.NOT_PAUSED, "", T0)
+    before = cond.set_condition([], READY, False, Reason.ROLLOUT_IN_PROGRESS, "", T0)
+    before = cond.set_condition(before, PAUSED, False, Reason.NOT_PAUSED, "", T0)
     snapshot = [c.model_copy() for c in before]
 
-    after = cond.set_condition(before, cond.PAUSED, True, Reason.PAUSED, "by hand", LATER)
+    after = cond.set_condition(before, PAUSED, True, Reason.PAUSED, "by hand", LATER)
 
     assert before == snapshot
     assert [c.type for c in after] == ["Ready", "Paused"]

@@ -16,12 +16,13 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
+from kvoffload.api.conventions import PROMOTE
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicyStatus, Phase
 from kvoffload.cli.control import VERBS, new_annotation_value
 from kvoffload.cli.main import main
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import config_hash
-from kvoffload.rollout.decide import PROMOTE, Observations, VariantObservation, decide
+from kvoffload.rollout.decide import Observations, VariantObservation, decide
 from tests.support.kube import EmulatedCluster
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "demo-two-tier.yaml"

@@ -21,9 +21,8 @@ import pytest
 from kvoffload.analysis.assess import Measurements, VariantSample
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import PolicyKey, Target
-from kvoffload.api.types import API_GROUP, API_VERSION, KIND
+from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, LABEL_CONFIG_HASH, LABEL_LEVEL
 from kvoffload.controller.reconcile import Controller, ReconcileError
-from kvoffload.policy.render import LABEL_CONFIG_HASH, LABEL_LEVEL
 from tests.support.kube import EmulatedCluster, policy_manifest
 
 pytestmark = pytest.mark.e2e

@@ -17,10 +17,11 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_LEVEL, LABEL_POLICY
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.lab.cluster.localcluster import LocalCluster
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.render import LABEL_CONFIG_HASH, LABEL_LEVEL, LABEL_POLICY, config_hash
+from kvoffload.policy.render import config_hash
 from tests.support.cluster import POLICY_API_VERSION, OperatorProcess, eventually, load_on, status_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus, pytest.mark.timeout(240)]

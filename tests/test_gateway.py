@@ -9,7 +9,7 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from kvoffload.api.types import API_GROUP, API_VERSION, KIND
+from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, LABEL_POLICY, LABEL_VARIANT
 from kvoffload.controller.gateway import (
     ApiRejectedError,
     ApiUnavailableError,
@@ -20,7 +20,6 @@ from kvoffload.controller.gateway import (
     RetryPolicy,
     parse_pod,
 )
-from kvoffload.policy.render import LABEL_POLICY, LABEL_VARIANT
 from tests.support.kube import EmulatedCluster, policy_manifest
 
 NS = "llm"

@@ -10,7 +10,7 @@ import kopf
 import kubernetes.client
 import pytest
 
-from kvoffload.api.types import API_GROUP, API_VERSION, KIND, PLURAL
+from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PLURAL
 from tests.support.kube import (
     POLICY_API_VERSION,
     EmulatedCluster,

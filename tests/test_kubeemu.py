@@ -11,7 +11,7 @@ import kubernetes.watch
 import pytest
 from kubernetes.client import ApiException
 
-from kvoffload.api.types import API_GROUP, API_VERSION, PLURAL
+from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
 from tests.support.kube import EmulatedCluster, policy_manifest, wait_for
 
 NS = "llm"

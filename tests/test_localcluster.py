@@ -10,11 +10,12 @@ from typing import Any
 import aiohttp
 import pytest
 
+from kvoffload.api.conventions import LABEL_CONFIG_HASH
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.controller.gateway import parse_deployment, parse_pod
 from kvoffload.lab.cluster.localcluster import ANNOTATION_PORT, LocalCluster, rolling_limits, vllm_serve_args
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.render import LABEL_CONFIG_HASH, engine_args, render_deployment
+from kvoffload.policy.render import engine_args, render_deployment
 from kvoffload.policy.validation import load_policy
 from tests.support.cluster import eventually
 

@@ -21,8 +21,8 @@ import pytest
 from kvoffload.analysis.assess import Measurements, VariantSample
 from kvoffload.analysis.hub import MeasurementHub
 from kvoffload.analysis.prometheus import PolicyKey, Target
-from kvoffload.api.types import API_GROUP, API_VERSION, KIND, PLURAL
-from kvoffload.controller.handlers import FINALIZER, LoopSettings, register
+from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, KIND, PLURAL
+from kvoffload.controller.handlers import LoopSettings, register
 from kvoffload.controller.reconcile import Controller, ControllerSettings
 from kvoffload.rollout.decide import Plan
 from tests.support.kube import EmulatedCluster, kvoffload_run, policy_manifest, running_kopf, wait_for

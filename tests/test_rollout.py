@@ -18,18 +18,25 @@ import jsonschema
 import pytest
 
 from kvoffload.analysis.assess import Assessment, Measurements, VariantSample, assess
+from kvoffload.api.conventions import (
+    ABORT,
+    ANALYSIS_INCONCLUSIVE,
+    DEGRADED,
+    INVALID,
+    PAUSE,
+    PROGRESSING,
+    PROMOTE,
+    READY,
+    RESUME,
+    RETRY,
+    Reason,
+)
 from kvoffload.api.quantity import parse_duration
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, MetricResult, Phase, Verdict
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.sizing import progress_deadline_seconds
 from kvoffload.rollout import conditions as cond
-from kvoffload.rollout.conditions import Reason
 from kvoffload.rollout.decide import (
-    ABORT,
-    PAUSE,
-    PROMOTE,
-    RESUME,
-    RETRY,
     Event,
     Observations,
     Plan,
@@ -322,7 +329,7 @@ def test_a_whole_climb_with_healthy_traffic_ends_stable_at_the_top_level():
         assert 0 < plan.variants.total_replicas <= 4
     assert world.st.baseline is not None
     assert world.st.baseline.ttft_p99 == pytest.approx(0.40)
-    assert cond.is_true(world.st.conditions, cond.READY)
+    assert cond.is_true(world.st.conditions, READY)
 
 
 def test_the_climb_records_each_step_in_the_stage_and_the_variant_status():
@@ -476,7 +483,7 @@ def test_auto_promote_false_waits_at_the_end_of_each_step_for_the_promote_annota
     world.run_for("1h")
 
     assert world.stage == ("cpu-pilot", 0)
-    progressing = cond.find(world.st.conditions, cond.PROGRESSING)
+    progressing = cond.find(world.st.conditions, PROGRESSING)
     assert progressing is not None
     assert progressing.reason == Reason.AWAITING_PROMOTION
 
@@ -522,7 +529,7 @@ def test_a_breach_longer_than_sustained_for_rolls_back_to_the_exact_stable_level
     assert world.plan.variants.stable.level == stable_before.level
     assert world.plan.variants.stable.config_hash == stable_before.config_hash
     assert world.plan.variants.stable.replicas == 4
-    degraded = cond.find(world.st.conditions, cond.DEGRADED)
+    degraded = cond.find(world.st.conditions, DEGRADED)
     assert degraded is not None
     assert degraded.status == "True"
     assert degraded.reason == "AnalysisFailed"
@@ -612,7 +619,7 @@ def test_the_ladder_stays_rolled_back_until_retry():
 
     assert world.phase is Phase.BASELINE
     assert world.fleet == (("gpu-only", 4), None)
-    assert not cond.is_true(world.st.conditions, cond.DEGRADED)
+    assert not cond.is_true(world.st.conditions, DEGRADED)
     world.run_until(at_stage("cpu-pilot"))
 
 
@@ -671,13 +678,13 @@ def test_max_inconclusive_verdicts_in_a_row_pause_and_a_pass_clears_it():
     world.tick(verdict=Verdict.INCONCLUSIVE)
 
     assert world.phase is Phase.PAUSED
-    assert cond.is_true(world.st.conditions, cond.ANALYSIS_INCONCLUSIVE)
+    assert cond.is_true(world.st.conditions, ANALYSIS_INCONCLUSIVE)
     assert world.events[-1].reason == "TooManyInconclusive"
 
     world.tick(verdict=Verdict.PASS)
 
     assert world.phase is Phase.CANARY
-    assert not cond.is_true(world.st.conditions, cond.ANALYSIS_INCONCLUSIVE)
+    assert not cond.is_true(world.st.conditions, ANALYSIS_INCONCLUSIVE)
 
 
 def test_the_resume_annotation_clears_an_inconclusive_pause_and_restarts_the_step_clock():
@@ -732,7 +739,7 @@ def test_abort_drops_the_canary_and_rolls_back_with_reason_aborted():
 
     assert world.phase is Phase.ROLLED_BACK
     assert world.fleet == (("gpu-only", 4), None)
-    degraded = cond.find(world.st.conditions, cond.DEGRADED)
+    degraded = cond.find(world.st.conditions, DEGRADED)
     assert degraded is not None
     assert degraded.reason == "Aborted"
     assert world.decisions()[-1] == "Abort"
@@ -849,7 +856,7 @@ def test_invalid_spec_touches_nothing_and_a_fixed_spec_resumes_from_the_stable_l
 
     assert plan.variants is None
     assert plan.status.phase is Phase.INVALID
-    invalid_cond = cond.find(plan.status.conditions, cond.INVALID)
+    invalid_cond = cond.find(plan.status.conditions, INVALID)
     assert invalid_cond is not None
     assert "spec.offload.cpu" in invalid_cond.message
     assert plan.events[0].type == "Warning"
@@ -887,13 +894,13 @@ def test_a_running_stable_deployment_at_a_known_level_is_adopted_when_status_is_
 
 def test_conditions_keep_last_transition_time_across_holds():
     world = _at_cpu_canary()
-    progressing = cond.find(world.st.conditions, cond.PROGRESSING)
+    progressing = cond.find(world.st.conditions, PROGRESSING)
     assert progressing is not None
     since = progressing.last_transition_time
 
     world.run_for("5m")
 
-    again = cond.find(world.st.conditions, cond.PROGRESSING)
+    again = cond.find(world.st.conditions, PROGRESSING)
     assert again is not None
     assert again.last_transition_time == since
 

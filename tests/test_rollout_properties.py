@@ -15,12 +15,11 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from kvoffload.api.conventions import MANUAL_ANNOTATIONS, PAUSED, PROGRESSING, PROMOTE, Reason
 from kvoffload.api.quantity import parse_duration
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Phase, Verdict
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout import conditions as cond
-from kvoffload.rollout.conditions import Reason
-from kvoffload.rollout.decide import MANUAL_ANNOTATIONS, PROMOTE
 from tests.test_rollout import World, level_hashes, make_spec
 
 FAULTS: dict[str, dict[str, Any]] = {
@@ -93,7 +92,7 @@ def _advanced(before: KVOffloadPolicyStatus, after: KVOffloadPolicyStatus) -> bo
 
 
 def _in_baseline(status: KVOffloadPolicyStatus) -> bool:
-    progressing = cond.find(status.conditions, cond.PROGRESSING)
+    progressing = cond.find(status.conditions, PROGRESSING)
     return status.canary is None and progressing is not None and progressing.reason == Reason.BASELINE_RUNNING
 
 
@@ -142,14 +141,14 @@ def _check(world: World, before: KVOffloadPolicyStatus, cycle: Cycle, generation
             verdict_now is Verdict.PASS
             and spec.rollout.auto_promote
             and elapsed >= parse_duration(spec.rollout.step_duration)
-            and not cond.is_true(before.conditions, cond.PAUSED)
+            and not cond.is_true(before.conditions, PAUSED)
         ), (before.stage, after.stage, verdict_now, elapsed, assessment)
     # the baseline ends only after baselineDuration with enough samples, or by hand
     if _in_baseline(before) and after.canary is not None:
         assert manual_promote or (
             verdict_now in (Verdict.PASS, Verdict.FAIL)
             and elapsed >= parse_duration(spec.rollout.baseline_duration)
-            and not cond.is_true(before.conditions, cond.PAUSED)
+            and not cond.is_true(before.conditions, PAUSED)
         )
 
 

@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from kvoffload.api.types import API_GROUP, API_VERSION, KIND
+from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND
 from kvoffload.lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
 from kvoffload.lab.load import TraceRequest, replay
 from tests.support.prometheus import require_prometheus

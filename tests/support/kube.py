@@ -33,7 +33,7 @@ import kubernetes.client
 import pytest
 import pytest_asyncio
 
-from kvoffload.api.types import API_GROUP, API_VERSION, KIND, PLURAL
+from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PLURAL
 from kvoffload.controller.gateway import KubernetesGateway, RetryPolicy
 from kvoffload.lab.cluster.kubeemu import KubeEmulator, serve, write_kubeconfig
 

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from kvoffload.analysis.dialects import CACHED_SOURCE_DISK, CACHED_SOURCE_HOST
 from kvoffload.api.quantity import GIB, parse_duration
 from kvoffload.api.types import (
     AnalysisSpec,
@@ -42,11 +43,6 @@ TIER_HITS = "tierHits"
 KV_USAGE = "kvUsage"
 LOAD_THROUGHPUT = "offloadLoadThroughput"
 LIVE_CONFIG = "liveConfig"
-
-HOST_SOURCE = "host"
-"""The vLLM cache source of the CPU tier."""
-DISK_SOURCE = "disk"
-"""The vLLM cache source of the filesystem (secondary) tiers."""
 
 
 @dataclass(frozen=True)
@@ -295,11 +291,11 @@ def assess(
 
     # Per tier: a secondary tier that is never hit does not pay for itself.
     has_secondary = bool(level.secondary_tiers)
-    for source in (HOST_SOURCE, DISK_SOURCE):
+    for source in (CACHED_SOURCE_HOST, CACHED_SOURCE_DISK):
         hits = subject.tier_hits.get(source)
         name = f"{TIER_HITS}.{source}"
         c_hits, s_hits = _num(c.tier_hits.get(source)), _num(stable.tier_hits.get(source))
-        if source != DISK_SOURCE or not has_secondary:
+        if source != CACHED_SOURCE_DISK or not has_secondary:
             if hits is not None or c_hits is not None or s_hits is not None:
                 add(name, c_hits, s_hits, None, None, f"tokens served from {source} (reported)", gated=False)
             continue

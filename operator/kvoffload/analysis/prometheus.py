@@ -27,8 +27,10 @@ from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.exceptions import MaxRetryError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
-from kvoffload.analysis.assess import DISK_SOURCE, HOST_SOURCE, Measurements, VariantSample
+from kvoffload.analysis.assess import Measurements, VariantSample
 from kvoffload.analysis.dialects import (
+    CACHED_SOURCE_DISK,
+    CACHED_SOURCE_HOST,
     LABEL_OFFLOADING_BACKEND,
     LABEL_OFFLOADING_SIZE,
     NEWEST,
@@ -142,7 +144,7 @@ def build_queries(
         external = increase(name, f'source="{SOURCE_EXTERNAL_KV_TRANSFER}"')
         queries.append(Query("external_share", f"{external} / {increase(name)}"))
     if dialect.prompt_tokens_cached_by_source:
-        sources = f'source=~"{HOST_SOURCE}|{DISK_SOURCE}"'
+        sources = f'source=~"{CACHED_SOURCE_HOST}|{CACHED_SOURCE_DISK}"'
         queries.append(Query("tier_hits", increase(dialect.prompt_tokens_cached_by_source, sources, f"{by}, source")))
     if dialect.offload is not None:
         off = dialect.offload

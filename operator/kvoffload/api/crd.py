@@ -23,7 +23,8 @@ from pydantic import BaseModel
 from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue, NoDefault
 from pydantic_core import core_schema
 
-from kvoffload.api.types import API_GROUP, API_VERSION, KIND, PLURAL, KVOffloadPolicySpec, KVOffloadPolicyStatus
+from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PLURAL
+from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus
 
 SINGULAR = "kvoffloadpolicy"
 SHORT_NAMES = ["kvop"]

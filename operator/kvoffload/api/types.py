@@ -27,11 +27,6 @@ from pydantic.config import JsonDict, JsonValue
 
 from kvoffload.api.quantity import DURATION_PATTERN, QUANTITY_PATTERN, parse_duration, parse_quantity
 
-API_GROUP = "kvoffload.io"
-API_VERSION = "v1alpha1"
-KIND = "KVOffloadPolicy"
-PLURAL = "kvoffloadpolicies"
-
 # Flags the operator renders itself; extraArgs may not repeat them.
 MANAGED_FLAGS = frozenset(
     {
@@ -590,6 +585,18 @@ class Phase(StrEnum):
     INVALID = "Invalid"
 
 
+class Mode(StrEnum):
+    """Where the ladder's state machine is; Paused is a flag on top of these, not a mode."""
+
+    BASELINE = "Baseline"
+    STEP = "Step"
+    """A canary or promotion step: a canary Deployment runs."""
+    STABLE = "Stable"
+    """At the top of the ladder, the guard watching."""
+    ROLLED_BACK = "RolledBack"
+    """Halted until kvoffload.io/retry or a new generation."""
+
+
 class Verdict(StrEnum):
     PASS = "Pass"
     FAIL = "Fail"
@@ -670,6 +677,9 @@ class KVOffloadPolicyStatus(Status):
     """What the operator observed and decided; written only by the operator."""
 
     phase: Phase = Field(default=Phase.PENDING, description="Derived from the conditions.")
+    mode: Mode | None = Field(
+        default=None, description="Where the ladder's state machine is: Baseline, Step, Stable or RolledBack."
+    )
     observed_generation: int | None = Field(default=None, description="Spec generation last acted on.")
     stage: StageStatus | None = Field(default=None, description="Where on the ladder the rollout is.")
     ladder: list[str] = Field(default_factory=list, description="Ladder level names, bottom first.")

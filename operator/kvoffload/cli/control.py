@@ -19,9 +19,8 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from kvoffload.api.types import API_GROUP, API_VERSION, KIND, PLURAL
+from kvoffload.api.conventions import ABORT, API_GROUP, API_VERSION, KIND, PAUSE, PLURAL, PROMOTE, RESUME, RETRY
 from kvoffload.controller.gateway import api_client_from_environment
-from kvoffload.rollout.decide import ABORT, PAUSE, PROMOTE, RESUME, RETRY
 
 VERBS: dict[str, str] = {"promote": PROMOTE, "abort": ABORT, "retry": RETRY, "pause": PAUSE, "resume": RESUME}
 """Command verb -> the annotation it sets."""

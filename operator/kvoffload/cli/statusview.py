@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from kvoffload.analysis.assess import format_metric_value, format_threshold
+from kvoffload.api.conventions import PROGRESSING, ROLLBACK_DECISIONS, Reason
 from kvoffload.api.quantity import format_duration
 from kvoffload.api.types import (
     AnalysisStatus,
@@ -29,7 +30,6 @@ from kvoffload.rollout import conditions as cond
 DONE = "✓"
 FAILED = "✗"
 ARROW = " → "
-ROLLBACK_DECISIONS = frozenset({"Rollback", "Abort"})
 DEFAULT_PROMOTION_STEPS = (25, 50, 100)
 HISTORY_SHOWN = 10
 
@@ -128,8 +128,8 @@ def ladder_line(status: KVOffloadPolicyStatus, steps: Sequence[int] = DEFAULT_PR
 
 
 def _in_baseline(status: KVOffloadPolicyStatus) -> bool:
-    progressing = cond.find(status.conditions, cond.PROGRESSING)
-    return progressing is not None and progressing.reason == cond.Reason.BASELINE_RUNNING
+    progressing = cond.find(status.conditions, PROGRESSING)
+    return progressing is not None and progressing.reason == Reason.BASELINE_RUNNING
 
 
 def _variant_rows(status: KVOffloadPolicyStatus) -> list[list[str]]:

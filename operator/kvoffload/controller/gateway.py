@@ -34,16 +34,21 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
-from kvoffload.api.types import API_GROUP, API_VERSION, KIND, PLURAL
-from kvoffload.policy.render import LABEL_CONFIG_HASH, LABEL_POLICY, LABEL_VARIANT
+from kvoffload.api.conventions import (
+    COMPONENT,
+    KIND,
+    LABEL_CONFIG_HASH,
+    LABEL_POLICY,
+    LABEL_VARIANT,
+    PLURAL,
+    POLICY_API_VERSION,
+)
 
 log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Obj = dict[str, Any]
 
-POLICY_API_VERSION = f"{API_GROUP}/{API_VERSION}"
-COMPONENT = "kvoffload"
 
 # The kinds the operator reads or writes: (apiVersion, kind) -> plural.
 PLURALS: dict[tuple[str, str], str] = {

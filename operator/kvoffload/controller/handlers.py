@@ -29,8 +29,8 @@ from typing import Any
 
 import kopf
 
+from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, PEERING_NAME, PLURAL
 from kvoffload.api.quantity import parse_duration
-from kvoffload.api.types import API_GROUP, API_VERSION, PLURAL
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
 from kvoffload.rollout.decide import Plan
@@ -38,9 +38,7 @@ from kvoffload.rollout.decide import Plan
 log = logging.getLogger(__name__)
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
-FINALIZER = f"{API_GROUP}/finalizer"
 DIFFBASE_KEY = "last-handled-configuration"
-PEERING_NAME = "kvoffload"
 DEFAULT_INTERVAL = 30.0
 """Seconds between cycles when spec.analysis.interval cannot be read (an invalid policy)."""
 MIN_GAP = 0.5

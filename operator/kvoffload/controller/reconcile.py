@@ -44,14 +44,9 @@ from kvoffload.analysis.assess import Measurements, assess
 from kvoffload.analysis.dialects import Dialect, confirm_dialect, dialect_for, version_from_image
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import Target
+from kvoffload.api.conventions import ANNOTATION_APPLIED, ANNOTATION_LEVEL_INDEX, LABEL_CONFIG_HASH, Variant
 from kvoffload.api.quantity import parse_duration, to_quantity
-from kvoffload.api.types import (
-    API_GROUP,
-    HostMemoryStatus,
-    KVOffloadPolicy,
-    KVOffloadPolicySpec,
-    KVOffloadPolicyStatus,
-)
+from kvoffload.api.types import HostMemoryStatus, KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus
 from kvoffload.controller.gateway import (
     ApiRejectedError,
     DeploymentState,
@@ -66,9 +61,6 @@ from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.policy.catalog import ConfigError, architecture_from_configmap_data
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.render import (
-    ANNOTATION_LEVEL_INDEX,
-    LABEL_CONFIG_HASH,
-    Variant,
     check_renderable,
     config_hash,
     render_deployment,
@@ -91,8 +83,6 @@ from kvoffload.rollout.decide import (
 
 log = logging.getLogger(__name__)
 
-ANNOTATION_APPLIED = f"{API_GROUP}/applied-digest"
-"""Digest of the rendered child the operator last wrote; equal digests mean nothing to write."""
 
 Clock = Callable[[], datetime]
 

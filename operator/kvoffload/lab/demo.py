@@ -38,9 +38,10 @@ from typing import Any, TextIO
 import yaml
 
 from kvoffload.analysis.assess import Measurements
+from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, ROLLBACK_DECISIONS
 from kvoffload.api.quantity import format_duration, parse_duration
-from kvoffload.api.types import API_GROUP, API_VERSION, KIND, HistoryEntry, KVOffloadPolicyStatus, Phase
-from kvoffload.lab.report import ROLLBACK_DECISIONS, Decision, Sample
+from kvoffload.api.types import HistoryEntry, KVOffloadPolicyStatus, Phase
+from kvoffload.lab.report import Decision, Sample
 from kvoffload.policy.ladder import Level
 
 EXAMPLE_NAME = "demo-two-tier.yaml"
@@ -427,12 +428,12 @@ async def run_demo(
     """Run one scenario end to end and write the report; everything started is stopped on return or cancel."""
     from kvoffload.analysis.dialects import dialect_for, version_from_image
     from kvoffload.analysis.prometheus import PrometheusProvider, Target
+    from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY, LABEL_VARIANT
     from kvoffload.api.types import KVOffloadPolicy
     from kvoffload.lab import load as loadgen
     from kvoffload.lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
     from kvoffload.lab.report import Timeline, write_report
     from kvoffload.policy.ladder import build_ladder
-    from kvoffload.policy.render import LABEL_LEVEL, LABEL_POLICY, LABEL_VARIANT
 
     prometheus_binary()
     source = policy_path or default_policy_path()

@@ -18,10 +18,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvoffload.api.conventions import ROLLBACK_DECISIONS, VARIANTS
 from kvoffload.api.quantity import format_duration
 
-VARIANTS = ("stable", "canary")
-ROLLBACK_DECISIONS = frozenset({"Rollback", "Abort"})
 COLORS = {"stable": "#1f77b4", "canary": "#ff7f0e"}
 ROLLBACK_COLOR = "#d62728"
 PNG_NAME = "timeline.png"

@@ -18,10 +18,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kvoffload.api.quantity import GIB, MIB
 from kvoffload.api.types import Architecture, Toleration
 
-GIB = 1024**3
-MIB = 1024**2
 GB = 10**9
 
 # vLLM's dtype "auto" serves float32 and float16 checkpoints in float16 and

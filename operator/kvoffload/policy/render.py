@@ -20,14 +20,23 @@ from dataclasses import dataclass
 from decimal import Context, Decimal, Inexact
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import jinja2
 import yaml
 
+from kvoffload.api.conventions import (
+    ANNOTATION_LEVEL_INDEX,
+    ANNOTATION_TIERS,
+    LABEL_CONFIG_HASH,
+    LABEL_LEVEL,
+    LABEL_POLICY,
+    LABEL_VARIANT,
+    VARIANTS,
+    Variant,
+)
 from kvoffload.api.quantity import GIB, parse_duration, quantity_bytes, to_quantity
 from kvoffload.api.types import (
-    API_GROUP,
     Backend,
     EvictionPolicy,
     KVOffloadPolicy,
@@ -40,18 +49,9 @@ from kvoffload.policy.ladder import Level
 from kvoffload.policy.sizing import SHM_EXTRA_BYTES, host_memory, progress_deadline_seconds, startup_seconds
 from kvoffload.policy.validation import FieldError, PolicyError
 
-Variant = Literal["stable", "canary"]
-VARIANTS: tuple[Variant, ...] = ("stable", "canary")
-
 PORT = 8000
 CONTAINER = "vllm"
 
-LABEL_POLICY = f"{API_GROUP}/policy"
-LABEL_VARIANT = f"{API_GROUP}/variant"
-LABEL_LEVEL = f"{API_GROUP}/level"
-LABEL_CONFIG_HASH = f"{API_GROUP}/config-hash"
-ANNOTATION_LEVEL_INDEX = f"{API_GROUP}/level-index"
-ANNOTATION_TIERS = f"{API_GROUP}/tiers"
 
 # vLLM keeps the CPU pool in /dev/shm/vllm_offload_<engine>.mmap (PR 50094) and an
 # OOM-kill leaves it there (issue 57303). The memory emptyDir outlives a container

@@ -11,70 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from enum import StrEnum
 from typing import Literal
 
+from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, DEGRADED, INVALID, PAUSED, PROGRESSING, READY, Reason
 from kvoffload.api.types import Condition, Phase, StageStatus
-
-# --- condition types ------------------------------------------------------------------
-
-READY = "Ready"
-"""True when the ladder has come to rest at its top level."""
-PROGRESSING = "Progressing"
-"""True while a baseline, a canary or a promotion step runs."""
-DEGRADED = "Degraded"
-"""True after a rollback or an abort; the reason says why."""
-PAUSED = "Paused"
-"""True while a person has paused the policy (``kvoffload.io/pause``)."""
-ANALYSIS_INCONCLUSIVE = "AnalysisInconclusive"
-"""True after ``maxInconclusive`` Inconclusive verdicts in a row."""
-INVALID = "Invalid"
-"""True while the spec fails validation; the message lists the field errors."""
-
-CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PAUSED, ANALYSIS_INCONCLUSIVE, INVALID)
-
-
-class Reason(StrEnum):
-    """Every reason the operator writes into a condition, an Event or a history entry."""
-
-    # Progressing
-    BASELINE_RUNNING = "BaselineRunning"
-    CANARY_RUNNING = "CanaryRunning"
-    PROMOTION_RUNNING = "PromotionRunning"
-    AWAITING_PROMOTION = "AwaitingPromotion"
-    LADDER_COMPLETE = "LadderComplete"
-    ROLLOUT_IN_PROGRESS = "RolloutInProgress"
-    # Transitions
-    BASELINE_TAKEN = "BaselineTaken"
-    CANARY_STARTED = "CanaryStarted"
-    PILOT_PASSED = "PilotPassed"
-    PROMOTED = "Promoted"
-    LEVEL_PROMOTED = "LevelPromoted"
-    NEW_LADDER = "NewLadder"
-    SPEC_CHANGED = "SpecChanged"
-    # Degraded
-    AS_EXPECTED = "AsExpected"
-    ANALYSIS_FAILED = "AnalysisFailed"
-    GUARD_BREACH = "GuardBreach"
-    CANARY_OOM_KILLED = "CanaryOOMKilled"
-    CANARY_CRASH_LOOPING = "CanaryCrashLoopBackOff"
-    CANARY_RESTARTED = "CanaryRestarted"
-    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
-    ABORTED = "Aborted"
-    # Paused / AnalysisInconclusive
-    PAUSED = "Paused"
-    NOT_PAUSED = "NotPaused"
-    RESUMED = "Resumed"
-    TOO_MANY_INCONCLUSIVE = "TooManyInconclusive"
-    ENOUGH_EVIDENCE = "EnoughEvidence"
-    # Manual control
-    MANUAL_PROMOTE = "ManualPromote"
-    RETRY = "Retry"
-    MANUAL_ACTION_IGNORED = "ManualActionIgnored"
-    # Invalid
-    SPEC_INVALID = "SpecInvalid"
-    SPEC_VALID = "SpecValid"
-
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 

@@ -64,10 +64,25 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
-from enum import Enum
 from typing import Literal
 
 from kvoffload.analysis.assess import EXTERNAL_SHARE, ITL_P99, TTFT_P99, Assessment, Measurements, advance, sustained
+from kvoffload.api.conventions import (
+    ABORT,
+    ANALYSIS_INCONCLUSIVE,
+    DEGRADED,
+    INVALID,
+    MANUAL_ANNOTATIONS,
+    PAUSE,
+    PAUSED,
+    PROGRESSING,
+    PROMOTE,
+    READY,
+    RESUME,
+    RETRY,
+    Decision,
+    Reason,
+)
 from kvoffload.api.quantity import format_duration, parse_duration, to_quantity
 from kvoffload.api.types import (
     AnalysisStatus,
@@ -76,6 +91,7 @@ from kvoffload.api.types import (
     HistoryEntry,
     KVOffloadPolicySpec,
     KVOffloadPolicyStatus,
+    Mode,
     StageStatus,
     VariantStatus,
     Verdict,
@@ -83,15 +99,7 @@ from kvoffload.api.types import (
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.sizing import progress_deadline_seconds
 from kvoffload.rollout import conditions as cond
-from kvoffload.rollout.conditions import Reason
 
-ANNOTATION_PREFIX = "kvoffload.io/"
-PROMOTE = f"{ANNOTATION_PREFIX}promote"
-ABORT = f"{ANNOTATION_PREFIX}abort"
-RETRY = f"{ANNOTATION_PREFIX}retry"
-PAUSE = f"{ANNOTATION_PREFIX}pause"
-RESUME = f"{ANNOTATION_PREFIX}resume"
-MANUAL_ANNOTATIONS = (ABORT, PAUSE, RESUME, RETRY, PROMOTE)
 """The manual-control annotations, in the order they are acted on when several change at once."""
 
 HISTORY_LIMIT = 20
@@ -257,13 +265,18 @@ def analysis_subject(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus | 
 # --- decide ---------------------------------------------------------------------------
 
 
-class _Mode(Enum):
-    """Where the ladder is; Paused is a flag on top of these, not a mode."""
-
-    BASELINE = "baseline"
-    STEP = "step"  # a canary or promotion step: a canary Deployment runs
-    STABLE = "stable"  # at the top, the guard watching
-    ROLLED_BACK = "rolledBack"  # halted until retry or a new generation
+_DECISIONS: Mapping[Reason, Decision] = {
+    Reason.NEW_LADDER: Decision.NEW_LADDER,
+    Reason.SPEC_CHANGED: Decision.SPEC_CHANGED,
+    Reason.RETRY: Decision.RETRY,
+    Reason.BASELINE_TAKEN: Decision.BASELINE_TAKEN,
+    Reason.CANARY_STARTED: Decision.CANARY_STARTED,
+    Reason.PILOT_PASSED: Decision.PILOT_PASSED,
+    Reason.PROMOTED: Decision.PROMOTED,
+    Reason.MANUAL_PROMOTE: Decision.MANUAL_PROMOTE,
+    Reason.LEVEL_PROMOTED: Decision.LEVEL_PROMOTED,
+}
+"""The decision a move on the ladder records, by the reason it moved for."""
 
 
 @dataclass(frozen=True)
@@ -306,18 +319,18 @@ class _Ctx:
 
     @property
     def paused(self) -> bool:
-        return cond.is_true(self.status.conditions, cond.PAUSED)
+        return cond.is_true(self.status.conditions, PAUSED)
 
     @property
     def top(self) -> Level:
         return self.ladder[-1]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class _Outcome:
     """One transition (or hold), before it is written into the status."""
 
-    mode: _Mode
+    mode: Mode
     stage: StageStatus
     stable: VariantPlan
     canary: VariantPlan | None
@@ -325,7 +338,7 @@ class _Outcome:
     """The Progressing reason, or the Degraded reason when rolled back."""
     message: str
     event: Event | None = None
-    decision: str | None = None
+    decision: Decision | None = None
     """The history entry's decision; None for a hold."""
     paused: bool | None = None
     """None keeps the Paused condition as it was."""
@@ -388,16 +401,14 @@ def invalid(status: KVOffloadPolicyStatus | None, errors: Sequence[str], generat
     """
     current = status if status is not None else KVOffloadPolicyStatus()
     message = "; ".join(errors) or "the spec is invalid"
-    was = cond.find(current.conditions, cond.INVALID)
+    was = cond.find(current.conditions, INVALID)
     news = was is None or was.status != "True" or was.message != message
-    conditions = cond.set_condition(
-        current.conditions, cond.INVALID, True, Reason.SPEC_INVALID, message, now, generation
-    )
+    conditions = cond.set_condition(current.conditions, INVALID, True, Reason.SPEC_INVALID, message, now, generation)
     history = list(current.history)
     if news:
         stage = current.stage.name if current.stage is not None else ""
         history.append(
-            HistoryEntry(time=now, stage=stage, decision="Invalid", reason=Reason.SPEC_INVALID, message=message)
+            HistoryEntry(time=now, stage=stage, decision=Decision.INVALID, reason=Reason.SPEC_INVALID, message=message)
         )
     new_status = current.model_copy(
         update={
@@ -415,27 +426,30 @@ def invalid(status: KVOffloadPolicyStatus | None, errors: Sequence[str], generat
 # --- situations -------------------------------------------------------------------------
 
 
-def _mode_of(status: KVOffloadPolicyStatus) -> _Mode | None:
+def _mode_of(status: KVOffloadPolicyStatus) -> Mode | None:
+    if status.mode is not None:
+        return status.mode
+    # A status written before the mode had a field of its own: read it off the conditions once.
     if status.canary is not None:
-        return _Mode.STEP
-    progressing = cond.find(status.conditions, cond.PROGRESSING)
+        return Mode.STEP
+    progressing = cond.find(status.conditions, PROGRESSING)
     if progressing is not None and progressing.status == "True" and progressing.reason == Reason.BASELINE_RUNNING:
-        return _Mode.BASELINE
-    if cond.is_true(status.conditions, cond.DEGRADED):
-        return _Mode.ROLLED_BACK
-    if cond.is_true(status.conditions, cond.READY):
-        return _Mode.STABLE
+        return Mode.BASELINE
+    if cond.is_true(status.conditions, DEGRADED):
+        return Mode.ROLLED_BACK
+    if cond.is_true(status.conditions, READY):
+        return Mode.STABLE
     return None
 
 
-def _failure(ctx: _Ctx, mode: _Mode) -> tuple[Reason, str] | None:
+def _failure(ctx: _Ctx, mode: Mode) -> tuple[Reason, str] | None:
     """Why the newest level must go now, if it must: a canary's hard failure or a sustained breach."""
-    if mode is _Mode.STEP:
+    if mode is Mode.STEP:
         if (hard := _hard_failure(ctx)) is not None:
             return hard
         if sustained(ctx.evidence, ctx.spec.analysis.sustained_for, ctx.now):
             return Reason.ANALYSIS_FAILED, f"canary failed for {_failing_for(ctx)}: {_figures(ctx.evidence)}"
-    guarded = mode is _Mode.STABLE and _level_below(ctx, ctx.level(ctx.stable.level)) is not None
+    guarded = mode is Mode.STABLE and _level_below(ctx, ctx.level(ctx.stable.level)) is not None
     if guarded and sustained(ctx.evidence, ctx.spec.analysis.sustained_for, ctx.now):
         return Reason.GUARD_BREACH, f"stable fleet over budget for {_failing_for(ctx)}: {_figures(ctx.evidence)}"
     return None
@@ -471,10 +485,12 @@ def _next_manual(ctx: _Ctx) -> str | None:
     return next((key for key in MANUAL_ANNOTATIONS if _changed(ctx.obs.annotations, ctx.seen, key)), None)
 
 
-def _continue(ctx: _Ctx, mode: _Mode) -> _Outcome:
-    if mode is _Mode.BASELINE:
+def _continue(ctx: _Ctx, mode: Mode) -> _Outcome:
+    if _newly_inconclusive(ctx, mode):
+        return _pause_inconclusive(ctx, mode)
+    if mode is Mode.BASELINE:
         return _run_baseline(ctx)
-    if mode is _Mode.STEP:
+    if mode is Mode.STEP:
         return _run_step(ctx)
     return _hold(ctx, mode)
 
@@ -508,39 +524,39 @@ def _start_ladder(ctx: _Ctx, level: Level, reason: Reason, why: str) -> _Outcome
     if level.index == ctx.top.index:
         message = f"{why}; {level.name} is the top level: Stable, the guard watches"
         return _Outcome(
-            _Mode.STABLE,
-            stage,
-            stable,
-            None,
-            Reason.LADDER_COMPLETE,
-            message,
+            mode=Mode.STABLE,
+            stage=stage,
+            stable=stable,
+            canary=None,
+            reason=Reason.LADDER_COMPLETE,
+            message=message,
             event=Event("Normal", reason, message),
-            decision=str(reason),
+            decision=_DECISIONS[reason],
         )
     duration = ctx.spec.rollout.baseline_duration
     message = f"{why}; baseline of {level.name} on {ctx.spec.replicas} replicas for {duration}"
     return _Outcome(
-        _Mode.BASELINE,
-        stage,
-        stable,
-        None,
-        Reason.BASELINE_RUNNING,
-        message,
+        mode=Mode.BASELINE,
+        stage=stage,
+        stable=stable,
+        canary=None,
+        reason=Reason.BASELINE_RUNNING,
+        message=message,
         event=Event("Normal", reason, message),
-        decision=str(reason),
+        decision=_DECISIONS[reason],
     )
 
 
 def _run_baseline(ctx: _Ctx) -> _Outcome:
     duration = parse_duration(ctx.spec.rollout.baseline_duration)
     if ctx.paused or _too_inconclusive(ctx):
-        return _hold(ctx, _Mode.BASELINE)
+        return _hold(ctx, Mode.BASELINE)
     if ctx.elapsed < duration:
-        return _hold(ctx, _Mode.BASELINE, f"measuring the baseline: {_progress(ctx, duration)}")
+        return _hold(ctx, Mode.BASELINE, f"measuring the baseline: {_progress(ctx, duration)}")
     verdict = ctx.obs.assessment
     if verdict is None or verdict.verdict is Verdict.INCONCLUSIVE:
         why = verdict.message if verdict is not None else "no analysis this cycle"
-        return _hold(ctx, _Mode.BASELINE, f"baseline extended ({format_duration(ctx.elapsed)}): {why}")
+        return _hold(ctx, Mode.BASELINE, f"baseline extended ({format_duration(ctx.elapsed)}): {why}")
     return _finish_baseline(ctx, manual=False)
 
 
@@ -576,14 +592,14 @@ def _start_canary(ctx: _Ctx, stable: VariantPlan, level: Level, reason: Reason, 
         f"stable {ctx.level(stable.level).name} keeps {stable.replicas}"
     )
     return _Outcome(
-        _Mode.STEP,
-        _stage(level, 0, ctx.now),
-        stable,
-        canary,
-        Reason.CANARY_RUNNING,
-        message,
+        mode=Mode.STEP,
+        stage=_stage(level, 0, ctx.now),
+        stable=stable,
+        canary=canary,
+        reason=Reason.CANARY_RUNNING,
+        message=message,
         event=Event("Normal", reason, message),
-        decision=str(reason),
+        decision=_DECISIONS[reason],
         inconclusive=False,
     )
 
@@ -593,26 +609,26 @@ def _run_step(ctx: _Ctx) -> _Outcome:
     assert canary is not None
     duration = parse_duration(ctx.spec.rollout.step_duration)
     if ctx.paused or _too_inconclusive(ctx):
-        return _hold(ctx, _Mode.STEP)
+        return _hold(ctx, Mode.STEP)
     if ctx.elapsed < duration:
-        return _hold(ctx, _Mode.STEP, f"{_step_name(ctx)}: {_progress(ctx, duration)}, {_verdict_text(ctx)}")
+        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: {_progress(ctx, duration)}, {_verdict_text(ctx)}")
     ready = _ready(ctx.obs.canary, canary.config_hash)
     if ready < canary.replicas:
-        return _hold(ctx, _Mode.STEP, f"{_step_name(ctx)}: waiting for canaries Ready ({ready}/{canary.replicas})")
+        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: waiting for canaries Ready ({ready}/{canary.replicas})")
     verdict = ctx.obs.assessment
     if verdict is None or verdict.verdict is not Verdict.PASS:
-        return _hold(ctx, _Mode.STEP, f"{_step_name(ctx)}: step over, waiting for a Pass; {_verdict_text(ctx)}")
+        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: step over, waiting for a Pass; {_verdict_text(ctx)}")
     if not ctx.spec.rollout.auto_promote:
         return _hold(
             ctx,
-            _Mode.STEP,
+            Mode.STEP,
             f"{_step_name(ctx)}: passed ({_figures(ctx.evidence)}); waiting for {PROMOTE}",
             reason=Reason.AWAITING_PROMOTION,
         )
-    return _advance(ctx, manual=False)
+    return _promote(ctx, manual=False)
 
 
-def _advance(ctx: _Ctx, *, manual: bool) -> _Outcome:
+def _promote(ctx: _Ctx, *, manual: bool) -> _Outcome:
     """The step is done: the next promotion step, the next level, or the top."""
     canary = ctx.status.canary
     assert canary is not None
@@ -635,35 +651,35 @@ def _advance(ctx: _Ctx, *, manual: bool) -> _Outcome:
         message = f"{evidence}; {level.name} now on {count} of {ctx.spec.replicas} replicas ({pct}%)"
         reason = manual_reason or Reason.PROMOTED
         return _Outcome(
-            _Mode.STEP,
-            _stage(level, step, ctx.now),
-            stable,
-            replace(_plan_of(canary), replicas=count),
-            Reason.PROMOTION_RUNNING,
-            message,
+            mode=Mode.STEP,
+            stage=_stage(level, step, ctx.now),
+            stable=stable,
+            canary=replace(_plan_of(canary), replicas=count),
+            reason=Reason.PROMOTION_RUNNING,
+            message=message,
             event=Event("Normal", reason, message),
-            decision=str(reason),
+            decision=_DECISIONS[reason],
         )
     promoted = VariantPlan(level.index, ctx.spec.replicas, canary.config_hash)
     reason = manual_reason or Reason.LEVEL_PROMOTED
     if level.index == ctx.top.index:
         message = f"{evidence}; {level.name} is stable on all {ctx.spec.replicas} replicas: the top of the ladder"
         return _Outcome(
-            _Mode.STABLE,
-            _stage(level, 0, ctx.now),
-            promoted,
-            None,
-            Reason.LADDER_COMPLETE,
-            message,
+            mode=Mode.STABLE,
+            stage=_stage(level, 0, ctx.now),
+            stable=promoted,
+            canary=None,
+            reason=Reason.LADDER_COMPLETE,
+            message=message,
             event=Event("Normal", reason, message),
-            decision=str(reason),
+            decision=_DECISIONS[reason],
         )
     return _start_canary(ctx, promoted, ctx.level(level.index + 1), reason, f"{evidence}; {level.name} is stable")
 
 
-def _roll_back(ctx: _Ctx, mode: _Mode, reason: Reason, why: str) -> _Outcome:
+def _roll_back(ctx: _Ctx, mode: Mode, reason: Reason, why: str) -> _Outcome:
     """The canary goes; the stable level stays exactly (the guard: the fleet drops a level)."""
-    if mode is _Mode.STABLE:
+    if mode is Mode.STABLE:
         current = ctx.level(ctx.stable.level)
         below = _level_below(ctx, current)
         assert below is not None  # _failure checks it
@@ -676,74 +692,94 @@ def _roll_back(ctx: _Ctx, mode: _Mode, reason: Reason, why: str) -> _Outcome:
         dropped = f"canary {ctx.level_name(ctx.status.canary.level)} removed" if ctx.status.canary else "ladder halted"
         message = f"{why}; {dropped}, all {ctx.spec.replicas} replicas on {landing.name} ({target.config_hash})"
     return _Outcome(
-        _Mode.ROLLED_BACK,
-        _stage(landing, 0, ctx.now),
-        target,
-        None,
-        reason,
-        message,
+        mode=Mode.ROLLED_BACK,
+        stage=_stage(landing, 0, ctx.now),
+        stable=target,
+        canary=None,
+        reason=reason,
+        message=message,
         event=Event("Warning", reason, message),
-        decision="Rollback",
+        decision=Decision.ROLLBACK,
         paused=False,
         inconclusive=False,
     )
 
 
-def _manual(ctx: _Ctx, mode: _Mode, key: str) -> _Outcome:
+def _manual(ctx: _Ctx, mode: Mode, key: str) -> _Outcome:
     """Act on one changed annotation (and remember its value), or say why it does nothing."""
     seen = {**ctx.seen, key: ctx.obs.annotations[key]}
-    stopped = ctx.paused or cond.is_true(ctx.status.conditions, cond.ANALYSIS_INCONCLUSIVE)
+    stopped = ctx.paused or cond.is_true(ctx.status.conditions, ANALYSIS_INCONCLUSIVE)
     outcome: _Outcome | None = None
-    if key == ABORT and mode in (_Mode.BASELINE, _Mode.STEP):
-        outcome = replace(_roll_back(ctx, mode, Reason.ABORTED, f"aborted by {ABORT}"), decision="Abort")
-    elif key == PAUSE and mode is not _Mode.ROLLED_BACK and not ctx.paused:
+    if key == ABORT and mode in (Mode.BASELINE, Mode.STEP):
+        outcome = replace(_roll_back(ctx, mode, Reason.ABORTED, f"aborted by {ABORT}"), decision=Decision.ABORT)
+    elif key == PAUSE and mode is not Mode.ROLLED_BACK and not ctx.paused:
         message = f"paused by {PAUSE}: nothing advances until {RESUME} (rollbacks still apply)"
         outcome = _hold(
-            ctx, mode, message, paused=True, event=Event("Normal", Reason.PAUSED, message), decision="Pause"
+            ctx, mode, message, paused=True, event=Event("Normal", Reason.PAUSED, message), decision=Decision.PAUSE
         )
     elif key == RESUME and stopped:
         outcome = _resume(ctx, mode)
-    elif key == RETRY and (mode is _Mode.ROLLED_BACK or stopped):
+    elif key == RETRY and (mode is Mode.ROLLED_BACK or stopped):
         level = ctx.level(ctx.stable.level)
         outcome = replace(
             _start_ladder(ctx, level, Reason.RETRY, f"retry by {RETRY} from {level.name}"),
             paused=False,
             inconclusive=False,
         )
-    elif key == PROMOTE and mode is _Mode.BASELINE:
+    elif key == PROMOTE and mode is Mode.BASELINE:
         outcome = _finish_baseline(ctx, manual=True)
-    elif key == PROMOTE and mode is _Mode.STEP:
-        outcome = _advance(ctx, manual=True)
+    elif key == PROMOTE and mode is Mode.STEP:
+        outcome = _promote(ctx, manual=True)
     if outcome is None:
         message = f"{key}={ctx.obs.annotations[key]!r} ignored: nothing to do in phase {ctx.status.phase.value}"
         outcome = _hold(ctx, mode, message, event=Event("Normal", Reason.MANUAL_ACTION_IGNORED, message))
     return replace(outcome, seen=seen)
 
 
-def _resume(ctx: _Ctx, mode: _Mode) -> _Outcome:
+def _resume(ctx: _Ctx, mode: Mode) -> _Outcome:
     """Clear the pause and restart the step clock: evidence is gathered while running."""
-    stage = ctx.stage.model_copy(update={"started_at": ctx.now}) if mode in (_Mode.BASELINE, _Mode.STEP) else ctx.stage
+    stage = ctx.stage.model_copy(update={"started_at": ctx.now}) if mode in (Mode.BASELINE, Mode.STEP) else ctx.stage
     message = f"resumed by {RESUME}; the step clock restarts"
-    held = _hold(ctx, mode, message, paused=False, event=Event("Normal", Reason.RESUMED, message), decision="Resume")
+    held = _hold(
+        ctx, mode, message, paused=False, event=Event("Normal", Reason.RESUMED, message), decision=Decision.RESUME
+    )
     return replace(held, stage=stage, inconclusive=False)
+
+
+def _newly_inconclusive(ctx: _Ctx, mode: Mode) -> bool:
+    """``maxInconclusive`` Inconclusive verdicts in a row have just been reached in a baseline or a step."""
+    inconclusive = mode in (Mode.BASELINE, Mode.STEP) and _too_inconclusive(ctx)
+    return inconclusive and not cond.is_true(ctx.status.conditions, ANALYSIS_INCONCLUSIVE)
+
+
+def _pause_inconclusive(ctx: _Ctx, mode: Mode) -> _Outcome:
+    """Stop where the ladder is, with a Warning: the evidence has been Inconclusive too long."""
+    why = ctx.evidence.message if ctx.evidence is not None else ""
+    message = (
+        f"paused: {_inconclusive_count(ctx)} Inconclusive verdicts in a row "
+        f"(maxInconclusive {ctx.spec.analysis.max_inconclusive}): {why}"
+    )
+    return _hold(
+        ctx, mode, message, event=Event("Warning", Reason.TOO_MANY_INCONCLUSIVE, message), decision=Decision.PAUSE
+    )
 
 
 def _hold(
     ctx: _Ctx,
-    mode: _Mode,
+    mode: Mode,
     message: str | None = None,
     *,
     reason: Reason | None = None,
     paused: bool | None = None,
     event: Event | None = None,
-    decision: str | None = None,
+    decision: Decision | None = None,
 ) -> _Outcome:
-    """Keep the Deployments as they are; report why. Pauses on too many Inconclusive verdicts."""
+    """Keep the Deployments as they are; report why (a pause on too many Inconclusive verdicts included)."""
     stable = _stable_plan(ctx)
     canary = _plan_of(ctx.status.canary) if ctx.status.canary is not None else None
     if reason is None:
         reason = _resting_reason(ctx, mode)
-    inconclusive = mode in (_Mode.BASELINE, _Mode.STEP) and _too_inconclusive(ctx)
+    inconclusive = mode in (Mode.BASELINE, Mode.STEP) and _too_inconclusive(ctx)
     if message is None:
         if paused if paused is not None else ctx.paused:
             message = f"paused; set {RESUME} to go on"
@@ -753,22 +789,13 @@ def _hold(
             )
         else:
             message = ctx.status.message
-    newly = inconclusive and not cond.is_true(ctx.status.conditions, cond.ANALYSIS_INCONCLUSIVE)
-    if newly and event is None:
-        why = ctx.evidence.message if ctx.evidence is not None else ""
-        message = (
-            f"paused: {_inconclusive_count(ctx)} Inconclusive verdicts in a row "
-            f"(maxInconclusive {ctx.spec.analysis.max_inconclusive}): {why}"
-        )
-        event = Event("Warning", Reason.TOO_MANY_INCONCLUSIVE, message)
-        decision = "Pause"
     return _Outcome(
-        mode,
-        ctx.stage,
-        stable,
-        canary,
-        reason,
-        message,
+        mode=mode,
+        stage=ctx.stage,
+        stable=stable,
+        canary=canary,
+        reason=reason,
+        message=message,
         event=event,
         decision=decision,
         paused=paused,
@@ -799,6 +826,7 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
         )
     status = KVOffloadPolicyStatus(
         phase=cond.derive_phase(conditions, o.stage),
+        mode=o.mode,
         observed_generation=ctx.obs.generation,
         stage=o.stage,
         ladder=[lv.name for lv in ctx.ladder],
@@ -844,27 +872,27 @@ def _conditions(ctx: _Ctx, o: _Outcome, paused: bool) -> list[Condition]:
         return cond.set_condition(conds, type_, status, reason, message, ctx.now, ctx.obs.generation)
 
     c = list(ctx.status.conditions)
-    if o.mode in (_Mode.BASELINE, _Mode.STEP):
-        c = put(c, cond.READY, False, Reason.ROLLOUT_IN_PROGRESS)
-        c = put(c, cond.PROGRESSING, True, o.reason, o.message)
-        c = put(c, cond.DEGRADED, False, Reason.AS_EXPECTED)
-    elif o.mode is _Mode.STABLE:
-        c = put(c, cond.READY, True, Reason.LADDER_COMPLETE, o.message)
-        c = put(c, cond.PROGRESSING, False, Reason.LADDER_COMPLETE)
-        c = put(c, cond.DEGRADED, False, Reason.AS_EXPECTED)
+    if o.mode in (Mode.BASELINE, Mode.STEP):
+        c = put(c, READY, False, Reason.ROLLOUT_IN_PROGRESS)
+        c = put(c, PROGRESSING, True, o.reason, o.message)
+        c = put(c, DEGRADED, False, Reason.AS_EXPECTED)
+    elif o.mode is Mode.STABLE:
+        c = put(c, READY, True, Reason.LADDER_COMPLETE, o.message)
+        c = put(c, PROGRESSING, False, Reason.LADDER_COMPLETE)
+        c = put(c, DEGRADED, False, Reason.AS_EXPECTED)
     else:
-        c = put(c, cond.READY, False, o.reason)
-        c = put(c, cond.PROGRESSING, False, o.reason)
-        c = put(c, cond.DEGRADED, True, o.reason, o.message)
-    c = put(c, cond.PAUSED, paused, Reason.PAUSED if paused else Reason.NOT_PAUSED)
+        c = put(c, READY, False, o.reason)
+        c = put(c, PROGRESSING, False, o.reason)
+        c = put(c, DEGRADED, True, o.reason, o.message)
+    c = put(c, PAUSED, paused, Reason.PAUSED if paused else Reason.NOT_PAUSED)
     c = put(
         c,
-        cond.ANALYSIS_INCONCLUSIVE,
+        ANALYSIS_INCONCLUSIVE,
         o.inconclusive,
         Reason.TOO_MANY_INCONCLUSIVE if o.inconclusive else Reason.ENOUGH_EVIDENCE,
         o.message if o.inconclusive else "",
     )
-    return put(c, cond.INVALID, False, Reason.SPEC_VALID)
+    return put(c, INVALID, False, Reason.SPEC_VALID)
 
 
 def _requeue_after(ctx: _Ctx, o: _Outcome, seen: Mapping[str, str], paused: bool) -> float | None:
@@ -872,9 +900,9 @@ def _requeue_after(ctx: _Ctx, o: _Outcome, seen: Mapping[str, str], paused: bool
         return PENDING_REQUEUE_SECONDS
     if paused or o.inconclusive or o.stage.started_at is None:
         return None
-    if o.mode is _Mode.BASELINE:
+    if o.mode is Mode.BASELINE:
         duration = parse_duration(ctx.spec.rollout.baseline_duration)
-    elif o.mode is _Mode.STEP:
+    elif o.mode is Mode.STEP:
         duration = parse_duration(ctx.spec.rollout.step_duration)
     else:
         return None
@@ -969,14 +997,14 @@ def _level_below(ctx: _Ctx, level: Level) -> Level | None:
     return next((lv for lv in reversed(ctx.ladder[: level.index]) if not lv.canary_only), None)
 
 
-def _resting_reason(ctx: _Ctx, mode: _Mode) -> Reason:
-    if mode is _Mode.BASELINE:
+def _resting_reason(ctx: _Ctx, mode: Mode) -> Reason:
+    if mode is Mode.BASELINE:
         return Reason.BASELINE_RUNNING
-    if mode is _Mode.STEP:
+    if mode is Mode.STEP:
         return Reason.CANARY_RUNNING if ctx.stage.step == 0 else Reason.PROMOTION_RUNNING
-    if mode is _Mode.STABLE:
+    if mode is Mode.STABLE:
         return Reason.LADDER_COMPLETE
-    degraded = cond.find(ctx.status.conditions, cond.DEGRADED)
+    degraded = cond.find(ctx.status.conditions, DEGRADED)
     return Reason(degraded.reason) if degraded is not None and degraded.reason in set(Reason) else Reason.ABORTED
 
 

@@ -39,16 +39,14 @@ from typing import Any
 import aiohttp
 import kmock
 
+from kvoffload.api.conventions import API_GROUP, LABEL_POLICY, LABEL_VARIANT
 from kvoffload.api.crd import crd_manifest
-from kvoffload.api.types import API_GROUP
 from kvoffload.lab.cluster.kubeemu import KubeEmulator, label_selector, serve, write_kubeconfig
 from kvoffload.lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer, free_port
 
 log = logging.getLogger("kvoffload.localcluster")
 
 HOST = "127.0.0.1"
-LABEL_POLICY = f"{API_GROUP}/policy"
-LABEL_VARIANT = f"{API_GROUP}/variant"
 POD_TEMPLATE_HASH = "pod-template-hash"
 ANNOTATION_PORT = f"localcluster.{API_GROUP}/port"
 """Pod annotation: the loopback port its engine listens on (every pod's IP is 127.0.0.1)."""

@@ -43,12 +43,12 @@ from prometheus_client import (
 )
 
 from kvoffload.analysis import dialects
+from kvoffload.api.quantity import GIB
 from kvoffload.lab.engine.blockcache import ARCCache, BlockHash, LRUCache, block_hashes, make_cache
 from kvoffload.lab.engine.costmodel import CostModel, Price, price
 
 log = logging.getLogger("kvoffload.emulate")
 
-GIB: Final = 1024**3
 DEFAULT_KV_BYTES_PER_TOKEN: Final = 114_688  # Qwen3-0.6B, bf16
 DEFAULT_VLLM_VERSION: Final = "0.32.0"
 CONTENT_TYPE_CLASSIC: Final = "text/plain; version=0.0.4; charset=utf-8"

@@ -1,0 +1,133 @@
+"""Every name the operator writes into the cluster, in one place.
+
+The API group and kind, the labels and annotations on policies and on what the
+operator renders, the condition types, the reasons, and the decisions written to
+``status.history``. Renaming one of these changes what users, dashboards and
+GitOps tools see, so each has exactly one home: here.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Literal
+
+# --- the resource -----------------------------------------------------------------
+
+API_GROUP = "kvoffload.io"
+API_VERSION = "v1alpha1"
+KIND = "KVOffloadPolicy"
+PLURAL = "kvoffloadpolicies"
+POLICY_API_VERSION = f"{API_GROUP}/{API_VERSION}"
+COMPONENT = "kvoffload"
+"""The operator's name: field manager, Event source, ``app.kubernetes.io/managed-by``."""
+FINALIZER = f"{API_GROUP}/finalizer"
+PEERING_NAME = "kvoffload"
+
+# --- variants: the two Deployments of a policy ----------------------------------------
+
+Variant = Literal["stable", "canary"]
+VARIANTS: tuple[Variant, ...] = ("stable", "canary")
+
+# --- labels and annotations on rendered objects ------------------------------------------
+
+LABEL_POLICY = f"{API_GROUP}/policy"
+LABEL_VARIANT = f"{API_GROUP}/variant"
+LABEL_LEVEL = f"{API_GROUP}/level"
+LABEL_CONFIG_HASH = f"{API_GROUP}/config-hash"
+ANNOTATION_LEVEL_INDEX = f"{API_GROUP}/level-index"
+ANNOTATION_TIERS = f"{API_GROUP}/tiers"
+ANNOTATION_APPLIED = f"{API_GROUP}/applied-digest"
+"""Digest of the rendered child the operator last wrote; equal digests mean nothing to write."""
+
+# --- manual control: annotations a person sets on a policy ---------------------------------
+
+ANNOTATION_PREFIX = f"{API_GROUP}/"
+PROMOTE = f"{ANNOTATION_PREFIX}promote"
+ABORT = f"{ANNOTATION_PREFIX}abort"
+RETRY = f"{ANNOTATION_PREFIX}retry"
+PAUSE = f"{ANNOTATION_PREFIX}pause"
+RESUME = f"{ANNOTATION_PREFIX}resume"
+MANUAL_ANNOTATIONS = (ABORT, PAUSE, RESUME, RETRY, PROMOTE)
+"""In the order a cycle acts on them, one per cycle."""
+
+# --- condition types ------------------------------------------------------------------
+
+READY = "Ready"
+"""True when the ladder has come to rest at its top level."""
+PROGRESSING = "Progressing"
+"""True while a baseline, a canary or a promotion step runs."""
+DEGRADED = "Degraded"
+"""True after a rollback or an abort; the reason says why."""
+PAUSED = "Paused"
+"""True while a person has paused the policy (``kvoffload.io/pause``)."""
+ANALYSIS_INCONCLUSIVE = "AnalysisInconclusive"
+"""True after ``maxInconclusive`` Inconclusive verdicts in a row."""
+INVALID = "Invalid"
+"""True while the spec fails validation; the message lists the field errors."""
+
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PAUSED, ANALYSIS_INCONCLUSIVE, INVALID)
+
+
+class Reason(StrEnum):
+    """Every reason the operator writes into a condition, an Event or a history entry."""
+
+    # Progressing
+    BASELINE_RUNNING = "BaselineRunning"
+    CANARY_RUNNING = "CanaryRunning"
+    PROMOTION_RUNNING = "PromotionRunning"
+    AWAITING_PROMOTION = "AwaitingPromotion"
+    LADDER_COMPLETE = "LadderComplete"
+    ROLLOUT_IN_PROGRESS = "RolloutInProgress"
+    # Transitions
+    BASELINE_TAKEN = "BaselineTaken"
+    CANARY_STARTED = "CanaryStarted"
+    PILOT_PASSED = "PilotPassed"
+    PROMOTED = "Promoted"
+    LEVEL_PROMOTED = "LevelPromoted"
+    NEW_LADDER = "NewLadder"
+    SPEC_CHANGED = "SpecChanged"
+    # Degraded
+    AS_EXPECTED = "AsExpected"
+    ANALYSIS_FAILED = "AnalysisFailed"
+    GUARD_BREACH = "GuardBreach"
+    CANARY_OOM_KILLED = "CanaryOOMKilled"
+    CANARY_CRASH_LOOPING = "CanaryCrashLoopBackOff"
+    CANARY_RESTARTED = "CanaryRestarted"
+    PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
+    ABORTED = "Aborted"
+    # Paused / AnalysisInconclusive
+    PAUSED = "Paused"
+    NOT_PAUSED = "NotPaused"
+    RESUMED = "Resumed"
+    TOO_MANY_INCONCLUSIVE = "TooManyInconclusive"
+    ENOUGH_EVIDENCE = "EnoughEvidence"
+    # Manual control
+    MANUAL_PROMOTE = "ManualPromote"
+    RETRY = "Retry"
+    MANUAL_ACTION_IGNORED = "ManualActionIgnored"
+    # Invalid
+    SPEC_INVALID = "SpecInvalid"
+    SPEC_VALID = "SpecValid"
+
+
+class Decision(StrEnum):
+    """What ``status.history`` records; each transition of the ladder writes one."""
+
+    NEW_LADDER = "NewLadder"
+    SPEC_CHANGED = "SpecChanged"
+    RETRY = "Retry"
+    BASELINE_TAKEN = "BaselineTaken"
+    CANARY_STARTED = "CanaryStarted"
+    PILOT_PASSED = "PilotPassed"
+    PROMOTED = "Promoted"
+    MANUAL_PROMOTE = "ManualPromote"
+    LEVEL_PROMOTED = "LevelPromoted"
+    ROLLBACK = "Rollback"
+    ABORT = "Abort"
+    PAUSE = "Pause"
+    RESUME = "Resume"
+    INVALID = "Invalid"
+
+
+ROLLBACK_DECISIONS = frozenset({Decision.ROLLBACK, Decision.ABORT})
+"""Decisions that took a level away."""
