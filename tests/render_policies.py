@@ -10,7 +10,7 @@ import yaml
 
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.policy.ladder import Level, build_ladder
-from kvoffload.policy.validation import load_policy, parse_policy
+from kvoffload.policy.loading import load_policy, parse_policy
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data"

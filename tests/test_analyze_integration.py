@@ -26,7 +26,7 @@ from kvoffload.analysis.prometheus import PrometheusProvider, Target
 from kvoffload.api.types import AnalysisStatus, Verdict
 from kvoffload.cli.main import main
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.validation import load_policy
+from kvoffload.policy.loading import load_policy
 from tests.support.engines import Engine, start_engines, stop_engines
 from tests.support.prometheus import PrometheusServer, require_prometheus, wait_until
 

@@ -14,8 +14,10 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from kvoffload.cli.main import EXIT_BAD_INPUT, main
-from kvoffload.policy.validation import PolicyError, load_policy, parse_policy
+from kvoffload.api.errors import PolicyError
+from kvoffload.cli.common import EXIT_BAD_INPUT
+from kvoffload.cli.main import main
+from kvoffload.policy.loading import load_policy, parse_policy
 from tests.support.crd_admission import admit
 
 INVALID = Path(__file__).resolve().parent / "data" / "invalid"

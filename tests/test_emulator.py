@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.lab.engine.emulator import ConfigError, Faults, KVEngine, apply_faults, parse_argv, tokenize
+from kvoffload.lab.engine.emulator import ConfigError, Faults, KVEngine, apply_faults, tokenize
+from kvoffload.lab.engine.flags import parse_argv
 from tests.support.engines import Engine, EngineFactory
 
 # DESIGN.md: Qwen3-0.6B (114,688 KV bytes/token), a 1,480-token prefix, vLLM 0.31 on a laptop GPU.
@@ -125,8 +126,8 @@ def test_bad_flags_name_the_flag(argv: list[str], flag: str) -> None:
 def test_a_rendered_deployment_command_line_parses() -> None:
     """The container args `kvoffload render` writes, plus extraArgs the emulator does not model."""
     from kvoffload.policy.ladder import build_ladder, find_level
+    from kvoffload.policy.loading import load_policy
     from kvoffload.policy.render import engine_args
-    from kvoffload.policy.validation import load_policy
 
     policy = load_policy(ROOT / "tests" / "data" / "render-qwen3-small.yaml")
     top = find_level(build_ladder(policy.spec), index=None, name=None)
@@ -259,8 +260,8 @@ def test_metrics_keep_their_colons_when_the_scraper_asks_for_openmetrics(engine_
 
 def test_rendered_args_start_an_engine_that_reports_its_offload_config(engine_factory: EngineFactory) -> None:
     from kvoffload.policy.ladder import build_ladder, find_level
+    from kvoffload.policy.loading import load_policy
     from kvoffload.policy.render import engine_args
-    from kvoffload.policy.validation import load_policy
 
     policy = load_policy(ROOT / "tests" / "data" / "render-qwen3-small.yaml")
     top = find_level(build_ladder(policy.spec), index=None, name=None)

@@ -20,7 +20,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvoffload.analysis import dialects
-from kvoffload.lab.engine.emulator import EngineMetrics, parse_argv
+from kvoffload.lab.engine.emulator import EngineMetrics
+from kvoffload.lab.engine.flags import parse_argv
 from tests.support.engines import EngineFactory
 
 FIXTURE = Path(__file__).parent / "data" / "vllm-0.32.0-cpu-metrics.txt"

@@ -12,7 +12,7 @@ from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.lab.demo import planned_seconds
 from kvoffload.policy.catalog import find_gpu_class, find_model
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.validation import load_policy
+from kvoffload.policy.loading import load_policy
 from tests.support.crd_admission import admit
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -46,7 +46,7 @@ def target(name: str, namespace: str = "llm") -> Target:
 async def test_concurrent_policies_share_one_provider_call() -> None:
     provider = RecordingProvider()
     metrics = OperatorMetrics()
-    hub = MeasurementHub(provider, gather_window=0.05, metrics=metrics)
+    hub = MeasurementHub(provider, gather_window=0.05, query_counter=metrics.prometheus_queries)
     names = [f"policy-{'x' * i}" for i in range(20)]
 
     results = await asyncio.gather(*(hub.measure(target(n)) for n in names))

@@ -15,8 +15,8 @@ from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.controller.gateway import parse_deployment, parse_pod
 from kvoffload.lab.cluster.localcluster import ANNOTATION_PORT, LocalCluster, rolling_limits, vllm_serve_args
 from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.loading import load_policy
 from kvoffload.policy.render import engine_args, render_deployment
-from kvoffload.policy.validation import load_policy
 from tests.support.cluster import eventually
 
 EXAMPLE = Path(__file__).parents[1] / "examples" / "demo-two-tier.yaml"

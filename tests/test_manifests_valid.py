@@ -13,11 +13,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from kvoffload.api.errors import PolicyError
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.policy.catalog import gpu_class_names, model_names
 from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.render import render
-from kvoffload.policy.validation import PolicyError, parse_policy
 from tests.render_policies import BASE, LevelCase, level_cases, merge
 
 # The oldest Kubernetes the CRD targets (CEL quantity library) and the newest schema we have.

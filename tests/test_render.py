@@ -16,6 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
+from kvoffload.api.errors import PolicyError
 from kvoffload.api.quantity import GIB, quantity_bytes
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.main import main
@@ -31,7 +32,6 @@ from kvoffload.policy.render import (
     render_level,
 )
 from kvoffload.policy.sizing import host_memory, startup_seconds
-from kvoffload.policy.validation import PolicyError
 from tests.render_policies import (
     BASE,
     DATA,

@@ -9,9 +9,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvoffload.api.errors import PolicyError
 from kvoffload.api.quantity import GIB, MIB
 from kvoffload.api.types import Architecture, KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.policy.ladder import build_ladder, find_level
+from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.sizing import (
     PIN_SECONDS_PER_GIB,
     PROGRESS_DEADLINE_MARGIN_SECONDS,
@@ -27,7 +29,6 @@ from kvoffload.policy.sizing import (
     tokens_held,
     with_architecture,
 )
-from kvoffload.policy.validation import PolicyError, parse_policy
 
 BASE: dict[str, Any] = {
     "model": {"name": "Qwen/Qwen3-0.6B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 4096},

@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
+from kvoffload.api.errors import PolicyError
 from kvoffload.api.quantity import GIB
 from kvoffload.api.types import Backend, KVOffloadPolicy
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.render import engine_args
-from kvoffload.policy.validation import PolicyError
 from tests.render_policies import ROOT, level_cases, make_policy
 
 pytestmark = pytest.mark.realvllm

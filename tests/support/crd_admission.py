@@ -17,7 +17,7 @@ from typing import Any
 import jsonschema
 
 from kvoffload.api.crd import crd_manifest
-from kvoffload.policy.validation import format_loc
+from kvoffload.api.errors import format_loc
 from tests.support.cel_k8s import rule_failures
 
 

@@ -211,6 +211,21 @@ def kvoffload_run(
     return _process_on(cluster, "-c", "from kvoffload.cli.main import main; main()", "run", *args)
 
 
+_RECORD_MODULES = """
+import atexit, json, os, sys
+atexit.register(lambda: open(os.environ["KVOFFLOAD_MODULES_OUT"], "w").write(json.dumps(sorted(sys.modules))))
+from kvoffload.cli.main import main
+main()
+"""
+
+
+def kvoffload_run_recording_modules(
+    cluster: EmulatedCluster, out: Path, *args: str
+) -> contextlib.AbstractAsyncContextManager[asyncio.subprocess.Process]:
+    """``kvoffload run ARGS``, writing the names in ``sys.modules`` into ``out`` (JSON) when it exits."""
+    return _process_on(cluster, "-c", _RECORD_MODULES, "run", *args, env={"KVOFFLOAD_MODULES_OUT": str(out)})
+
+
 def kopf_subprocess(
     cluster: EmulatedCluster, *args: str, env: dict[str, str] | None = None
 ) -> contextlib.AbstractAsyncContextManager[asyncio.subprocess.Process]:
@@ -233,6 +248,7 @@ __all__ = (
     "fast_kopf_settings",
     "kopf_subprocess",
     "kube",
+    "kvoffload_run_recording_modules",
     "policy_emulator",
     "policy_manifest",
     "running_kopf",

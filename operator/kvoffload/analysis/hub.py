@@ -18,10 +18,10 @@ import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from kvoffload.analysis.assess import Measurements
 from kvoffload.analysis.prometheus import MetricsProvider, PolicyKey, Target
-from kvoffload.controller.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +30,12 @@ DEFAULT_GATHER_WINDOW = 0.05
 
 NAMES_MAX_AGE = 300.0
 """Seconds the series names of a Prometheus are reused before they are asked again."""
+
+
+class QueryCounter(Protocol):
+    """Counts the PromQL queries sent (the operator passes its ``kvoffload_prometheus_queries`` counter)."""
+
+    def inc(self, amount: float = 1) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -62,7 +68,7 @@ class MeasurementHub:
         provider: MetricsProvider | ProviderFactory,
         *,
         gather_window: float = DEFAULT_GATHER_WINDOW,
-        metrics: OperatorMetrics | None = None,
+        query_counter: QueryCounter | None = None,
     ) -> None:
         if hasattr(provider, "measure"):
             single: MetricsProvider = provider  # type: ignore[assignment]
@@ -70,7 +76,7 @@ class MeasurementHub:
         else:
             self._factory = provider
         self.gather_window = gather_window
-        self.metrics = metrics
+        self.query_counter = query_counter
         self.provider_calls = 0
         """Calls made to providers so far (the batching tests count them)."""
         self._providers: dict[PrometheusSource, MetricsProvider] = {}
@@ -136,8 +142,8 @@ class MeasurementHub:
         except Exception as exc:  # an unknown dialect is confirmed later; analysis must go on
             log.warning("Listing series names of %s failed: %s", source.url or "(default)", exc)
             return frozenset()
-        if self.metrics is not None:
-            self.metrics.prometheus_queries.inc()
+        if self.query_counter is not None:
+            self.query_counter.inc()
         if names:  # an empty answer (Prometheus down) is asked again next time
             self._names[source] = (now, names)
         return names
@@ -157,9 +163,9 @@ class MeasurementHub:
             return _all_failed(targets, f"metrics provider failed: {type(exc).__name__}: {exc}")
         finally:
             after = getattr(provider, "queries", None)
-            if self.metrics is not None:
+            if self.query_counter is not None:
                 sent = after - before if isinstance(before, int) and isinstance(after, int) else 1
-                self.metrics.prometheus_queries.inc(max(0, sent))
+                self.query_counter.inc(max(0, sent))
 
 
 def _all_failed(targets: list[Target], error: str) -> dict[PolicyKey, Measurements]:

@@ -2,42 +2,66 @@
 
 from __future__ import annotations
 
-import functools
+import importlib
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import click
 
 from kvoffload import __version__
-from kvoffload.policy.validation import PolicyError
+from kvoffload.cli.common import (
+    EXIT_BAD_INPUT,
+    EXIT_FAIL,
+    EXIT_INCONCLUSIVE,
+    OUTPUT,
+    POLICY_FILE,
+    reports_bad_input,
+)
 
-F = TypeVar("F", bound=Callable[..., Any])
-
-# Exit codes: 0 ok / pass, 1 fail verdict, 2 bad input, 3 inconclusive.
-EXIT_BAD_INPUT = 2
+LAB_COMMANDS = ("demo", "emulate")
+"""Commands that live in the lab (``kvoffload.lab.commands``), loaded only when asked for."""
 
 
-def reports_bad_input(func: F) -> F:
-    """Print a PolicyError as a list of field paths and exit 2, never a traceback."""
+class _Commands(click.Group):
+    """The operator's commands, plus the lab's, which are imported only when used or listed."""
 
-    @functools.wraps(func)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return sorted([*super().list_commands(ctx), *LAB_COMMANDS])
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name not in LAB_COMMANDS:
+            return super().get_command(ctx, cmd_name)
         try:
-            return func(*args, **kwargs)
-        except PolicyError as exc:
-            click.echo(exc.render(), err=True)
-            sys.exit(EXIT_BAD_INPUT)
-
-    return wrapper  # type: ignore[return-value]
-
-
-POLICY_FILE = click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-OUTPUT = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+            lab = importlib.import_module("kvoffload.lab.commands")
+        except ModuleNotFoundError as exc:  # the operator image ships without the lab
+            return _needs_the_lab(cmd_name, [exc.name or "kvoffload.lab"])
+        missing: list[str] = lab.missing_modules(cmd_name)
+        if missing:
+            return _needs_the_lab(cmd_name, missing)
+        command: click.Command = getattr(lab, cmd_name)
+        return command
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+def _needs_the_lab(name: str, missing: list[str]) -> click.Command:
+    """A stand-in for a lab command that cannot run here: it says what to install and exits 2."""
+    message = f"kvoffload {name} needs the lab: pip install 'kvoffload[lab]' (missing: {', '.join(missing)})"
+
+    def refuse(**_: Any) -> None:
+        click.echo(message, err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+    return click.Command(
+        name,
+        callback=refuse,
+        context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
+        params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
+        help=message,
+        short_help="needs the lab: pip install 'kvoffload[lab]'",
+    )
+
+
+@click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, prog_name="kvoffload")
 def main() -> None:
     """Roll out vLLM KV-cache offloading (GPU -> pinned CPU -> filesystem tiers) one measured stage
@@ -59,8 +83,8 @@ def plan(file: Path, output: str) -> None:
     """
     import json
 
+    from kvoffload.policy.loading import iter_documents, load_policy
     from kvoffload.policy.sizing import format_plan, plan_policy, resolve_config_map
-    from kvoffload.policy.validation import iter_documents, load_policy
 
     policy = resolve_config_map(load_policy(file), iter_documents(file), str(file))
     result = plan_policy(policy)
@@ -78,8 +102,8 @@ def plan(file: Path, output: str) -> None:
 def render(file: Path, level: int | None, stage: str | None) -> None:
     """Print the manifests (Deployment, Service, PodMonitor) of one ladder level, for GitOps."""
     from kvoffload.policy.ladder import build_ladder, find_level
+    from kvoffload.policy.loading import load_policy
     from kvoffload.policy.render import dump_yaml, render_level
-    from kvoffload.policy.validation import load_policy
 
     if level is not None and stage is not None:
         click.echo("give --level or --stage, not both", err=True)
@@ -100,106 +124,6 @@ def crd() -> None:
     from kvoffload.api.crd import crd_yaml
 
     click.echo(crd_yaml(), nl=False)
-
-
-def _env(name: str) -> str:
-    return f"KVOFFLOAD_EMULATE_{name}"
-
-
-@main.command(
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
-    short_help="An engine that speaks vLLM's /metrics and /v1/completions, for demos and tests.",
-)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@click.option("--port", type=int, default=8000, show_default=True)
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--model", default=None, help="What `vllm serve` would load (also taken from `serve MODEL`).")
-@click.option("--served-model-name", default=None)
-@click.option("--kv-offloading-size", type=float, default=None, help="CPU tier, GiB (vLLM's flag).")
-@click.option("--kv-offloading-backend", type=click.Choice(["native", "lmcache"]), default=None)
-@click.option("--kv-transfer-config", default=None, help="JSON, as vLLM takes it (OffloadingConnector, LMCache).")
-@click.option("--max-model-len", type=int, default=None)
-@click.option("--block-size", type=int, default=None, help="Tokens per KV block (default 16).")
-@click.option("--gpu-memory-utilization", type=float, default=None)
-@click.option("--tensor-parallel-size", "-tp", type=int, default=None)
-@click.option("--kv-cache-dtype", default=None)
-@click.option(
-    "--kv-bytes-per-token",
-    type=int,
-    default=None,
-    envvar=_env("KV_BYTES_PER_TOKEN"),
-    help="Default: the model catalog's figure, else 114688 (Qwen3-0.6B).",
-)
-@click.option(
-    "--gpu-kv-blocks",
-    type=int,
-    default=None,
-    envvar=_env("GPU_KV_BLOCKS"),
-    help="GPU KV cache capacity in blocks (default 4096).",
-)
-@click.option(
-    "--vllm-version", default=None, envvar=_env("VLLM_VERSION"), help="Metric dialect to speak (default 0.32.0)."
-)
-@click.option(
-    "--startup-delay",
-    type=float,
-    default=None,
-    envvar=_env("STARTUP_DELAY"),
-    help="Seconds before the port opens (models pinning the CPU pool).",
-)
-@click.option("--itl", type=float, default=None, envvar=_env("ITL"), help="Seconds between output tokens (0.010).")
-@click.option(
-    "--added-latency", type=float, default=0.0, envvar=_env("ADDED_LATENCY"), help="Seconds added to every TTFT."
-)
-@click.option("--ttft-multiplier", type=float, default=1.0, envvar=_env("TTFT_MULTIPLIER"))
-@click.option(
-    "--ttft-multiplier-after",
-    type=float,
-    default=None,
-    envvar=_env("TTFT_MULTIPLIER_AFTER"),
-    help="Seconds from start before --ttft-multiplier applies.",
-)
-@click.option("--itl-multiplier", type=float, default=1.0, envvar=_env("ITL_MULTIPLIER"))
-@click.option("--itl-multiplier-after", type=float, default=None, envvar=_env("ITL_MULTIPLIER_AFTER"))
-@click.option(
-    "--outage-after",
-    type=float,
-    default=None,
-    envvar=_env("OUTAGE_AFTER"),
-    help="Seconds from start before every endpoint answers 503.",
-)
-@click.option(
-    "--outage-for",
-    type=float,
-    default=None,
-    envvar=_env("OUTAGE_FOR"),
-    help="How long the outage lasts (default: for good).",
-)
-def emulate(args: tuple[str, ...], port: int, host: str, **options: Any) -> None:
-    """Run an emulated vLLM engine: block-level GPU/CPU/disk caches priced by a cost model,
-    vLLM 0.32's exact /metrics families, and fault knobs (also `POST /emulator/faults`).
-
-    Accepts a Deployment's `vllm serve MODEL --flag ...` arguments; flags it does not know
-    are ignored with a warning.
-    """
-    import logging
-    import time
-
-    from kvoffload.lab.engine import emulator
-
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        config, faults, ignored = emulator.build({"args": args, **options}, time.monotonic())
-    except emulator.ConfigError as exc:
-        click.echo(str(exc), err=True)
-        sys.exit(EXIT_BAD_INPUT)
-    if ignored:
-        click.echo(f"warning: ignoring arguments the emulator does not model: {' '.join(ignored)}", err=True)
-    emulator.run(emulator.Emulator(config, faults), host, port)
-
-
-EXIT_FAIL = 1
-EXIT_INCONCLUSIVE = 3
 
 
 @main.command()
@@ -246,7 +170,7 @@ def analyze(
     from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider, Target
     from kvoffload.api.types import Verdict
     from kvoffload.policy.ladder import build_ladder, find_level
-    from kvoffload.policy.validation import load_policy
+    from kvoffload.policy.loading import load_policy
 
     policy = load_policy(file)
     spec = policy.spec
@@ -425,7 +349,7 @@ def status(name: str, namespace: str | None, kubeconfig: Path | None, output: st
     try:
         text = json.dumps(statusview.to_json(policy), indent=2) if output == "json" else statusview.render(policy)
     except ValidationError as exc:
-        from kvoffload.policy.validation import errors_from
+        from kvoffload.api.errors import errors_from
 
         problems = "; ".join(f"{e.path}: {e.message}" for e in errors_from(exc, ("status",)))
         click.echo(f"kvoffload status: {ns}/{name} has a status this version cannot read: {problems}", err=True)
@@ -517,64 +441,3 @@ def run(
     except kubernetes.config.ConfigException as exc:
         click.echo(f"kvoffload run: no Kubernetes configuration (in-cluster or $KUBECONFIG): {exc}", err=True)
         sys.exit(EXIT_FAIL)
-
-
-@main.command()
-@click.option(
-    "--scenario",
-    type=click.Choice(["promote", "regression"]),
-    default="promote",
-    show_default=True,
-    help="promote: climb to the top and stay. regression: the newest tier's canary slows down ×4 and is rolled back.",
-)
-@click.option("--fast", is_flag=True, help="Shrink every duration: each scenario ends in about 2-3 minutes.")
-@OUTPUT
-@click.option(
-    "--out",
-    "out_dir",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=Path("demo-out"),
-    show_default=True,
-    help="Where the report goes (timeline.png, summary.md, report.html, operator.log).",
-)
-@click.option(
-    "--policy",
-    "policy_path",
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    default=None,
-    help="A KVOffloadPolicy to roll out instead of the embedded demo policy (examples/demo-two-tier.yaml).",
-)
-@reports_bad_input
-def demo(scenario: str, fast: bool, output: str, out_dir: Path, policy_path: Path | None) -> None:
-    """The whole loop on this machine, no cluster needed: an emulated Kubernetes API, a real Prometheus,
-    emulated vLLM engines, the operator, and a replay of the Mooncake conversation trace.
-
-    Shows the rollout live, writes a report (PNG plot and summary) into --out, and exits 0 when the
-    scenario ended as expected, 1 otherwise. With -o json only the final status and timeline go to
-    stdout (the progress view goes to stderr).
-    """
-    import asyncio
-    import json
-
-    from kvoffload.lab import demo as demo_mod
-
-    stream = sys.stderr if output == "json" else sys.stdout
-    progress = demo_mod.Progress(stream)
-    try:
-        result = asyncio.run(
-            demo_mod.run_until_signalled(
-                demo_mod.SCENARIOS[scenario], fast=fast, out_dir=out_dir, policy_path=policy_path, progress=progress
-            )
-        )
-    except demo_mod.DemoError as exc:
-        click.echo(f"kvoffload demo: {exc}", err=True)
-        sys.exit(EXIT_FAIL)
-    except (KeyboardInterrupt, asyncio.CancelledError):
-        progress.close()
-        click.echo("kvoffload demo: interrupted; every process it started has been stopped", err=True)
-        sys.exit(130)
-    if output == "json":
-        click.echo(json.dumps(result.to_json(), indent=2))
-    else:
-        click.echo(demo_mod.final_summary(result))
-    sys.exit(0 if result.ok else EXIT_FAIL)

@@ -247,7 +247,8 @@ async def run_operator(
     # Built before kopf starts, so a missing kubeconfig fails at once instead of in a retry loop.
     gateway = KubernetesGateway(api_client_from_environment())
     hub = MeasurementHub(
-        lambda source: PrometheusProvider(source.url, bearer_token=source.bearer_token, labels=labels), metrics=metrics
+        lambda source: PrometheusProvider(source.url, bearer_token=source.bearer_token, labels=labels),
+        query_counter=metrics.prometheus_queries,
     )
     controller = Controller(gateway, hub, controller_settings, metrics=metrics)
 

@@ -45,6 +45,7 @@ from kvoffload.analysis.dialects import Dialect, confirm_dialect, dialect_for, v
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import Target
 from kvoffload.api.conventions import ANNOTATION_APPLIED, ANNOTATION_LEVEL_INDEX, LABEL_CONFIG_HASH, Variant
+from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.quantity import parse_duration, to_quantity
 from kvoffload.api.types import HostMemoryStatus, KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus
 from kvoffload.controller.gateway import (
@@ -60,6 +61,7 @@ from kvoffload.controller.gateway import (
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.policy.catalog import ConfigError, architecture_from_configmap_data
 from kvoffload.policy.ladder import Level, build_ladder
+from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.render import (
     check_renderable,
     config_hash,
@@ -68,7 +70,6 @@ from kvoffload.policy.render import (
     render_service,
 )
 from kvoffload.policy.sizing import SizingError, host_memory, with_architecture
-from kvoffload.policy.validation import FieldError, PolicyError, parse_policy
 from kvoffload.rollout.decide import (
     Observations,
     Plan,
@@ -142,9 +143,9 @@ class Controller:
         self.hub = hub
         self.settings = settings or ControllerSettings()
         self.clock = clock
-        self.metrics = metrics or hub.metrics or OperatorMetrics()
-        if hub.metrics is None:
-            hub.metrics = self.metrics
+        self.metrics = metrics or OperatorMetrics()
+        if hub.query_counter is None:
+            hub.query_counter = self.metrics.prometheus_queries
         self._monotonic = monotonic
         # (policy uid, kind) -> (digest, when written): Service and PodMonitor are not listed each cycle.
         self._children: dict[tuple[str, str], tuple[str, float]] = {}

@@ -96,7 +96,7 @@ def prepare_policy(doc: Mapping[str, Any], *, fast: bool, prometheus_url: str) -
 
 def load_policy_doc(path: Path) -> dict[str, Any]:
     """The one KVOffloadPolicy document of a YAML file, validated (PolicyError names every bad field)."""
-    from kvoffload.policy.validation import load_policy
+    from kvoffload.policy.loading import load_policy
 
     policy = load_policy(path)  # raises PolicyError
     docs = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and d.get("kind") == KIND]

@@ -35,6 +35,7 @@ from kvoffload.api.conventions import (
     VARIANTS,
     Variant,
 )
+from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.quantity import GIB, parse_duration, quantity_bytes, to_quantity
 from kvoffload.api.types import (
     Backend,
@@ -47,7 +48,6 @@ from kvoffload.api.types import (
 from kvoffload.policy.catalog import GPUClass, find_gpu_class, gpu_class_names
 from kvoffload.policy.ladder import Level
 from kvoffload.policy.sizing import SHM_EXTRA_BYTES, host_memory, progress_deadline_seconds, startup_seconds
-from kvoffload.policy.validation import FieldError, PolicyError
 
 PORT = 8000
 CONTAINER = "vllm"

@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
+from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.quantity import GIB, MIB, format_bytes, format_duration, parse_duration, quantity_bytes
 from kvoffload.api.types import Architecture, Backend, KVCacheDtype, KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.policy.catalog import (
@@ -26,7 +27,6 @@ from kvoffload.policy.catalog import (
     gpu_class_names,
 )
 from kvoffload.policy.ladder import Level, build_ladder
-from kvoffload.policy.validation import FieldError, PolicyError
 
 # --- figures ---------------------------------------------------------------------
 

@@ -1271,33 +1271,6 @@ def config_from_options(
     return cfg, rest
 
 
-FAULT_OPTIONS: Final = (
-    "added_latency",
-    "ttft_multiplier",
-    "ttft_multiplier_after",
-    "itl_multiplier",
-    "itl_multiplier_after",
-    "outage_after",
-    "outage_for",
-)
-
-
-def build(params: Mapping[str, Any], start: float) -> tuple[EngineConfig, Faults, list[str]]:
-    """The engine config, its faults and the ignored arguments from ``kvoffload emulate``'s parsed options."""
-    options = {k: v for k, v in params.items() if k not in ("host", "port", "args", *FAULT_OPTIONS)}
-    config, ignored = config_from_options(positional=params.get("args", ()), **options)
-    faults = faults_from_options(start=start + config.startup_delay_s, **{k: params[k] for k in FAULT_OPTIONS})
-    return config, faults, ignored
-
-
-def parse_argv(argv: Sequence[str], start: float | None = None) -> tuple[EngineConfig, Faults, list[str]]:
-    """Parse a ``kvoffload emulate`` command line (``serve MODEL --flag ...``) without serving."""
-    from kvoffload.cli.main import emulate
-
-    ctx = emulate.make_context("emulate", list(argv))
-    return build(ctx.params, time.monotonic() if start is None else start)
-
-
 def run(emulator: Emulator, host: str, port: int) -> None:
     """Serve until SIGINT/SIGTERM."""
     import signal

@@ -1,0 +1,133 @@
+"""``kvoffload emulate``'s flags: vLLM's own where the engine models them, plus fault knobs.
+
+They live beside the engine; the click command in ``kvoffload.lab.commands`` only wires them.
+Every fault knob also reads a ``KVOFFLOAD_EMULATE_*`` variable, so a Deployment's env can set it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, TypeVar
+
+import click
+
+from kvoffload.lab.engine.emulator import (
+    EngineConfig,
+    Faults,
+    config_from_options,
+    faults_from_options,
+)
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _env(name: str) -> str:
+    return f"KVOFFLOAD_EMULATE_{name}"
+
+
+OPTIONS: Final[tuple[Callable[[Any], Any], ...]] = (
+    click.option("--port", type=int, default=8000, show_default=True),
+    click.option("--host", default="127.0.0.1", show_default=True),
+    click.option("--model", default=None, help="What `vllm serve` would load (also taken from `serve MODEL`)."),
+    click.option("--served-model-name", default=None),
+    click.option("--kv-offloading-size", type=float, default=None, help="CPU tier, GiB (vLLM's flag)."),
+    click.option("--kv-offloading-backend", type=click.Choice(["native", "lmcache"]), default=None),
+    click.option("--kv-transfer-config", default=None, help="JSON, as vLLM takes it (OffloadingConnector, LMCache)."),
+    click.option("--max-model-len", type=int, default=None),
+    click.option("--block-size", type=int, default=None, help="Tokens per KV block (default 16)."),
+    click.option("--gpu-memory-utilization", type=float, default=None),
+    click.option("--tensor-parallel-size", "-tp", type=int, default=None),
+    click.option("--kv-cache-dtype", default=None),
+    click.option(
+        "--kv-bytes-per-token",
+        type=int,
+        default=None,
+        envvar=_env("KV_BYTES_PER_TOKEN"),
+        help="Default: the model catalog's figure, else 114688 (Qwen3-0.6B).",
+    ),
+    click.option(
+        "--gpu-kv-blocks",
+        type=int,
+        default=None,
+        envvar=_env("GPU_KV_BLOCKS"),
+        help="GPU KV cache capacity in blocks (default 4096).",
+    ),
+    click.option(
+        "--vllm-version", default=None, envvar=_env("VLLM_VERSION"), help="Metric dialect to speak (default 0.32.0)."
+    ),
+    click.option(
+        "--startup-delay",
+        type=float,
+        default=None,
+        envvar=_env("STARTUP_DELAY"),
+        help="Seconds before the port opens (models pinning the CPU pool).",
+    ),
+    click.option("--itl", type=float, default=None, envvar=_env("ITL"), help="Seconds between output tokens (0.010)."),
+    click.option(
+        "--added-latency", type=float, default=0.0, envvar=_env("ADDED_LATENCY"), help="Seconds added to every TTFT."
+    ),
+    click.option("--ttft-multiplier", type=float, default=1.0, envvar=_env("TTFT_MULTIPLIER")),
+    click.option(
+        "--ttft-multiplier-after",
+        type=float,
+        default=None,
+        envvar=_env("TTFT_MULTIPLIER_AFTER"),
+        help="Seconds from start before --ttft-multiplier applies.",
+    ),
+    click.option("--itl-multiplier", type=float, default=1.0, envvar=_env("ITL_MULTIPLIER")),
+    click.option("--itl-multiplier-after", type=float, default=None, envvar=_env("ITL_MULTIPLIER_AFTER")),
+    click.option(
+        "--outage-after",
+        type=float,
+        default=None,
+        envvar=_env("OUTAGE_AFTER"),
+        help="Seconds from start before every endpoint answers 503.",
+    ),
+    click.option(
+        "--outage-for",
+        type=float,
+        default=None,
+        envvar=_env("OUTAGE_FOR"),
+        help="How long the outage lasts (default: for good).",
+    ),
+)
+"""The engine's options, in the order ``--help`` lists them."""
+
+
+def engine_options(func: F) -> F:
+    """Put every engine option (and the ``serve MODEL --flag ...`` arguments) on a click command."""
+    for option in reversed(OPTIONS):
+        func = option(func)
+    return click.argument("args", nargs=-1, type=click.UNPROCESSED)(func)
+
+
+@click.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@engine_options
+def _parser(**_params: Any) -> None:
+    """Parses a command line into the options ``build`` takes; never run."""
+
+
+FAULT_OPTIONS: Final = (
+    "added_latency",
+    "ttft_multiplier",
+    "ttft_multiplier_after",
+    "itl_multiplier",
+    "itl_multiplier_after",
+    "outage_after",
+    "outage_for",
+)
+
+
+def build(params: Mapping[str, Any], start: float) -> tuple[EngineConfig, Faults, list[str]]:
+    """The engine config, its faults and the ignored arguments from ``kvoffload emulate``'s parsed options."""
+    options = {k: v for k, v in params.items() if k not in ("host", "port", "args", *FAULT_OPTIONS)}
+    config, ignored = config_from_options(positional=params.get("args", ()), **options)
+    faults = faults_from_options(start=start + config.startup_delay_s, **{k: params[k] for k in FAULT_OPTIONS})
+    return config, faults, ignored
+
+
+def parse_argv(argv: Sequence[str], start: float | None = None) -> tuple[EngineConfig, Faults, list[str]]:
+    """Parse a ``kvoffload emulate`` command line (``serve MODEL --flag ...``) without serving."""
+    ctx = _parser.make_context("emulate", list(argv))
+    return build(ctx.params, time.monotonic() if start is None else start)

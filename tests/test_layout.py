@@ -1,0 +1,154 @@
+"""The package's house rules: subpackages import one way, no import circles, the lab stays apart.
+
+The import graph is read from the source (every ``import``, also those inside functions), so
+a lazy import cannot hide a circle. ``kvoffload run`` is then started for real and must not
+have loaded a single lab module.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.support.kube import EmulatedCluster, kvoffload_run_recording_modules, policy_manifest, wait_for
+from tests.test_operator_kopf import quick_spec
+
+PACKAGE = Path(__file__).resolve().parents[1] / "operator" / "kvoffload"
+
+# What each subpackage may import, besides itself: the core at the bottom, the lab and the CLI on top.
+ALLOWED: dict[str, set[str]] = {
+    "api": set(),
+    "policy": {"api"},
+    "analysis": {"api", "policy"},
+    "rollout": {"api", "policy", "analysis"},
+    "economics": {"api", "policy"},
+    "controller": {"api", "policy", "analysis", "rollout"},
+    "cli": {"api", "policy", "analysis", "rollout", "economics", "controller"},
+    "lab": {"api", "policy", "analysis", "rollout", "economics", "cli"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = ("kvoffload", *path.relative_to(PACKAGE).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(path): path for path in sorted(PACKAGE.rglob("*.py"))}
+
+
+def imports_of(path: Path, known: set[str]) -> set[str]:
+    """The kvoffload modules a file imports, resolved to modules (``from pkg import mod`` names ``pkg.mod``)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and node.module.startswith("kvoffload"):
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in known else node.module)
+        elif isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names if alias.name.startswith("kvoffload")}
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    found = modules()
+    known = set(found)
+    return {name: imports_of(path, known) - {name} for name, path in found.items()}
+
+
+def subpackage(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 or (len(parts) == 2 and (PACKAGE / parts[1]).is_dir()) else None
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Every strongly connected group of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    groups: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph.get(node, ()):
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def test_the_package_has_no_import_circles() -> None:
+    assert cycles(import_graph()) == []
+
+
+def test_the_circle_finder_finds_a_circle() -> None:
+    # Proves the check above is live.
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_every_module_lives_in_a_subpackage_with_rules() -> None:
+    loose = [m for m in modules() if m != "kvoffload" and subpackage(m) not in ALLOWED]
+    assert loose == []
+
+
+def test_subpackages_import_only_downwards() -> None:
+    wrong = sorted(
+        f"{source} imports {target}"
+        for source, targets in import_graph().items()
+        for target in targets
+        if (a := subpackage(source)) is not None
+        and (b := subpackage(target)) is not None
+        and a != b
+        and b not in ALLOWED[a]
+    )
+    assert wrong == []
+
+
+def test_nothing_outside_the_lab_and_the_cli_imports_the_lab() -> None:
+    wrong = sorted(
+        f"{source} imports {target}"
+        for source, targets in import_graph().items()
+        for target in targets
+        if target.startswith("kvoffload.lab") and subpackage(source) not in ("lab", "cli")
+    )
+    assert wrong == []
+
+
+@pytest.mark.e2e
+async def test_kvoffload_run_never_loads_a_lab_module(kube: EmulatedCluster, tmp_path: Path) -> None:
+    out = tmp_path / "modules.json"
+    spec = quick_spec(prometheus="http://127.0.0.1:9")  # nothing listens: the baseline holds
+    async with kvoffload_run_recording_modules(kube, out, "-A", "--standalone", "--metrics-port", "0") as process:
+        await kube.emulator.create_object(policy_manifest("chat", "default", spec=spec))
+
+        def stable_deployment() -> bool:
+            return kube.emulator.read_object("apps/v1", "Deployment", "default", "chat-stable") is not None
+
+        await wait_for(stable_deployment, "the operator to render the stable Deployment", 30)
+        process.terminate()
+        await process.wait()
+    loaded = json.loads(out.read_text())
+    assert "kvoffload.controller.handlers" in loaded  # it did run the operator
+    assert [m for m in loaded if m.startswith("kvoffload.lab") or m.split(".")[0] in ("kmock", "matplotlib")] == []
