@@ -12,11 +12,10 @@ COPY requirements/build.lock requirements/runtime.lock requirements/
 RUN python -m pip install --no-cache-dir --require-hashes -r requirements/build.lock \
     && python -m venv /opt/kvoffload \
     && /opt/kvoffload/bin/pip install --no-cache-dir --require-hashes -r requirements/runtime.lock
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md hatch_build.py ./
+# Without operator/kvoffload/lab (.dockerignore): the image carries the operator, not the lab.
 COPY operator/ operator/
 COPY templates/ templates/
-# The wheel carries the demo policy from examples/ (see force-include in pyproject.toml).
-COPY examples/ examples/
 RUN python -m pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels . \
     && /opt/kvoffload/bin/pip install --no-cache-dir --no-deps /wheels/kvoffload-*.whl
 

@@ -5,7 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 VLLM_VENV := .venv-vllm
 TINY_MODEL := .tiny-model
-LINT_PATHS := operator tests bench scripts
+LINT_PATHS := operator tests bench scripts hatch_build.py
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)

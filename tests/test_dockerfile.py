@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tomllib
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +80,37 @@ def wheel_inputs() -> list[str]:
     """What hatchling reads to build the wheel: pyproject.toml, the readme, packages, force-included files."""
     pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
     wheel = pyproject["tool"]["hatch"]["build"]["targets"]["wheel"]
-    return ["pyproject.toml", pyproject["project"]["readme"], *wheel["packages"], *wheel.get("force-include", {})]
+    hooks = ["hatch_build.py"] if "custom" in wheel.get("hooks", {}) else []
+    return [
+        "pyproject.toml",
+        pyproject["project"]["readme"],
+        *wheel["packages"],
+        *wheel.get("force-include", {}),
+        *hooks,
+    ]
+
+
+def build_context(into: Path) -> Path:
+    """The files `docker build` would see: what git tracks, less what .dockerignore leaves out."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    for path in tracked.splitlines():
+        if dockerignore_keeps(path) and (ROOT / path).is_file():
+            (into / path).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / path, into / path)
+    return into
+
+
+def build_wheel(source: Path, out: Path) -> list[str]:
+    """Build the wheel the way the image does (hatchling, no isolation) and list its files."""
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-build-isolation", "--no-deps", "-w", str(out), "."],
+        cwd=source,
+        check=True,
+        timeout=300,
+    )
+    (wheel,) = out.glob("kvoffload-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        return archive.namelist()
 
 
 def test_hadolint_finds_nothing_in_the_dockerfile() -> None:
@@ -141,3 +173,44 @@ def test_build_stage_gets_every_file_the_wheel_build_reads(path: str) -> None:
 def test_dockerignore_leaves_out_the_local_venvs_and_model() -> None:
     for path in [".venv/bin/python", ".venv-vllm/bin/vllm", ".tiny-model/config.json", "tests/conftest.py"]:
         assert not dockerignore_keeps(path), path
+
+
+@pytest.fixture(scope="module")
+def image_wheel(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """The wheel the image installs, built from the image's build context."""
+    context = build_context(tmp_path_factory.mktemp("context"))
+    out = tmp_path_factory.mktemp("wheel")
+    return out, build_wheel(context, out)
+
+
+def test_the_image_carries_the_operator_and_not_the_lab(image_wheel: tuple[Path, list[str]]) -> None:
+    _, files = image_wheel
+    for module in ("cli/main.py", "controller/handlers.py", "rollout/decide.py", "templates/deployment.yaml.j2"):
+        assert f"kvoffload/{module}" in files
+    assert [f for f in files if f.startswith("kvoffload/lab/")] == []
+
+
+def test_a_wheel_built_from_the_repository_carries_the_lab_and_the_demo_policy(tmp_path: Path) -> None:
+    files = build_wheel(ROOT, tmp_path)
+    assert "kvoffload/lab/demo.py" in files
+    assert "kvoffload/lab/data/demo-policy.yaml" in files
+    assert "kvoffload/lab/data/mooncake-conversation.jsonl.gz" in files
+
+
+def test_kvoffload_demo_without_the_lab_says_what_to_install_and_starts_nothing(
+    image_wheel: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    out, _ = image_wheel
+    (wheel,) = out.glob("kvoffload-*.whl")
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(wheel)], check=True
+    )
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    code = "from kvoffload.cli.main import main; main()"
+    demo = subprocess.run([sys.executable, "-c", code, "demo"], env=env, capture_output=True, text=True, timeout=60)
+    assert demo.returncode == 2, demo.stderr
+    assert "pip install 'kvoffload[lab]'" in demo.stderr
+    listing = subprocess.run([sys.executable, "-c", code, "--help"], env=env, capture_output=True, text=True)
+    assert listing.returncode == 0
+    assert "needs the lab" in listing.stdout
