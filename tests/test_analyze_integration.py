@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from kvoffload.analysis.assess import EXTERNAL_SHARE, TTFT_RATIO, Assessment, advance, assess, sustained
+from kvoffload.analysis.assess import EXTERNAL_SHARE, TTFT_RATIO, Assessment, assess, record_verdict, sustained
 from kvoffload.analysis.prometheus import PrometheusProvider, Target
 from kvoffload.api.types import AnalysisStatus, Verdict
 from kvoffload.cli.main import main
@@ -190,7 +190,7 @@ def test_analyze_prints_every_metric_and_exits_by_verdict(healthy_fleet: Fleet) 
 
 def test_a_canary_whose_ttft_triples_fails_within_sustained_for(fleet: Fleet) -> None:
     provider = PrometheusProvider(fleet.prometheus.url)
-    first = advance(None, fleet.cycle(provider), datetime.now(UTC))
+    first = record_verdict(None, fleet.cycle(provider), datetime.now(UTC))
     assert first.verdict is Verdict.PASS, first.message
     status: AnalysisStatus | None = first
 
@@ -199,7 +199,7 @@ def test_a_canary_whose_ttft_triples_fails_within_sustained_for(fleet: Fleet) ->
 
     def rolled_back() -> bool:
         nonlocal status
-        status = advance(status, fleet.cycle(provider), datetime.now(UTC))
+        status = record_verdict(status, fleet.cycle(provider), datetime.now(UTC))
         return sustained(status, SUSTAINED_FOR_S, datetime.now(UTC))
 
     wait_until(rolled_back, deadline=30, what="a sustained Fail", poll=0.25)
@@ -231,7 +231,7 @@ def test_a_stopped_prometheus_is_inconclusive_not_a_failure(prometheus: Promethe
     result = assess(policy.spec, build_ladder(policy.spec)[-1], measured, warmed_up=True)
     assert result.verdict is Verdict.INCONCLUSIVE
     assert "unreachable" in result.message
-    status = advance(advance(None, result, datetime.now(UTC)), result, datetime.now(UTC))
+    status = record_verdict(record_verdict(None, result, datetime.now(UTC)), result, datetime.now(UTC))
     assert status.consecutive_inconclusive == 2
     cli = CliRunner().invoke(main, ["analyze", str(policy_file)])
     assert cli.exit_code == 3, cli.output

@@ -1,4 +1,4 @@
-"""assess(), advance() and sustained(): one named scenario per rule of DESIGN.md "Analysis"."""
+"""assess(), record_verdict() and sustained(): one named scenario per rule of DESIGN.md "Analysis"."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from kvoffload.analysis.assess import (
     Assessment,
     Measurements,
     VariantSample,
-    advance,
     assess,
+    record_verdict,
     sustained,
 )
 from kvoffload.api.quantity import GIB
@@ -262,7 +262,7 @@ def test_the_whole_spec_can_be_passed() -> None:
     assert assess(spec, CPU, Measurements(HEALTHY, STABLE), warmed_up=True).verdict is Verdict.FAIL
 
 
-# --- advance() and sustained() --------------------------------------------------
+# --- record_verdict() and sustained() --------------------------------------------------
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 PASS = Assessment(Verdict.PASS)
@@ -273,7 +273,7 @@ INCONCLUSIVE = Assessment(Verdict.INCONCLUSIVE)
 def run(*verdicts: Assessment, every: timedelta = timedelta(seconds=30)):  # type: ignore[no-untyped-def]
     status = None
     for i, verdict in enumerate(verdicts):
-        status = advance(status, verdict, T0 + i * every)
+        status = record_verdict(status, verdict, T0 + i * every)
     assert status is not None
     return status
 
@@ -297,7 +297,7 @@ def test_an_inconclusive_neither_clears_nor_extends_a_failing_run() -> None:
     assert status.consecutive_failures == 1
     assert status.consecutive_inconclusive == 1
     assert status.failing_since == T0
-    status = advance(status, FAIL, T0 + timedelta(seconds=60))
+    status = record_verdict(status, FAIL, T0 + timedelta(seconds=60))
     assert status.failing_since == T0
     assert status.consecutive_failures == 2
     assert status.consecutive_inconclusive == 0

@@ -567,10 +567,17 @@ def test_cli_render_prints_the_chosen_level_as_multi_document_yaml(tmp_path: Pat
     policy = make_policy(rollout={"pilotCpu": "4Gi"})
     runner = CliRunner()
     by_index = runner.invoke(main, ["render", str(path), "--level", "1"])
-    by_name = runner.invoke(main, ["render", str(path), "--stage", "cpu-pilot"])
+    by_name = runner.invoke(main, ["render", str(path), "--level", "cpu-pilot"])
+    by_old_name = runner.invoke(main, ["render", str(path), "--stage", "cpu-pilot"])
     top = runner.invoke(main, ["render", str(path)])
     assert by_index.exit_code == 0, by_index.output
-    assert by_index.stdout == by_name.stdout == dump_yaml(render_level(policy, level(policy, "cpu-pilot")))
+    assert "--stage is deprecated" in by_old_name.stderr
+    assert (
+        by_index.stdout
+        == by_name.stdout
+        == by_old_name.stdout
+        == dump_yaml(render_level(policy, level(policy, "cpu-pilot")))
+    )
     assert [d["kind"] for d in yaml.safe_load_all(by_index.stdout)] == ["Deployment", "Service", "PodMonitor"]
     assert by_index.stdout.startswith("---\n")
     assert top.stdout == dump_yaml(render_level(policy, level(policy, "cpu")))
@@ -580,7 +587,7 @@ def test_cli_render_prints_the_chosen_level_as_multi_document_yaml(tmp_path: Pat
     ("options", "message"),
     [
         (["--level", "7"], "no ladder level 7; the levels are 0=gpu-only, 1=cpu"),
-        (["--stage", "nvme"], "no ladder level 'nvme'; the levels are 0=gpu-only, 1=cpu"),
+        (["--level", "nvme"], "no ladder level 'nvme'; the levels are 0=gpu-only, 1=cpu"),
         (["--level", "1", "--stage", "cpu"], "not both"),
     ],
 )

@@ -1,7 +1,7 @@
 """Analysis: judging what Prometheus shows for canary and stable, as one pure ``assess()``.
 
 ``assess()`` turns one cycle's measurements into a verdict with every metric's
-value, threshold and reason; ``advance()`` folds a verdict into the running
+value, threshold and reason; ``record_verdict()`` folds a verdict into the running
 counters kept in status, and ``sustained()`` says whether a Fail has held long
 enough to roll back. None of them does I/O or reads the clock.
 
@@ -371,7 +371,7 @@ def _verdict(rows: list[_Row], *, error_free_subject: bool, enough: bool, req_ms
     return Assessment(Verdict.PASS, metrics, "every gated metric passed")
 
 
-def advance(previous: AnalysisStatus | None, assessment: Assessment, now: datetime) -> AnalysisStatus:
+def record_verdict(previous: AnalysisStatus | None, assessment: Assessment, now: datetime) -> AnalysisStatus:
     """The status after one more verdict.
 
     Pass clears both counters and ``failingSince``. Fail counts one more failure, clears the

@@ -96,21 +96,30 @@ def plan(file: Path, output: str) -> None:
 
 @main.command()
 @POLICY_FILE
-@click.option("--level", type=int, default=None, help="Ladder level index (0 = GPU-only). Default: the top level.")
-@click.option("--stage", default=None, help="Ladder level name, e.g. gpu-only, cpu-pilot, cpu, nvme.")
+@click.option(
+    "--level",
+    default=None,
+    metavar="LEVEL",
+    help="Ladder level, by index (0 = GPU-only) or name (gpu-only, cpu-pilot, cpu, nvme...). Default: the top level.",
+)
+@click.option("--stage", default=None, hidden=True, help="Old name of --level NAME.")
 @reports_bad_input
-def render(file: Path, level: int | None, stage: str | None) -> None:
+def render(file: Path, level: str | None, stage: str | None) -> None:
     """Print the manifests (Deployment, Service, PodMonitor) of one ladder level, for GitOps."""
     from kvoffload.policy.ladder import build_ladder, find_level
     from kvoffload.policy.loading import load_policy
     from kvoffload.policy.render import dump_yaml, render_level
 
-    if level is not None and stage is not None:
-        click.echo("give --level or --stage, not both", err=True)
-        sys.exit(EXIT_BAD_INPUT)
+    if stage is not None:
+        if level is not None:
+            click.echo("give --level, not both --level and --stage", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        click.echo("warning: --stage is deprecated; use --level NAME", err=True)
+        level = stage
     policy = load_policy(file)
     try:
-        chosen = find_level(build_ladder(policy.spec), index=level, name=stage)
+        ladder = build_ladder(policy.spec)
+        chosen = find_level(ladder, index=int(level)) if level and level.isdigit() else find_level(ladder, name=level)
     except KeyError as exc:
         click.echo(f"{file}: {exc.args[0]}", err=True)
         sys.exit(EXIT_BAD_INPUT)

@@ -116,7 +116,7 @@ class ReconcileError(Exception):
 
 
 @dataclass
-class _Ctx:
+class _Reconcile:
     """One cycle's inputs."""
 
     ref: PolicyRef
@@ -160,7 +160,7 @@ class Controller:
         decides again from the status as stored).
         """
         plain = _plain(body)
-        ctx = _Ctx(PolicyRef.from_body(plain), plain, _stored_status(plain), self.clock())
+        ctx = _Reconcile(PolicyRef.from_body(plain), plain, _stored_status(plain), self.clock())
         try:
             plan = await self._cycle(ctx)
         finally:
@@ -174,7 +174,7 @@ class Controller:
             del self._children[key]
         self.metrics.forget_policy(uid)
 
-    async def _cycle(self, ctx: _Ctx) -> Plan:
+    async def _cycle(self, ctx: _Reconcile) -> Plan:
         meta = ctx.body.get("metadata") or {}
         generation = meta.get("generation")
         try:
@@ -233,7 +233,7 @@ class Controller:
         await self._finish(ctx, plan)
         return plan
 
-    async def _parse(self, ctx: _Ctx) -> tuple[KVOffloadPolicy, Dialect]:
+    async def _parse(self, ctx: _Reconcile) -> tuple[KVOffloadPolicy, Dialect]:
         """The policy, with a ConfigMap architecture resolved, and its metric dialect; PolicyError names fields."""
         obj = {k: v for k, v in ctx.body.items() if k != "status"}  # status is ours, not input
         policy = parse_policy(obj, f"{ctx.ref.namespace}/{ctx.ref.name}")
@@ -267,7 +267,7 @@ class Controller:
             raise PolicyError([FieldError(exc.path, str(exc).removeprefix(f"{exc.path}: "))]) from None
         return policy, dialect
 
-    def _analysis_due(self, policy: KVOffloadPolicy, ctx: _Ctx, generation: int | None) -> bool:
+    def _analysis_due(self, policy: KVOffloadPolicy, ctx: _Reconcile, generation: int | None) -> bool:
         status = ctx.status
         if status is None or status.stable is None or status.stage is None:
             return False  # a new ladder starts; there is nothing to judge yet
@@ -283,7 +283,7 @@ class Controller:
 
     async def _apply_deployments(
         self,
-        ctx: _Ctx,
+        ctx: _Reconcile,
         policy: KVOffloadPolicy,
         ladder: list[Level],
         variants: Variants,
@@ -311,7 +311,7 @@ class Controller:
             log.debug("%s: %s", ctx.ref, what)
             await run()
 
-    async def _apply_shared(self, ctx: _Ctx, policy: KVOffloadPolicy) -> None:
+    async def _apply_shared(self, ctx: _Reconcile, policy: KVOffloadPolicy) -> None:
         """Service and PodMonitor: written when they changed, or after the resync period."""
         now = self._monotonic()
         for manifest in (with_digest(render_service(policy)), with_digest(render_pod_monitor(policy))):
@@ -340,13 +340,13 @@ class Controller:
                     raise
             self._children[key] = (digest, now)
 
-    async def _apply(self, ctx: _Ctx, manifest: dict[str, Any]) -> None:
+    async def _apply(self, ctx: _Reconcile, manifest: dict[str, Any]) -> None:
         await self._api("apply", self.gateway.apply(manifest, ctx.ref), ctx.ref)
 
-    async def _delete(self, ctx: _Ctx, name: str) -> None:
+    async def _delete(self, ctx: _Reconcile, name: str) -> None:
         await self._api("delete", self.gateway.delete_owned("Deployment", name, ctx.ref), ctx.ref)
 
-    async def _finish(self, ctx: _Ctx, plan: Plan) -> None:
+    async def _finish(self, ctx: _Reconcile, plan: Plan) -> None:
         """Write the status if it changed, then the Events; count the new decisions."""
         new = _dump(plan.status)
         old = _dump(ctx.status) if ctx.status is not None else None
@@ -489,7 +489,7 @@ def _is_404(exc: GatewayError) -> bool:
     return isinstance(exc, ApiRejectedError) and exc.status == 404
 
 
-def _bind(fn: Callable[[_Ctx, Any], Awaitable[None]], ctx: _Ctx, arg: Any) -> Callable[[], Awaitable[None]]:
+def _bind(fn: Callable[[_Reconcile, Any], Awaitable[None]], ctx: _Reconcile, arg: Any) -> Callable[[], Awaitable[None]]:
     return lambda: fn(ctx, arg)
 
 

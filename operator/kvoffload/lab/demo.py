@@ -157,7 +157,7 @@ SCENARIOS: dict[str, Scenario] = {
 
 
 @dataclass(frozen=True)
-class Verdict:
+class ScenarioCheck:
     """Whether the run has ended, and how."""
 
     done: bool
@@ -166,7 +166,7 @@ class Verdict:
     problems: tuple[str, ...] = ()
 
 
-def judge(expect: Expectation, status: KVOffloadPolicyStatus | None, replicas: int) -> Verdict:
+def judge(expect: Expectation, status: KVOffloadPolicyStatus | None, replicas: int) -> ScenarioCheck:
     """Has the scenario ended, and as expected?
 
     It ends as expected when the phase and the stable level are the expected ones with every
@@ -174,7 +174,7 @@ def judge(expect: Expectation, status: KVOffloadPolicyStatus | None, replicas: i
     Stable or RolledBack anywhere else (nothing moves on its own from there), or when Invalid.
     """
     if status is None or status.stable is None or status.stage is None:
-        return Verdict(False, False, "no status yet")
+        return ScenarioCheck(False, False, "no status yet")
     level = status.ladder[status.stable.level] if 0 <= status.stable.level < len(status.ladder) else "?"
     outcome = f"{status.phase.value} at {level}"
     rolled_back = any(h.decision in ROLLBACK_DECISIONS for h in status.history)
@@ -187,11 +187,11 @@ def judge(expect: Expectation, status: KVOffloadPolicyStatus | None, replicas: i
         problems.append("no rollback in the history")
     settled = status.canary is None and status.stable.ready == status.stable.replicas == replicas
     if not problems and settled:
-        return Verdict(True, True, outcome)
+        return ScenarioCheck(True, True, outcome)
     if not problems:
-        return Verdict(False, False, outcome, (f"waiting for {replicas} Ready replicas",))
+        return ScenarioCheck(False, False, outcome, (f"waiting for {replicas} Ready replicas",))
     final = status.phase in (Phase.STABLE, Phase.ROLLED_BACK, Phase.INVALID)
-    return Verdict(final, False, outcome, tuple(problems))
+    return ScenarioCheck(final, False, outcome, tuple(problems))
 
 
 # --- the timeline -------------------------------------------------------------------------
@@ -485,7 +485,7 @@ async def run_demo(
             expected=expect.describe(),
         )
         status: KVOffloadPolicyStatus | None = None
-        verdict = Verdict(False, False, "no status yet")
+        verdict = ScenarioCheck(False, False, "no status yet")
         seen = 0
         try:
             await cluster.apply(doc)

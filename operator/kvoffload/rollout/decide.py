@@ -66,7 +66,15 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
-from kvoffload.analysis.assess import EXTERNAL_SHARE, ITL_P99, TTFT_P99, Assessment, Measurements, advance, sustained
+from kvoffload.analysis.assess import (
+    EXTERNAL_SHARE,
+    ITL_P99,
+    TTFT_P99,
+    Assessment,
+    Measurements,
+    record_verdict,
+    sustained,
+)
 from kvoffload.api.conventions import (
     ABORT,
     ANALYSIS_INCONCLUSIVE,
@@ -949,7 +957,7 @@ def _evidence(status: KVOffloadPolicyStatus, assessment: Assessment | None, now:
         previous = None  # a streak never spans a step start
     if assessment is None:
         return previous
-    return advance(previous, assessment, now)
+    return record_verdict(previous, assessment, now)
 
 
 def _too_inconclusive(ctx: _Ctx) -> bool:
