@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from kvoffload.economics.stackdist import reuse_profile
 from kvoffload.economics.traces import TraceError, read_mooncake, read_token_ids, read_trace
 
 
@@ -146,3 +147,13 @@ def test_a_bad_token_is_named_with_its_index(tmp_path: Path) -> None:
     path = write_jsonl(tmp_path / "t.jsonl", [{"token_ids": [1, 2]}, {"token_ids": [1, 2, None]}])
     with pytest.raises(TraceError, match=r":2: token_ids\[2\]: expected an integer"):
         read_trace(path)
+
+
+def test_a_token_trace_simulates_like_a_mooncake_one(tmp_path: Path) -> None:
+    # Three requests share a 2-block prefix: the 2nd and 3rd hit it.
+    prefix = tokens(0, 1024)
+    rows = [{"token_ids": prefix + tokens(10_000 * (i + 1), 512)} for i in range(3)]
+    trace = read_trace(write_jsonl(tmp_path / "t.jsonl", rows))
+    profile = reuse_profile(trace.blocks)
+    assert (profile.accesses, profile.unique) == (9, 5)
+    assert profile.hits(3) == 4
