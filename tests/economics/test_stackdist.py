@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from kvoffload.economics import stackdist
 from kvoffload.economics.stackdist import previous_access, reuse_distances, reuse_profile
 from kvoffload.economics.traces import BlockTrace, read_mooncake
 
@@ -164,3 +165,10 @@ def test_curve_matches_a_plain_lru_on_the_first_20k_blocks_of_the_trace(shared_t
     profile = reuse_profile(stream)
     for size in (100, 1_000, 4_000):
         assert profile.hits(size) == lru_hits(stream.tolist(), size), size
+
+
+def test_streams_past_two_billion_reaccesses_take_the_64_bit_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    stream = np.random.default_rng(7).integers(0, 50, 3000)
+    expected = reuse_distances(stream)
+    monkeypatch.setattr(stackdist, "_INT32_LIMIT", 0)
+    assert reuse_distances(stream).tolist() == expected.tolist()

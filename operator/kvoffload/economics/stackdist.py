@@ -26,9 +26,8 @@ import numpy.typing as npt
 
 Int64Array = npt.NDArray[np.int64]
 
-# Below blocks of this many interval ends, pairs are compared all at once, which is cheaper than
-# the remaining partition steps (measured on the Mooncake traces, see bench/simulate).
-_BRUTE_FORCE_BITS = 4
+# Interval indices fit int32 below this many re-accesses: half the memory traffic per step.
+_INT32_LIMIT = 2**31
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,34 +132,7 @@ def _reuse_distances(ids: Int64Array, prev: Int64Array) -> Int64Array:
 
 def _nested_counts(starts: Int64Array, n: int) -> Int64Array:
     """For intervals ordered by end, with distinct ``starts`` in ``[0, n)``: per interval ``k``, how
-    many intervals ``k' < k`` have ``starts[k'] > starts[k]``."""
-    m = starts.size
-    count = np.zeros(m, dtype=np.int64)
-    if m < 2:
-        return count
-    levels = (m - 1).bit_length()
-    low_bits = min(_BRUTE_FORCE_BITS, levels)
-    count += _within_blocks(starts, low_bits)
-    if levels > low_bits:
-        count += _across_blocks(starts, n, levels, low_bits)
-    return count
-
-
-def _within_blocks(starts: Int64Array, bits: int) -> Int64Array:
-    """Pairs inside each run of ``2**bits`` consecutive intervals, all compared at once."""
-    m, width = starts.size, 1 << bits
-    padded = np.full(-(-m // width) * width, -1, dtype=np.int64)  # -1: never greater than a start
-    padded[:m] = starts
-    grid = padded.reshape(-1, width)
-    earlier = np.triu(np.ones((width, width), dtype=bool), k=1)  # [i, j]: i before j
-    greater = grid[:, :, None] > grid[:, None, :]
-    greater &= earlier
-    counts: Int64Array = greater.sum(axis=1, dtype=np.int64).reshape(-1)
-    return counts[:m]
-
-
-def _across_blocks(starts: Int64Array, n: int, levels: int, low_bits: int) -> Int64Array:
-    """Pairs in different runs of ``2**low_bits`` intervals.
+    many intervals ``k' < k`` have ``starts[k'] > starts[k]``.
 
     Top down over the bits of the interval index ``k``: at bit ``b``, each group of ``2**(b+1)``
     consecutive intervals is held ordered by start, descending. An interval in the group's upper half
@@ -168,7 +140,9 @@ def _across_blocks(starts: Int64Array, n: int, levels: int, low_bits: int) -> In
     each group splits, stably, into its halves, which keeps both halves ordered for the next bit.
     """
     m = starts.size
-    itype: type[np.signedinteger[Any]] = np.int32 if m < 2**31 else np.int64
+    if m < 2:
+        return np.zeros(m, dtype=np.int64)
+    itype: type[np.signedinteger[Any]] = np.int32 if m < _INT32_LIMIT else np.int64
     # Interval indices by start, descending, without a sort: starts are distinct positions < n.
     by_start = np.full(n, -1, dtype=itype)
     by_start[starts] = np.arange(m, dtype=itype)
@@ -187,7 +161,7 @@ def _across_blocks(starts: Int64Array, n: int, levels: int, low_bits: int) -> In
     scratch = np.empty(m, dtype=itype)
     target = np.empty(m, dtype=itype)
     wide = np.dtype(np.int64) if itype is np.int32 else np.dtype((np.void, 16))
-    for bit in range(levels - 1, low_bits - 1, -1):
+    for bit in range((m - 1).bit_length() - 1, -1, -1):
         index, tally = pairs[:, 0], pairs[:, 1]
         np.right_shift(index, bit, out=shifted)
         np.bitwise_and(shifted, 1, out=upper)
@@ -199,7 +173,7 @@ def _across_blocks(starts: Int64Array, n: int, levels: int, low_bits: int) -> In
         np.subtract(ahead[:-1], scratch, out=gained)  # lower-half intervals ahead within the group
         np.multiply(gained, upper, out=scratch)
         tally += scratch
-        if bit == low_bits:
+        if bit == 0:
             break
         half = 1 << bit
         # Lower half keeps its order at the group's front, upper half follows.
