@@ -87,6 +87,8 @@ def read_trace(path: Path | str, block_tokens: int = BLOCK_TOKENS) -> BlockTrace
     ``block_tokens`` applies to token-id traces; Mooncake ids are 512-token blocks by construction.
     An empty file is an empty trace.
     """
+    if block_tokens <= 0:
+        raise ValueError(f"block_tokens: must be positive, got {block_tokens}")
     source = str(path)
     rows = _rows(path)
     first = next(rows, None)
