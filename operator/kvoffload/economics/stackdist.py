@@ -151,15 +151,18 @@ def _nested_counts(starts: Int64Array, n: int) -> Int64Array:
     pairs = np.zeros((m, 2), dtype=itype)
     pairs[:, 0] = order
     spare = np.empty_like(pairs)
-    position = np.arange(m, dtype=itype)
     ahead = np.zeros(m + 1, dtype=itype)
     shifted = np.empty(m, dtype=itype)
     upper = np.empty(m, dtype=itype)
     lower = np.empty(m, dtype=itype)
-    group = np.empty(m, dtype=itype)
     gained = np.empty(m, dtype=itype)
     scratch = np.empty(m, dtype=itype)
-    target = np.empty(m, dtype=itype)
+    is_upper = np.empty(m, dtype=bool)
+    # Positions that index arrays are intp: numpy's fast path for take and scatter.
+    position = np.arange(m, dtype=np.intp)
+    group = np.empty(m, dtype=np.intp)
+    target = np.empty(m, dtype=np.intp)
+    moved = np.empty(m, dtype=np.intp)
     wide = np.dtype(np.int64) if itype is np.int32 else np.dtype((np.void, 16))
     for bit in range((m - 1).bit_length() - 1, -1, -1):
         index, tally = pairs[:, 0], pairs[:, 1]
@@ -167,7 +170,7 @@ def _nested_counts(starts: Int64Array, n: int) -> Int64Array:
         np.bitwise_and(shifted, 1, out=upper)
         np.bitwise_xor(upper, 1, out=lower)
         np.cumsum(lower, out=ahead[1:])
-        np.bitwise_and(shifted, ~1, out=group)
+        np.bitwise_and(shifted, ~1, out=group, casting="unsafe")
         np.left_shift(group, bit, out=group)  # first position of the group
         np.take(ahead, group, out=scratch)
         np.subtract(ahead[:-1], scratch, out=gained)  # lower-half intervals ahead within the group
@@ -178,10 +181,11 @@ def _nested_counts(starts: Int64Array, n: int) -> Int64Array:
         half = 1 << bit
         # Lower half keeps its order at the group's front, upper half follows.
         np.add(group, gained, out=target)
-        np.subtract(position, gained, out=scratch)
-        scratch += half
+        np.subtract(position, gained, out=moved)
+        moved += half
         # Any group with an upper half has a full lower half, the last one included.
-        np.copyto(target, scratch, where=upper.astype(bool))
+        np.not_equal(upper, 0, out=is_upper)
+        np.copyto(target, moved, where=is_upper)
         spare.view(wide).reshape(m)[target] = pairs.view(wide).reshape(m)
         pairs, spare = spare, pairs
     count = np.zeros(m, dtype=np.int64)
