@@ -24,9 +24,10 @@ import yaml
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PEERING_NAME
 from kvoffload.cli.main import run
 from kvoffload.controller.gateway import PLURALS, PolicyRef
+from tests.support import paths
 from tests.support.kube import EmulatedCluster, kvoffload_run, policy_manifest, wait_for
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = paths.ROOT
 CHART = REPO / "charts" / "kvoffload"
 CRD_FILE = "kvoffloadpolicies.kvoffload.io.yaml"
 RELEASE, NAMESPACE = "kvo", "kvoffload-system"

@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from kvoffload.cli.main import main
+from tests.support import paths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = paths.ROOT
 DOCKERFILE = ROOT / "Dockerfile"
 
 

@@ -13,10 +13,11 @@ from pathlib import Path
 
 import pytest
 
+from tests.controller.test_operator_kopf import quick_spec
+from tests.support import paths
 from tests.support.kube import EmulatedCluster, kvoffload_run_recording_modules, policy_manifest, wait_for
-from tests.test_operator_kopf import quick_spec
 
-PACKAGE = Path(__file__).resolve().parents[1] / "operator" / "kvoffload"
+PACKAGE = paths.PACKAGE
 
 # What each subpackage may import, besides itself: the core at the bottom, the lab and the CLI on top.
 ALLOWED: dict[str, set[str]] = {

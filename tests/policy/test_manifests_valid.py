@@ -19,7 +19,7 @@ from kvoffload.policy.catalog import gpu_class_names, model_names
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.render import render
-from tests.render_policies import BASE, LevelCase, level_cases, merge
+from tests.policy.render_policies import BASE, LevelCase, level_cases, merge
 
 # The oldest Kubernetes the CRD targets (CEL quantity library) and the newest schema we have.
 K8S_VERSIONS = ("1.30", kubernetes_validate.latest_version())

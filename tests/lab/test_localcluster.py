@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -17,9 +16,10 @@ from kvoffload.lab.cluster.localcluster import ANNOTATION_PORT, LocalCluster, ro
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
 from kvoffload.policy.render import engine_args, render_deployment
+from tests.support import paths
 from tests.support.cluster import eventually
 
-EXAMPLE = Path(__file__).parents[1] / "examples" / "demo-two-tier.yaml"
+EXAMPLE = paths.EXAMPLES / "demo-two-tier.yaml"
 
 
 @pytest.fixture

@@ -11,8 +11,9 @@ import yaml
 from click.testing import CliRunner, Result
 
 from kvoffload.cli.main import main
+from tests.support import paths
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = paths.DATA / "configs"
 
 POLICY = """\
 apiVersion: kvoffload.io/v1alpha1

@@ -11,11 +11,12 @@ import yaml
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.loading import load_policy, parse_policy
+from tests.support import paths
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = paths.ROOT
 DATA = ROOT / "tests" / "data"
 EXAMPLES = ROOT / "examples"
-GOLDEN = ROOT / "tests" / "golden"
+GOLDEN = paths.GOLDEN
 
 
 def _is_policy_file(path: Path) -> bool:

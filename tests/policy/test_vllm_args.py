@@ -22,7 +22,7 @@ from kvoffload.api.quantity import GIB
 from kvoffload.api.types import Backend, KVOffloadPolicy
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.render import engine_args
-from tests.render_policies import ROOT, level_cases, make_policy
+from tests.policy.render_policies import ROOT, level_cases, make_policy
 
 pytestmark = pytest.mark.realvllm
 

@@ -18,9 +18,10 @@ from kvoffload.api.errors import PolicyError
 from kvoffload.cli.common import EXIT_BAD_INPUT
 from kvoffload.cli.main import main
 from kvoffload.policy.loading import load_policy, parse_policy
+from tests.support import paths
 from tests.support.crd_admission import admit
 
-INVALID = Path(__file__).resolve().parent / "data" / "invalid"
+INVALID = paths.DATA / "invalid"
 
 SCHEMA_MISTAKES = {
     "spec.model.image",  # missing
@@ -125,7 +126,7 @@ def test_cli_refuses_yaml_that_does_not_parse(tmp_path: Path) -> None:
 
 def test_overlong_quantity_is_refused_by_models_and_schema() -> None:
     # maxLength bounds the cost the API server estimates for the quantity() rules; the models match it.
-    obj = yaml.safe_load((Path(__file__).resolve().parent.parent / "examples" / "qwen3-0.6b-cpu.yaml").read_text())
+    obj = yaml.safe_load((paths.EXAMPLES / "qwen3-0.6b-cpu.yaml").read_text())
     obj["spec"]["offload"]["cpu"] = "1" * 65
     _, problems = admit(obj)
     assert {(p.source, p.path) for p in problems} == {("schema", "spec.offload.cpu")}

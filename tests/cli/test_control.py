@@ -23,9 +23,10 @@ from kvoffload.cli.main import main
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import config_hash
 from kvoffload.rollout.decide import Observations, VariantObservation, decide
+from tests.support import paths
 from tests.support.kube import EmulatedCluster
 
-EXAMPLE = Path(__file__).parent.parent / "examples" / "demo-two-tier.yaml"
+EXAMPLE = paths.EXAMPLES / "demo-two-tier.yaml"
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 
 

@@ -2,7 +2,7 @@
 the pod shape, the config hash, render-time refusals, and `kvoffload render`.
 
 Regenerate the golden files after an intended change with
-``UPDATE_GOLDEN=1 .venv/bin/pytest tests/test_render.py`` and review the diff.
+``UPDATE_GOLDEN=1 .venv/bin/pytest tests/policy/test_render.py`` and review the diff.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from kvoffload.policy.render import (
     render_level,
 )
 from kvoffload.policy.sizing import host_memory, startup_seconds
-from tests.render_policies import (
+from tests.policy.render_policies import (
     BASE,
     DATA,
     EXAMPLES,
@@ -94,7 +94,7 @@ def test_rendered_manifests_match_the_golden_files(case: LevelCase, variant: str
     if UPDATE:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    assert path.is_file(), f"no golden file {path}; run UPDATE_GOLDEN=1 pytest tests/test_render.py"
+    assert path.is_file(), f"no golden file {path}; run UPDATE_GOLDEN=1 pytest tests/policy/test_render.py"
     assert text == path.read_text(), f"{path} differs; if intended, regenerate with UPDATE_GOLDEN=1"
 
 

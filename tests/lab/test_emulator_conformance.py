@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import urllib.request
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
@@ -22,9 +21,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvoffload.analysis import dialects
 from kvoffload.lab.engine.emulator import EngineMetrics
 from kvoffload.lab.engine.flags import parse_argv
+from tests.support import paths
 from tests.support.engines import EngineFactory
 
-FIXTURE = Path(__file__).parent / "data" / "vllm-0.32.0-cpu-metrics.txt"
+FIXTURE = paths.VLLM_CAPTURE
 # The capture was taken with --max-model-len 512, which sets the token-count buckets.
 CAPTURE_ARGS = ["serve", "tiny-qwen3", "--max-model-len", "512"]
 

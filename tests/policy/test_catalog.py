@@ -22,8 +22,9 @@ from kvoffload.policy.catalog import (
     model_names,
 )
 from kvoffload.policy.sizing import bytes_per_token
+from tests.support import paths
 
-CONFIGS = Path(__file__).parent / "data" / "configs"
+CONFIGS = paths.DATA / "configs"
 
 # config.json samples in tests/data/configs, and the catalog entry each must reproduce.
 SAMPLES = {

@@ -6,17 +6,16 @@ this proves that capture still describes the vLLM that setup installs.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.support import paths
 from tests.support.prometheus import wait_until
 from tests.support.vllm import TINY_MODEL_NAME, http_get, http_post_json
 
 pytestmark = pytest.mark.realvllm
 
-CAPTURE = Path(__file__).parent / "data" / "vllm-0.32.0-cpu-metrics.txt"
+CAPTURE = paths.VLLM_CAPTURE
 PROMPTS = [
     "the canary keeps a small cpu tier",
     "p99 ttft stays within the budget",

@@ -17,9 +17,10 @@ from pydantic import BaseModel
 from kvoffload.api.crd import CRD_FILE, crd_manifest, crd_yaml
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus
 from kvoffload.cli.main import main
+from tests.support import paths
 from tests.support.crd_admission import apply_defaults, openapi_schema
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = paths.ROOT
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 
 # Keys a structural schema may carry (apiextensions v1 JSONSchemaProps, as we use them).

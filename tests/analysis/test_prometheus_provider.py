@@ -17,6 +17,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvoffload.analysis.assess import Measurements
 from kvoffload.analysis.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
 from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider, Target, build_queries, promql_duration
+from tests.support import paths
 from tests.support.prometheus import (
     ITL_BUCKETS,
     TTFT_BUCKETS,
@@ -27,7 +28,7 @@ from tests.support.prometheus import (
     require_prometheus,
 )
 
-CAPTURE = Path(__file__).parent / "data" / "vllm-0.32.0-cpu-metrics.txt"
+CAPTURE = paths.VLLM_CAPTURE
 WINDOW = "10s"
 
 # --- the queries --------------------------------------------------------------

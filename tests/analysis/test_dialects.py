@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -16,8 +14,9 @@ from kvoffload.analysis.dialects import (
     parse_version,
     version_from_image,
 )
+from tests.support import paths
 
-FIXTURE = Path(__file__).parent / "data" / "vllm-0.32.0-cpu-metrics.txt"
+FIXTURE = paths.VLLM_CAPTURE
 
 
 def fixture_series_names() -> set[str]:

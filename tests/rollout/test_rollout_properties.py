@@ -20,7 +20,7 @@ from kvoffload.api.quantity import parse_duration
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Phase, Verdict
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout import conditions as cond
-from tests.test_rollout import World, level_hashes, make_spec
+from tests.rollout.test_rollout import World, level_hashes, make_spec
 
 FAULTS: dict[str, dict[str, Any]] = {
     "none": {},

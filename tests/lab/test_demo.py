@@ -32,8 +32,9 @@ from kvoffload.lab.demo import (
     sample_from,
 )
 from kvoffload.policy.ladder import build_ladder
+from tests.support import paths
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = paths.ROOT
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
 KVOFFLOAD = (sys.executable, "-c", "from kvoffload.cli.main import main; main()")
 

@@ -13,9 +13,10 @@ from kvoffload.lab.demo import planned_seconds
 from kvoffload.policy.catalog import find_gpu_class, find_model
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
+from tests.support import paths
 from tests.support.crd_admission import admit
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = paths.ROOT
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 BY_NAME = pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 

@@ -7,7 +7,6 @@ import random
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvoffload.lab.engine.emulator import ConfigError, Faults, KVEngine, apply_faults, tokenize
 from kvoffload.lab.engine.flags import parse_argv
+from tests.support import paths
 from tests.support.engines import Engine, EngineFactory
 
 # DESIGN.md: Qwen3-0.6B (114,688 KV bytes/token), a 1,480-token prefix, vLLM 0.31 on a laptop GPU.
@@ -25,7 +25,7 @@ TOLERANCE = 0.15
 # 184 blocks of 16 tokens hold A and B (92 full blocks each), so C evicts all of A.
 SCENARIO = ["serve", "Qwen/Qwen3-0.6B", "--block-size", "16", "--gpu-kv-blocks", "184", "--max-model-len", "4096"]
 WITH_CPU_TIER = [*SCENARIO, "--kv-offloading-size", "0.5", "--kv-offloading-backend", "native"]
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = paths.ROOT
 
 
 def prompt(seed: int, n: int = 1480) -> list[int]:
