@@ -32,7 +32,7 @@ from kvoffload.api.conventions import (
     Reason,
 )
 from kvoffload.api.quantity import parse_duration
-from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, MetricResult, Phase, Verdict
+from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, MetricResult, Mode, Phase, Verdict
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.sizing import progress_deadline_seconds
 from kvoffload.rollout import conditions as cond
@@ -330,6 +330,41 @@ def test_a_whole_climb_with_healthy_traffic_ends_stable_at_the_top_level():
     assert world.st.baseline is not None
     assert world.st.baseline.ttft_p99 == pytest.approx(0.40)
     assert cond.is_true(world.st.conditions, READY)
+
+
+def test_the_mode_is_kept_in_status_at_every_step_of_the_climb():
+    world = World.given(make_spec())
+    assert world.st.mode is Mode.BASELINE
+    world.run_until(at_stage("cpu-pilot"))
+    assert world.st.mode is Mode.STEP
+    world.run_until(in_phase(Phase.STABLE))
+    assert world.st.mode is Mode.STABLE
+    # And every plan on the way wrote a mode: nothing is inferred from condition reasons
+    assert all(plan.status.mode is not None for plan in world.plans)
+
+
+def test_a_renamed_condition_reason_does_not_change_the_state_machine():
+    # Given a policy in its baseline
+    world = World.given(make_spec())
+    assert world.st.mode is Mode.BASELINE
+    # When the Progressing reason reads something the state machine has never heard of
+    renamed = [
+        c.model_copy(update={"reason": "SomeFutureReason"}) if c.type == PROGRESSING else c for c in world.st.conditions
+    ]
+    world.status = world.st.model_copy(update={"conditions": renamed})
+    world.tick()
+    # Then the baseline goes on: the mode came from status.mode
+    assert world.st.mode is Mode.BASELINE
+    assert world.phase is Phase.BASELINE
+
+
+def test_a_status_written_before_the_mode_field_is_read_off_its_conditions_once():
+    world = World.given(make_spec())
+    world.run_until(at_stage("cpu-pilot"))
+    world.status = world.st.model_copy(update={"mode": None})
+    world.tick()
+    assert world.st.mode is Mode.STEP
+    assert world.stage == ("cpu-pilot", 0)
 
 
 def test_the_climb_records_each_step_in_the_stage_and_the_variant_status():
