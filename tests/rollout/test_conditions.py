@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kvoffload.api.conventions import DEGRADED, PAUSED, PROGRESSING, READY, Reason
-from kvoffload.api.types import Condition, Phase, StageStatus
+from kvoffload.api.types import Condition, Mode, Phase, StageStatus
 from kvoffload.rollout import conditions as cond
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
@@ -73,33 +73,26 @@ def _stage(step: int) -> StageStatus:
 
 
 @pytest.mark.parametrize(
-    ("conditions", "stage", "phase"),
+    ("conditions", "mode", "stage", "phase"),
     [
-        pytest.param([], None, Phase.PENDING, id="nothing-yet-is-pending"),
+        pytest.param([], None, None, Phase.PENDING, id="nothing-yet-is-pending"),
+        pytest.param(_conds(Progressing=True), Mode.BASELINE, _stage(0), Phase.BASELINE, id="baseline-running"),
+        pytest.param(_conds(Progressing=True), Mode.STEP, _stage(0), Phase.CANARY, id="step-0-canary"),
+        pytest.param(_conds(Progressing=True), Mode.STEP, _stage(2), Phase.PROMOTING, id="step-2-promoting"),
+        pytest.param(_conds(Ready=True, Progressing=False), Mode.STABLE, _stage(0), Phase.STABLE, id="stable"),
+        pytest.param(_conds(Degraded=True), Mode.ROLLED_BACK, _stage(0), Phase.ROLLED_BACK, id="rolled-back"),
+        pytest.param(_conds(Paused=True), Mode.STEP, _stage(0), Phase.PAUSED, id="paused-wins"),
+        pytest.param(_conds(AnalysisInconclusive=True), Mode.STEP, _stage(0), Phase.PAUSED, id="inconclusive-pauses"),
+        pytest.param(_conds(Paused=True), Mode.ROLLED_BACK, _stage(0), Phase.PAUSED, id="paused-over-rolled-back"),
+        pytest.param(_conds(Invalid=True, Paused=True), Mode.STABLE, _stage(0), Phase.INVALID, id="invalid-wins-all"),
         pytest.param(
-            _conds(Progressing=(True, Reason.BASELINE_RUNNING)), _stage(0), Phase.BASELINE, id="baseline-running"
-        ),
-        pytest.param(_conds(Progressing=(True, Reason.CANARY_RUNNING)), _stage(0), Phase.CANARY, id="step-0-canary"),
-        pytest.param(
-            _conds(Progressing=(True, Reason.PROMOTION_RUNNING)), _stage(2), Phase.PROMOTING, id="step-2-promoting"
-        ),
-        pytest.param(
-            _conds(Progressing=(True, Reason.AWAITING_PROMOTION)), _stage(0), Phase.CANARY, id="awaiting-is-canary"
-        ),
-        pytest.param(_conds(Ready=True, Progressing=False), _stage(0), Phase.STABLE, id="ready-is-stable"),
-        pytest.param(_conds(Ready=False, Degraded=True), _stage(0), Phase.ROLLED_BACK, id="degraded-rolled-back"),
-        pytest.param(
-            _conds(Progressing=(True, Reason.CANARY_RUNNING), Paused=True), _stage(0), Phase.PAUSED, id="paused-wins"
-        ),
-        pytest.param(
-            _conds(Progressing=(True, Reason.CANARY_RUNNING), AnalysisInconclusive=True),
+            _conds(Progressing=(True, Reason.BASELINE_RUNNING)),
+            Mode.STEP,
             _stage(0),
-            Phase.PAUSED,
-            id="inconclusive-pauses",
+            Phase.CANARY,
+            id="a-reason-does-not-decide-the-phase",
         ),
-        pytest.param(_conds(Degraded=True, Paused=True), _stage(0), Phase.PAUSED, id="paused-over-rolled-back"),
-        pytest.param(_conds(Ready=True, Invalid=True, Paused=True), _stage(0), Phase.INVALID, id="invalid-wins-all"),
     ],
 )
-def test_the_phase_is_derived_from_the_conditions(conditions, stage, phase):
-    assert cond.derive_phase(conditions, stage) is phase
+def test_the_phase_is_derived_from_the_mode_and_the_stopping_conditions(conditions, mode, stage, phase):
+    assert cond.derive_phase(conditions, mode, stage) is phase

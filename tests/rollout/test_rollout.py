@@ -27,8 +27,10 @@ from kvoffload.api.conventions import (
     PROGRESSING,
     PROMOTE,
     READY,
+    RECONCILING,
     RESUME,
     RETRY,
+    STALLED,
     Reason,
 )
 from kvoffload.api.quantity import parse_duration
@@ -959,3 +961,47 @@ def test_every_status_decide_writes_fits_the_crd_status_schema():
     for status in statuses:
         doc = drop_nulls(status.model_dump(mode="json", by_alias=True))
         assert [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)] == []
+
+
+# --- kstatus: what Flux, Helm v4 --wait=watcher and kpt read --------------------------------
+
+
+def kstatus(status: KVOffloadPolicyStatus) -> tuple[bool, bool, bool]:
+    """(Reconciling, Stalled, Ready), each True only when its condition is True."""
+    return tuple(cond.is_true(status.conditions, t) for t in (RECONCILING, STALLED, READY))  # type: ignore[return-value]
+
+
+def test_a_climb_is_reconciling_and_a_stable_policy_is_ready_with_neither():
+    world = World.given(make_spec())
+    assert kstatus(world.st) == (True, False, False)
+    world.run_until(at_stage("cpu-pilot"))
+    assert kstatus(world.st) == (True, False, False)
+    world.run_until(in_phase(Phase.STABLE))
+    assert kstatus(world.st) == (False, False, True)
+
+
+def test_a_rolled_back_policy_is_stalled_and_says_why():
+    world = _at_cpu_canary()
+    world.run_until(in_phase(Phase.ROLLED_BACK), Traffic(canary=SLOW), limit="3m")
+    assert kstatus(world.st) == (False, True, False)
+    stalled = cond.find(world.st.conditions, STALLED)
+    assert stalled is not None
+    assert stalled.reason == Reason.ANALYSIS_FAILED
+    assert "canary failed" in stalled.message
+
+
+def test_an_invalid_spec_is_stalled_until_it_is_fixed():
+    world = _at_cpu_canary()
+    plan = invalid(world.st, ["spec.offload.cpu: must be greater than zero"], 2, world.now)
+    assert kstatus(plan.status)[:2] == (False, True)
+    world.status = plan.status
+    world.change_spec(world.spec)
+    world.tick()
+    assert kstatus(world.st) == (True, False, False)
+
+
+def test_every_condition_and_the_status_carry_the_observed_generation_as_an_integer():
+    world = World.given(make_spec(), generation=7)
+    world.run_until(at_stage("cpu-pilot"))
+    assert world.st.observed_generation == 7
+    assert {c.observed_generation for c in world.st.conditions} == {7}

@@ -116,7 +116,7 @@ def _check(world: World, before: KVOffloadPolicyStatus, cycle: Cycle, generation
         assert variants.canary.level > variants.stable.level
         assert variants.canary.config_hash == hashes[variants.canary.level]
     # the status agrees with itself
-    assert after.phase is cond.derive_phase(after.conditions, after.stage)
+    assert after.phase is cond.derive_phase(after.conditions, after.mode, after.stage)
     assert len(after.history) <= 20
 
     if world.generation != generation_before:

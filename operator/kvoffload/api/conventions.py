@@ -64,8 +64,13 @@ ANALYSIS_INCONCLUSIVE = "AnalysisInconclusive"
 """True after ``maxInconclusive`` Inconclusive verdicts in a row."""
 INVALID = "Invalid"
 """True while the spec fails validation; the message lists the field errors."""
+# kstatus (Flux, Helm v4 --wait=watcher, kpt) reads these two first, then Ready.
+RECONCILING = "Reconciling"
+"""True while the ladder climbs (a baseline or a step runs): the policy is not done yet."""
+STALLED = "Stalled"
+"""True when the climb cannot go on by itself: rolled back, or an invalid spec."""
 
-CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PAUSED, ANALYSIS_INCONCLUSIVE, INVALID)
+CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PAUSED, ANALYSIS_INCONCLUSIVE, INVALID, RECONCILING, STALLED)
 
 
 class Reason(StrEnum):
@@ -108,6 +113,9 @@ class Reason(StrEnum):
     # Invalid
     SPEC_INVALID = "SpecInvalid"
     SPEC_VALID = "SpecValid"
+    # Reconciling / Stalled
+    CLIMBING = "Climbing"
+    AT_REST = "AtRest"
 
 
 class Decision(StrEnum):

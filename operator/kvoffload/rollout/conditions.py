@@ -3,8 +3,8 @@
 Conditions follow the Kubernetes conventions: one entry per type, ``status``
 True/False/Unknown, a CamelCase ``reason`` from the constants below, and a
 ``lastTransitionTime`` that moves only when ``status`` changes (a new reason or
-message alone keeps it). The phase is never stored on its own: it is read off
-the conditions by ``derive_phase``, so the two cannot disagree.
+message alone keeps it). The phase is never decided on its own: ``derive_phase`` reads it
+off the mode and the conditions, so they cannot disagree.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Literal
 
-from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, DEGRADED, INVALID, PAUSED, PROGRESSING, READY, Reason
-from kvoffload.api.types import Condition, Phase, StageStatus
+from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, INVALID, PAUSED
+from kvoffload.api.types import Condition, Mode, Phase, StageStatus
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 
@@ -61,25 +61,22 @@ def set_condition(
     return [new if c.type == type_ else c for c in conditions]
 
 
-def derive_phase(conditions: Sequence[Condition], stage: StageStatus | None) -> Phase:
-    """The phase the conditions (and the stage's step) mean, most pressing first.
+def derive_phase(conditions: Sequence[Condition], mode: Mode | None, stage: StageStatus | None) -> Phase:
+    """The phase a person reads, from the state machine's mode and the conditions that stop it.
 
-    Invalid; then Paused (by a person, or by ``AnalysisInconclusive``); then
-    RolledBack (Degraded); then, while Progressing, Baseline (reason
-    BaselineRunning), Canary (step 0) or Promoting (step 1 and on); then Stable
-    (Ready); else Pending.
+    Invalid; then Paused (by a person, or by ``AnalysisInconclusive``); then the mode:
+    RolledBack, Baseline, Canary (step 0) or Promoting (step 1 and on), Stable; else Pending.
     """
     if is_true(conditions, INVALID):
         return Phase.INVALID
     if is_true(conditions, PAUSED) or is_true(conditions, ANALYSIS_INCONCLUSIVE):
         return Phase.PAUSED
-    if is_true(conditions, DEGRADED):
+    if mode is Mode.ROLLED_BACK:
         return Phase.ROLLED_BACK
-    progressing = find(conditions, PROGRESSING)
-    if progressing is not None and progressing.status == "True":
-        if progressing.reason == Reason.BASELINE_RUNNING:
-            return Phase.BASELINE
+    if mode is Mode.BASELINE:
+        return Phase.BASELINE
+    if mode is Mode.STEP:
         return Phase.PROMOTING if stage is not None and stage.step > 0 else Phase.CANARY
-    if is_true(conditions, READY):
+    if mode is Mode.STABLE:
         return Phase.STABLE
     return Phase.PENDING

@@ -86,8 +86,10 @@ from kvoffload.api.conventions import (
     PROGRESSING,
     PROMOTE,
     READY,
+    RECONCILING,
     RESUME,
     RETRY,
+    STALLED,
     Decision,
     Reason,
 )
@@ -412,6 +414,8 @@ def invalid(status: KVOffloadPolicyStatus | None, errors: Sequence[str], generat
     was = cond.find(current.conditions, INVALID)
     news = was is None or was.status != "True" or was.message != message
     conditions = cond.set_condition(current.conditions, INVALID, True, Reason.SPEC_INVALID, message, now, generation)
+    conditions = cond.set_condition(conditions, RECONCILING, False, Reason.SPEC_INVALID, "", now, generation)
+    conditions = cond.set_condition(conditions, STALLED, True, Reason.SPEC_INVALID, message, now, generation)
     history = list(current.history)
     if news:
         stage = current.stage.name if current.stage is not None else ""
@@ -421,7 +425,7 @@ def invalid(status: KVOffloadPolicyStatus | None, errors: Sequence[str], generat
     new_status = current.model_copy(
         update={
             "conditions": conditions,
-            "phase": cond.derive_phase(conditions, current.stage),
+            "phase": cond.derive_phase(conditions, current.mode, current.stage),
             "observed_generation": generation,
             "history": history[-HISTORY_LIMIT:],
             "message": f"invalid spec: {message}",
@@ -833,7 +837,7 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
             )
         )
     status = KVOffloadPolicyStatus(
-        phase=cond.derive_phase(conditions, o.stage),
+        phase=cond.derive_phase(conditions, o.mode, o.stage),
         mode=o.mode,
         observed_generation=ctx.obs.generation,
         stage=o.stage,
@@ -892,6 +896,10 @@ def _conditions(ctx: _Ctx, o: _Outcome, paused: bool) -> list[Condition]:
         c = put(c, READY, False, o.reason)
         c = put(c, PROGRESSING, False, o.reason)
         c = put(c, DEGRADED, True, o.reason, o.message)
+    climbing = o.mode in (Mode.BASELINE, Mode.STEP)
+    c = put(c, RECONCILING, climbing, Reason.CLIMBING if climbing else Reason.AT_REST, o.message if climbing else "")
+    stalled = o.mode is Mode.ROLLED_BACK
+    c = put(c, STALLED, stalled, o.reason if stalled else Reason.AS_EXPECTED, o.message if stalled else "")
     c = put(c, PAUSED, paused, Reason.PAUSED if paused else Reason.NOT_PAUSED)
     c = put(
         c,
