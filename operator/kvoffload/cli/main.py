@@ -18,6 +18,7 @@ from kvoffload.cli.common import (
     POLICY_FILE,
     reports_bad_input,
 )
+from kvoffload.cli.simulate import simulate
 
 LAB_COMMANDS = ("demo", "emulate")
 """Commands that live in the lab (``kvoffload.lab.commands``), loaded only when asked for."""
@@ -450,3 +451,6 @@ def run(
     except kubernetes.config.ConfigException as exc:
         click.echo(f"kvoffload run: no Kubernetes configuration (in-cluster or $KUBECONFIG): {exc}", err=True)
         sys.exit(EXIT_FAIL)
+
+
+main.add_command(simulate)
