@@ -1,0 +1,1 @@
+"""Will offload pay: cost profiles, calibration, and cache simulation."""
