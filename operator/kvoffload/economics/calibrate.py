@@ -82,6 +82,8 @@ TINY_SHAPE = ModelShape(layers=2, hidden=64, intermediate=128, heads=4, kv_heads
 PREFILL_TOKENS = (128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768)
 PREFILL_HELD_OUT = (1480, 3200, 12000)
 PREFILL_MAX_TOKENS = {"Qwen/Qwen3-32B": 16384}
+# Past this the GPU, not the host's kernel launches, sets the pace: no graph curve needed.
+PREFILL_GRAPH_MAX_TOKENS = 4096
 DECODE_BATCHES = (1, 8, 32, 128)
 DECODE_CONTEXT = 1024
 
@@ -407,7 +409,8 @@ class Transfers:
         """One cuMemcpyBatchAsync of every page."""
 
         def submit() -> None:
-            self.batch(dsts, srcs, sizes, self.torch.cuda.current_stream(), any_order)
+            # on our own stream: cuMemcpyBatchAsync refuses the legacy default stream (CUDA error 1)
+            self.batch(dsts, srcs, sizes, self.stream, any_order)
 
         return submit
 
@@ -529,7 +532,9 @@ def measure_transfers(run: Run, torch: Any) -> None:
         direction: str, path: str, page: int, pages: int, make: Callable[[], Callable[[], None]], hold: float
     ) -> None:
         submit = make()
-        submit()  # warm-up; for the Triton kernel, its compile for this chunk size
+        with torch.cuda.stream(tr.stream):
+            submit()  # warm-up; for the Triton kernel, its compile for this chunk size
+        tr.stream.synchronize()
         record(direction, path, page, pages, tr.time_gpu(submit, 5, hold))
 
     for page in (*PAGE_SIZES, HELD_OUT_PAGE):
@@ -929,7 +934,7 @@ def measure_model(run: Run, torch: Any, model_name: str, device: str) -> None:
             try:
                 ids = torch.randint(0, shape.vocab, (tokens,), device=device, generator=gen)
                 model.prefill(ids)  # warm-up: kernel choice for this shape
-                reps = 3 if tokens <= 8192 else 2
+                reps = 5 if tokens <= 4096 else 3 if tokens <= 8192 else 2
                 secs = _time_events(torch, partial(model.prefill, ids), reps, device)
             except RuntimeError as exc:  # one length that fails (memory, a kernel) leaves the others
                 run.log(f"   prefill {tokens} tokens FAILED: {str(exc).splitlines()[0]}")
@@ -939,10 +944,52 @@ def measure_model(run: Run, torch: Any, model_name: str, device: str) -> None:
             t = _median(secs)
             run.log(f"   prefill {tokens:>6} tokens: {t * 1e3:8.2f} ms = {tokens / t:9.0f} tok/s")
         run.save()
+        if device == "cuda":
+            measure_prefill_graphs(run, torch, model, model_name, entry, [*grid, *held])
         measure_decode(run, torch, model, model_name, device)
     del model
     if device == "cuda":
         torch.cuda.empty_cache()
+
+
+def measure_prefill_graphs(
+    run: Run, torch: Any, model: Decoder, model_name: str, eager: dict[str, Any], lengths: Sequence[int]
+) -> None:
+    """Prefill of the short prompts replayed from a CUDA graph: the GPU's time without the host's launches.
+
+    Eager PyTorch launches some 20 kernels a layer one by one, and below a few thousand
+    tokens a small model waits on the host, not the GPU. vLLM fuses many of them
+    (torch.compile) and graphs small batches, so its prefill lies between the two curves.
+    """
+    entry: dict[str, Any] = {**eager, "mode": "cuda_graph", "points": [], "heldOut": []}
+    run.raw["prefill"].append(entry)
+    held = set(PREFILL_HELD_OUT)
+    for tokens in sorted(n for n in lengths if n <= PREFILL_GRAPH_MAX_TOKENS):
+        if run.left() < 20:
+            run.log(f"   stop {model_name} graph prefill at {tokens}: {run.left():.0f}s left")
+            break
+        try:
+            ids = torch.randint(0, model.shape.vocab, (tokens,), device="cuda")
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                model.prefill(ids)
+            torch.cuda.current_stream().wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                model.prefill(ids)
+            graph.replay()
+            secs = _time_events(torch, graph.replay, 5, "cuda")
+            del graph
+        except RuntimeError as exc:
+            run.log(f"   graph prefill {tokens} tokens FAILED: {str(exc).splitlines()[0]}")
+            run.raw.setdefault("errors", {})[f"graph prefill {model_name} {tokens}"] = str(exc).splitlines()[0]
+            break
+        t = _median(secs)
+        entry["heldOut" if tokens in held else "points"].append({"tokens": tokens, "seconds": t, "samples": secs})
+        run.log(f"   prefill {tokens:>6} tokens, CUDA graph: {t * 1e3:8.2f} ms = {tokens / t:9.0f} tok/s")
+    torch.cuda.empty_cache()
+    run.save()
 
 
 def measure_decode(run: Run, torch: Any, model: Decoder, model_name: str, device: str) -> None:

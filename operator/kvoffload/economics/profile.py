@@ -170,7 +170,8 @@ class PrefillCurve:
     points: tuple[CurvePoint, ...]
     held_out: tuple[CurvePoint, ...] = ()
     mode: str = "eager"
-    """How the forward ran: ``eager`` PyTorch (like vLLM's prefill of large batches)."""
+    """How the forward ran: ``eager`` PyTorch launches every kernel from the host; ``cuda_graph``
+    replays them, the GPU's time alone. vLLM (fused kernels, graphs for small batches) lies between."""
 
 
 @dataclass(frozen=True)
@@ -219,13 +220,13 @@ class Profile:
 
     # --- lookups -------------------------------------------------------------------
 
-    def prefill_curve(self, model: str) -> PrefillCurve:
-        """The prefill curve of ``model`` (a Hugging Face id, case-insensitive)."""
+    def prefill_curve(self, model: str, mode: str = "eager") -> PrefillCurve:
+        """The prefill curve of ``model`` (a Hugging Face id, case-insensitive) measured in ``mode``."""
         for curve in self.prefill:
-            if curve.model.lower() == model.strip().lower():
+            if curve.model.lower() == model.strip().lower() and curve.mode == mode:
                 return curve
-        known = ", ".join(c.model for c in self.prefill) or "none"
-        raise ProfileError(f"profile {self.gpu_class} has no prefill curve for {model!r} (it has: {known})")
+        known = ", ".join(f"{c.model} ({c.mode})" for c in self.prefill) or "none"
+        raise ProfileError(f"profile {self.gpu_class} has no {mode} prefill curve for {model!r} (it has: {known})")
 
     def decode_curve(self, model: str) -> DecodeCurve:
         """The decode curve of ``model`` (a Hugging Face id, case-insensitive)."""
@@ -243,7 +244,7 @@ class Profile:
 
     # --- interpolation ---------------------------------------------------------------
 
-    def prefill_seconds(self, model: str, tokens: int) -> float:
+    def prefill_seconds(self, model: str, tokens: int, mode: str = "eager") -> float:
         """Seconds to prefill ``tokens`` prompt tokens of ``model`` from nothing cached.
 
         Piecewise linear in time over the measured points; outside them the nearest
@@ -254,11 +255,11 @@ class Profile:
             raise ValueError("tokens must be >= 0")
         if tokens == 0:
             return 0.0
-        return max(0.0, _piecewise_linear(self.prefill_curve(model).points, tokens))
+        return max(0.0, _piecewise_linear(self.prefill_curve(model, mode).points, tokens))
 
-    def prefill_tokens_per_second(self, model: str, tokens: int) -> float:
+    def prefill_tokens_per_second(self, model: str, tokens: int, mode: str = "eager") -> float:
         """Prefill throughput at a prompt of ``tokens`` tokens."""
-        return tokens / self.prefill_seconds(model, tokens)
+        return tokens / self.prefill_seconds(model, tokens, mode)
 
     def decode_itl_seconds(self, model: str, batch: int) -> float:
         """Seconds of one decode step with ``batch`` sequences (piecewise linear over batch size)."""
@@ -593,7 +594,10 @@ def profile_from_json(data: object, origin: str = "profile") -> Profile:
         if not points:
             raise ProfileError(f"{o.path}.points: empty")
         held = _points(o.get_objs("heldOut", required=False), "tokens", f"{o.path}.heldOut")
-        prefill.append(PrefillCurve(o.get_str("model"), shape, points, held, o.get_str("mode", default="eager")))
+        curve = PrefillCurve(o.get_str("model"), shape, points, held, o.get_str("mode", default="eager"))
+        if any(c.model == curve.model and c.mode == curve.mode for c in prefill):
+            raise ProfileError(f"{o.path}: a second {curve.mode} curve for {curve.model}")
+        prefill.append(curve)
     decode: list[DecodeCurve] = []
     for o in root.get_objs("decode"):
         points = _points(o.get_objs("points"), "batch", f"{o.path}.points")
@@ -942,8 +946,8 @@ def held_out_errors(profile: Profile) -> list[HeldOutError]:
     out: list[HeldOutError] = []
     for c in profile.prefill:
         for p in c.held_out:
-            predicted = profile.prefill_seconds(c.model, p.x)
-            out.append(HeldOutError(f"prefill {c.model} {p.x} tokens", p.seconds, predicted))
+            predicted = profile.prefill_seconds(c.model, p.x, c.mode)
+            out.append(HeldOutError(f"prefill {c.model} ({c.mode}) {p.x} tokens", p.seconds, predicted))
     for r in profile.restore_checks:
         out.append(HeldOutError(f"restore {r.label}", r.seconds, profile.restore_seconds(r.bytes, r.page_bytes)))
     return out
