@@ -41,6 +41,7 @@ from typing import Any
 
 from kvoffload.economics.profile import (
     GIB,
+    PUBLISHED_SPECS,
     SCHEMA_VERSION,
     VLLM_BLOCK_TOKENS,
     VLLM_ZERO_COPY_MAX_PAGE_BYTES,
@@ -48,6 +49,8 @@ from kvoffload.economics.profile import (
     VLLM_ZERO_COPY_SMS,
     ModelShape,
     Profile,
+    derive_estimated,
+    load_profile,
     profile_from_json,
 )
 
@@ -1108,9 +1111,20 @@ def build_profile(raw: dict[str, Any], gpu_class: str, command: str) -> Profile:
         "notes": [
             "Transfer rates are GPU time between CUDA events, the host's queueing hidden behind a busy stream; "
             "restore costs add the host's submit time per page and a fixed submit-to-done cost.",
-            "Prefill: eager PyTorch, bf16, random weights, one prompt, logits of the last token only.",
+            "Prefill: bf16, random weights, one prompt, logits of the last token only; 'eager' launches every "
+            "kernel from Python, 'cuda_graph' replays them (the GPU's time alone).",
             "Decode: one step captured in a CUDA graph, every sequence at the same context length.",
             *([f"Sections that failed: {', '.join(sorted(raw['errors']))}"] if raw.get("errors") else []),
+            *(
+                [
+                    "The host's queueing showed in the GPU time of "
+                    + ", ".join(f"{t['direction']} {t['path']} {t['pageBytes']} B" for t in exposed)
+                    + ": the driver did not return before the stream ran dry, so these rates are lower bounds."
+                ]
+                if (exposed := [t for t in raw.get("transfers", []) if t.get("hostExposedReps")])
+                else []
+            ),
+            *raw.get("assembly", []),
         ],
     }
     return profile_from_json(data, f"calibration of {gpu_class}")
@@ -1131,6 +1145,8 @@ def comparisons(raw: dict[str, Any]) -> list[tuple[str, float | None, float]]:
     for p in raw.get("pinning", []):
         got[f"pin {p['bytes'] // GIB} GiB s"] = p["seconds"]
     for c in raw.get("prefill", []):
+        if c.get("mode", "eager") != "eager":  # the references were eager runs
+            continue
         for p in [*c["points"], *c["heldOut"]]:
             got[f"prefill {c['model']} {p['tokens']} tok/s"] = p["tokens"] / p["seconds"]
     return [(k, got.get(k), ref) for k, ref in REFERENCE.items()]
@@ -1162,6 +1178,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--budget-seconds", type=float, default=480.0, help="stop starting new work after this long")
     p.add_argument("--skip", nargs="*", default=[], choices=["transfers", "prefill", "pinning"], help="skip sections")
     p.add_argument("--from-raw", type=Path, help="assemble the profile from an earlier run's raw file; measure nothing")
+    p.add_argument(
+        "--estimate-from",
+        type=Path,
+        help="derive an estimated profile for --gpu-class from this measured one and published figures",
+    )
     p.add_argument("--allow-cpu", action="store_true", help="run without CUDA (only with --tiny: checks the logic)")
     p.add_argument("--tiny", action="store_true", help="tiny shapes and sizes: a logic check, not a calibration")
     return p
@@ -1177,8 +1198,11 @@ def main(argv: Iterable[str] | None = None) -> int:
     if unknown:
         print(f"unknown model shape(s): {', '.join(unknown)}; known: {', '.join(MODEL_SHAPES)}", file=sys.stderr)
         return 2
+    if args.estimate_from is not None:
+        return _estimate(args.estimate_from, args.gpu_class, args.output, command)
     if args.from_raw is not None:
         raw = json.loads(args.from_raw.read_text())
+        raw["assembly"] = [f"Assembled from the raw samples of {raw.get('date', '?')} by: {command}"]
         return _finish(raw, args.gpu_class, raw.get("command", command), args.output, Log(args.log))
 
     try:
@@ -1217,6 +1241,21 @@ def main(argv: Iterable[str] | None = None) -> int:
         for name in args.models:
             run.section(f"model {name}", partial(measure_model, run, torch, name, device), min_seconds=20)
     return _finish(run.raw, args.gpu_class, command, args.output, log)
+
+
+def _estimate(base_path: Path, gpu_class: str, output: Path, command: str) -> int:
+    spec = PUBLISHED_SPECS.get(gpu_class)
+    if spec is None:
+        print(f"no published figures for {gpu_class!r}; known: {', '.join(PUBLISHED_SPECS)}", file=sys.stderr)
+        return 2
+    try:
+        profile = derive_estimated(load_profile(base_path), spec, date=dt.date.today().isoformat(), command=command)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+    output.write_text(profile.dumps())
+    print(f"wrote {output} (estimated from {base_path.name}; {profile.notes[0]})")
+    return 0
 
 
 def _finish(raw: dict[str, Any], gpu_class: str, command: str, output: Path, log: Log) -> int:
