@@ -769,7 +769,9 @@ PUBLISHED_SPECS: Mapping[str, GpuSpec] = {
             180 * _GB,
             (
                 "https://www.nvidia.com/en-us/data-center/hgx/ (HGX B200, per GPU: 180 GB HBM3e, 8 TB/s, "
-                "FP16/BF16 4.5 PFLOPS with sparsity, i.e. 2.25 dense; PCIe Gen5 x16 to the host)",
+                "FP16/BF16 4.5 PFLOPS with sparsity, i.e. 2.25 dense)",
+                "https://glennklockwood.com/garden/processors/B200 (HGX B200 at 1,000 W: BF16 2,250 TFLOPS dense; "
+                "the chip speaks PCIe Gen6, but HGX B200's x86 hosts link it at Gen5 x16, which is assumed here)",
             ),
         ),
         GpuSpec(
@@ -890,8 +892,9 @@ def derive_estimated(base: Profile, target: GpuSpec, *, date: str, command: str)
     )
     dropped = sorted({c.model for c in base.prefill} - fits)
     notes = [
-        f"Estimated: transfers × {s.link:.3g} (host link), prefill ÷ {s.flops:.3g} (dense bf16), "
-        f"decode ÷ {s.hbm:.3g} (HBM) against the measured {base.gpu_class} profile; not measured on this class.",
+        f"Estimated from the measured {base.gpu_class} profile, not measured on this class: transfer rates "
+        f"× {s.link:.3g} (host link), prefill times × {1 / s.flops:.3g} (dense bf16), decode times × {1 / s.hbm:.3g} "
+        "(HBM bandwidth).",
         "Pinning and per-page submit costs are the measured host's: they depend on the node's CPU and memory.",
     ]
     if dropped:
