@@ -15,15 +15,11 @@ import pytest
 
 from kvoffload.economics import calibrate
 from kvoffload.economics.profile import ProfileError, load_profile, shipped_profile
+from kvoffload.policy.catalog import find_model
+from kvoffload.policy.sizing import bytes_per_token
+from tests.support import paths
 
-try:
-    from kvoffload.policy.catalog import find_model
-    from kvoffload.policy.sizing import bytes_per_token
-except ImportError:  # the flat layout before the policy subpackage
-    from kvoffload.catalog import find_model  # type: ignore[no-redef, unused-ignore]
-    from kvoffload.sizing import bytes_per_token  # type: ignore[no-redef, unused-ignore]
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = paths.ROOT
 CALIBRATION = ROOT / "bench" / "calibration"
 PROFILES = ROOT / "operator" / "kvoffload" / "economics" / "profiles"
 

@@ -30,11 +30,7 @@ from kvoffload.economics.profile import (
     shipped_profile,
     shipped_profile_names,
 )
-
-try:
-    from kvoffload.policy.catalog import GPU_CLASSES
-except ImportError:  # the flat layout before the policy subpackage
-    from kvoffload.catalog import GPU_CLASSES  # type: ignore[no-redef, unused-ignore]
+from kvoffload.policy.catalog import GPU_CLASSES
 
 H200 = "nvidia-h200-141gb"
 KIB = 1024

@@ -125,18 +125,10 @@ def breakeven_for_model(
     prompt_tokens: int = DEFAULT_PROMPT_TOKENS,
     **options: Any,
 ) -> Breakeven:
-    """``breakeven`` with the KV bytes per token of a catalog model (bf16 KV, one copy, no TP).
-
-    The catalog and sizing are imported here, not at the top: they are the only two
-    names this package takes from the rest of kvoffload, and they are moving to
-    ``kvoffload.policy``; either layout works.
-    """
-    try:
-        from kvoffload.policy.catalog import find_model
-        from kvoffload.policy.sizing import bytes_per_token
-    except ImportError:  # the flat layout before the policy subpackage
-        from kvoffload.catalog import find_model  # type: ignore[no-redef, unused-ignore]
-        from kvoffload.sizing import bytes_per_token  # type: ignore[no-redef, unused-ignore]
+    """``breakeven`` with the KV bytes per token of a catalog model (bf16 KV, one copy, no TP)."""
+    # Imported here: the calibration Job's image imports this package without pydantic.
+    from kvoffload.policy.catalog import find_model
+    from kvoffload.policy.sizing import bytes_per_token
 
     entry = find_model(model)
     if entry is None:
