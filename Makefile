@@ -70,9 +70,15 @@ demo: system-deps $(VENV)/.kvoffload-setup
 $(UV):
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
+# Left out of the vLLM lock: torchvision/torchaudio/torchcodec (CUDA builds, not needed to serve
+# text), and what PyPI's CUDA torch asks for but never loads on a machine with no GPU: triton,
+# cuSOLVER, NVTX, the CUDA Python bindings, the empty cuda-toolkit metapackage. The nvidia
+# libraries that torch links at import stay in (see scripts/setup-vllm.sh).
+VLLM_NOT_LOCKED := triton torchvision torchaudio torchcodec \
+	cuda-toolkit cuda-bindings cuda-pathfinder nvidia-cusolver nvidia-nvtx
+
 # Keeps the pins already there unless asked (uv reads the old lock as preferences);
-# `make lock UV_FLAGS=--upgrade` moves everything to the newest allowed versions. The vLLM lock
-# leaves out the CUDA torchvision/torchaudio/torchcodec and triton (see scripts/setup-vllm.sh).
+# `make lock UV_FLAGS=--upgrade` moves everything to the newest allowed versions.
 lock: $(UV)
 	$(UV) pip compile --quiet pyproject.toml --generate-hashes --python-version 3.11 $(UV_FLAGS) \
 		-o requirements/runtime.lock
@@ -81,8 +87,8 @@ lock: $(UV)
 	$(UV) pip compile --quiet requirements/build.in --generate-hashes --python-version 3.11 $(UV_FLAGS) \
 		-o requirements/build.lock
 	$(UV) pip compile --quiet requirements/vllm.in --generate-hashes --python-version 3.11 $(UV_FLAGS) \
-		--find-links /opt/wheels --no-emit-package triton --no-emit-package torchvision \
-		--no-emit-package torchaudio --no-emit-package torchcodec -o requirements/vllm.lock
+		--overrides requirements/vllm-overrides.txt $(addprefix --no-emit-package ,$(VLLM_NOT_LOCKED)) \
+		-o requirements/vllm.lock
 
 image:
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
