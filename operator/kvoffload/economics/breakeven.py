@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from kvoffload.economics.profile import VLLM_BLOCK_TOKENS, Profile, ProfileError, TransferPath
+from kvoffload.economics.profile import VLLM_BLOCK_TOKENS, Profile, ProfileError, TransferPath, shipped_profile
+
+if TYPE_CHECKING:  # the calibration Job's image imports this module without pydantic
+    from kvoffload.policy.sizing import SizingPlan
 
 DEFAULT_PROMPT_TOKENS = 1480
 """The typical prompt of the seed measurement (DESIGN.md), used when a policy names none."""
@@ -135,3 +138,18 @@ def breakeven_for_model(
         raise ProfileError(f"{model!r} is not in the catalog: pass its KV bytes per token to breakeven()")
     arch = entry.architecture
     return breakeven(profile, entry.name, bytes_per_token(arch, arch.dtype_bytes), prompt_tokens, **options)
+
+
+def plan_economics(plan: SizingPlan, prompt_tokens: int = DEFAULT_PROMPT_TOKENS) -> dict[str, Any]:
+    """``kvoffload plan``'s ``economics``: recompute against restore on the policy's GPU class.
+
+    Priced with the shipped profile of the class (measured or estimated) and the KV bytes one
+    GPU holds per token. ``{"error": why}`` when the class has no profile or the profile has no
+    prefill curve for the model: the plan stays useful, and says what is missing.
+    """
+    try:
+        profile = shipped_profile(plan.gpu_class)
+        result = breakeven(profile, plan.model, plan.kv_bytes_per_token, prompt_tokens)
+    except ProfileError as exc:
+        return {"error": str(exc)}
+    return result.to_json()
