@@ -23,7 +23,7 @@ if TYPE_CHECKING:  # the calibration Job's image imports this module without pyd
     from kvoffload.policy.sizing import SizingPlan
 
 DEFAULT_PROMPT_TOKENS = 1480
-"""The typical prompt of the seed measurement (DESIGN.md), used when a policy names none."""
+"""The typical prompt of the seed measurement (docs/design.md, "Seed figures"), used when a policy names none."""
 
 
 @dataclass(frozen=True)
