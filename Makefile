@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 VLLM_VENV := .venv-vllm
 TINY_MODEL := .tiny-model
+KUBE_BIN := .kube-bin
 LINT_PATHS := operator tests bench scripts hatch_build.py
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
@@ -17,16 +18,21 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-deps test lint demo lock image
+.PHONY: help setup system-deps kube test lint demo lock image
 
 help:
 	@echo "make demo    set up, then run 'kvoffload demo' (the whole loop on this machine)"
 	@echo "make test    set up, then ruff, mypy and the whole pytest suite, real vLLM tier included"
-	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .tiny-model)"
+	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .tiny-model, .kube-bin)"
 	@echo "make lock    regenerate requirements/*.lock with uv"
 	@echo "make image   build the operator image (needs a Docker engine)"
 
-setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(TINY_MODEL)/config.json
+setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(TINY_MODEL)/config.json kube
+
+# The real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), built from the Go
+# modules pinned in tools/kube; the script skips the build when its stamp matches (cold: 11-15 min on 2 cores).
+kube:
+	scripts/build-kube.sh $(KUBE_BIN)
 
 # Debian packages: Prometheus (with promtool) for the Prometheus tier, and venv support for a
 # Debian-packaged Python. Nothing to do when both are there.
