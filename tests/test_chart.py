@@ -149,6 +149,7 @@ INSTALLS: dict[str, Obj] = {
     "everything-set": {
         "metrics": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}}},
         "prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
+        "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "LLM serving"}},
         "prometheusUrl": "http://prometheus.monitoring:9090",
         "verbose": True,
         "imagePullSecrets": [{"name": "registry"}],
