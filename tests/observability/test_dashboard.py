@@ -1,6 +1,7 @@
 """The Grafana dashboard (charts/kvoffload/files/dashboard.json): what it shows and reads, the chart's ConfigMap,
 and every panel, variable and annotation query run against the lab's real Prometheus while the real operator
-takes a policy up its ladder and an OOM-killed canary rolls it back.
+takes a policy up its ladder and an OOM-killed canary rolls it back. The same run checks the tier capacity the
+operator publishes (scraped, and on the pods) against `kvoffload plan`.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ import helm_python as helm
 import pytest
 import requests
 import yaml
+from click.testing import CliRunner
 
 from kvoffload.analysis.dialects import HISTOGRAM_SUFFIXES, NEWEST
+from kvoffload.api.conventions import ANNOTATION_TIER_CAPACITY, LABEL_LEVEL
+from kvoffload.cli.main import main
 from kvoffload.lab.cluster.localcluster import LocalCluster, running_operator
 from kvoffload.lab.promserver import free_port
 from tests.lab.test_e2e import canary_on, in_phase, policy_doc
@@ -235,7 +239,38 @@ async def test_every_panel_variable_and_annotation_query_returns_data_from_the_l
                 await asyncio.sleep(2 * STEP_S)  # a step or two of the rolled-back fleet
             end = time.time()
         seen = await asyncio.to_thread(run_every_query, url, dashboard, start, end)
+        seen += "\n" + await asyncio.to_thread(check_capacity, lab, url, end)
     print("\n" + seen)  # what each query returned, for the record (pytest -s shows it)
+
+
+def check_capacity(lab: LocalCluster, url: str, end: float) -> str:
+    """The real operator's kvoffload_tier_capacity_tokens, as Prometheus scraped it, and the running pods'
+    annotation, against `kvoffload plan FILE -o json` for the same policy."""
+    path = lab.workdir / "chat.yaml"
+    path.write_text(yaml.safe_dump(policy_doc("chat", lab)))
+    result = CliRunner().invoke(main, ["plan", str(path), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    plan = {level["name"]: plan_figures(level) for level in json.loads(result.stdout)["levels"]}
+    scraped: dict[str, dict[str, int]] = {}
+    for series in query(url, 'kvoffload_tier_capacity_tokens{namespace="default", policy="chat"}', end=end):
+        labels = series["metric"]
+        scraped.setdefault(labels["level"], {})[labels["tier"]] = int(float(series["value"][1]))
+    assert scraped == {level: tiers for level, tiers in plan.items() if tiers}
+    pods = lab.pods("kvoffload.io/policy=chat")
+    assert pods
+    for engine in pods:
+        pod = lab.get("v1", "Pod", "default", engine.pod)
+        assert pod is not None
+        annotation = json.loads(pod["metadata"]["annotations"][ANNOTATION_TIER_CAPACITY])
+        assert annotation == plan[engine.labels[LABEL_LEVEL]], engine.pod
+    return f"capacity: kvoffload plan {plan}; scraped {scraped}; pods {[e.labels[LABEL_LEVEL] for e in pods]} agree"
+
+
+def plan_figures(level: Obj) -> dict[str, int]:
+    """What `kvoffload plan -o json` says each offload tier of a level holds per pod."""
+    if level["cpuTokens"] is None:
+        return {}
+    return {"cpu": level["cpuTokens"], **{tier["name"]: tier["tokens"] for tier in level["secondaryTiers"]}}
 
 
 def run_every_query(url: str, dashboard: Obj, start: float, end: float) -> str:
