@@ -256,6 +256,16 @@ def check_capacity(lab: LocalCluster, url: str, end: float) -> str:
         labels = series["metric"]
         scraped.setdefault(labels["level"], {})[labels["tier"]] = int(float(series["value"][1]))
     assert scraped == {level: tiers for level, tiers in plan.items() if tiers}
+    # The README's query for routers: the capacity of the level each variant runs (only the stable one is left).
+    running = query(
+        url,
+        'kvoffload_tier_capacity_tokens{namespace="default", policy="chat"}'
+        " * on (namespace, policy, level) group_left (variant) kvoffload_variant_info",
+        end=end,
+    )
+    assert {(s["metric"]["variant"], s["metric"]["tier"]): int(float(s["value"][1])) for s in running} == {
+        ("stable", tier): tokens for tier, tokens in plan["cpu"].items()
+    }
     pods = lab.pods("kvoffload.io/policy=chat")
     assert pods
     for engine in pods:
