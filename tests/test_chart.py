@@ -76,10 +76,61 @@ SERVICE_MONITOR_SCHEMA: Obj = {
                         "properties": {
                             "port": {"type": "string"},
                             "path": {"type": "string"},
+                            "honorLabels": {"type": "boolean"},
                             "interval": {
                                 "type": "string",
                                 "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?"
                                 r"(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+                            },
+                        },
+                    },
+                },
+            },
+        },
+    },
+}
+
+PROM_DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+STRING_MAP: Obj = {"type": "object", "additionalProperties": {"type": "string"}}
+
+# The PrometheusRule fields the chart renders, as monitoring.coreos.com/v1 defines them
+# (prometheus-operator, monitoring.coreos.com_prometheusrules.yaml); anything else is refused.
+PROMETHEUS_RULE_SCHEMA: Obj = {
+    "type": "object",
+    "required": ["apiVersion", "kind", "metadata", "spec"],
+    "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"},
+        "kind": {"const": "PrometheusRule"},
+        "metadata": SERVICE_MONITOR_SCHEMA["properties"]["metadata"],
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "groups": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "required": ["name", "rules"],
+                        "additionalProperties": False,
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "interval": {"type": "string", "pattern": PROM_DURATION},
+                            "rules": {
+                                "type": "array",
+                                "items": {
+                                    "type": "object",
+                                    "required": ["expr"],
+                                    "additionalProperties": False,
+                                    "properties": {
+                                        "alert": {"type": "string"},
+                                        "record": {"type": "string"},
+                                        "expr": {"type": "string", "minLength": 1},
+                                        "for": {"type": "string", "pattern": PROM_DURATION},
+                                        "labels": STRING_MAP,
+                                        "annotations": STRING_MAP,
+                                    },
+                                },
                             },
                         },
                     },
@@ -97,6 +148,8 @@ INSTALLS: dict[str, Obj] = {
     "peering-namespaced": {"peering": {"enabled": True}, "watchNamespaces": WATCHED},
     "everything-set": {
         "metrics": {"serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}}},
+        "prometheusRule": {"enabled": True, "labels": {"release": "prom"}},
+        "grafanaDashboard": {"enabled": True, "annotations": {"grafana_folder": "LLM serving"}},
         "prometheusUrl": "http://prometheus.monitoring:9090",
         "verbose": True,
         "imagePullSecrets": [{"name": "registry"}],
@@ -211,6 +264,8 @@ def test_every_manifest_of_each_install_passes_the_real_validators(chart: helm.C
     for obj in objs:
         if obj["kind"] == "ServiceMonitor":  # not a kind kubernetes-validate knows
             jsonschema.validate(obj, SERVICE_MONITOR_SCHEMA)
+        elif obj["kind"] == "PrometheusRule":  # nor this one
+            jsonschema.validate(obj, PROMETHEUS_RULE_SCHEMA)
         elif obj["apiVersion"].startswith("kopf.dev/"):  # against the peering CRD the chart installs
             jsonschema.validate(obj, crds[("kopf.dev", obj["kind"])])
         else:
@@ -319,6 +374,9 @@ def test_the_values_reach_the_operator_flags_and_the_pod(chart: helm.Chart) -> N
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    # The operator's series name the policy's namespace; the target's own would push it aside.
+    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    assert only(objs, "PrometheusRule")["metadata"]["labels"]["release"] == "prom"
 
 
 @pytest.mark.parametrize("install", INSTALLS)

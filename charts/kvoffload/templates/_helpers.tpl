@@ -91,3 +91,12 @@ bumps its Events.
 {{- define "kvoffload.peeringVerbs" -}}
 verbs: ["list", "watch", "patch"]
 {{- end }}
+
+{{/*
+A file written for the series labels the operator's PodMonitor gives the engines (kvoffload_io_policy,
+kvoffload_io_variant), with seriesLabels in their place. Call with (dict "text" TEXT "root" .).
+*/}}
+{{- define "kvoffload.withSeriesLabels" -}}
+{{- $labels := .root.Values.seriesLabels }}
+{{- .text | replace "kvoffload_io_policy" $labels.policy | replace "kvoffload_io_variant" $labels.variant }}
+{{- end }}

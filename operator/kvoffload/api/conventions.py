@@ -38,6 +38,10 @@ ANNOTATION_LEVEL_INDEX = f"{API_GROUP}/level-index"
 ANNOTATION_TIERS = f"{API_GROUP}/tiers"
 ANNOTATION_APPLIED = f"{API_GROUP}/applied-digest"
 """Digest of the rendered child the operator last wrote; equal digests mean nothing to write."""
+ANNOTATION_TIER_CAPACITY = f"{API_GROUP}/tier-capacity-tokens"
+"""On engine pods: JSON ``{"cpu": tokens, "<tier>": tokens, ...}``, the tokens each offload tier of the pod's
+level holds (all TP ranks together), for KV-aware routers; ``{}`` on the GPU-only level. The GPU's own
+cache is not in it: vLLM reports that (``kv_cache_size_tokens`` of ``vllm:cache_config_info``)."""
 
 # --- manual control: annotations a person sets on a policy ---------------------------------
 

@@ -147,10 +147,15 @@ def calibrate(args: tuple[str, ...]) -> None:
 @click.option("--stage", default=None, hidden=True, help="Old name of --level NAME.")
 @reports_bad_input
 def render(file: Path, level: str | None, stage: str | None) -> None:
-    """Print the manifests (Deployment, Service, PodMonitor) of one ladder level, for GitOps."""
+    """Print the manifests (Deployment, Service, PodMonitor) of one ladder level, for GitOps.
+
+    A policy with spec.model.configMap reads the model's KV shape from a ConfigMap of that name in the
+    same file (as `plan` does): the pods carry each tier's capacity in tokens.
+    """
     from kvoffload.policy.ladder import build_ladder, find_level
-    from kvoffload.policy.loading import load_policy
+    from kvoffload.policy.loading import iter_documents, load_policy
     from kvoffload.policy.render import dump_yaml, render_level
+    from kvoffload.policy.sizing import resolve_config_map
 
     if stage is not None:
         if level is not None:
@@ -158,7 +163,7 @@ def render(file: Path, level: str | None, stage: str | None) -> None:
             sys.exit(EXIT_BAD_INPUT)
         click.echo("warning: --stage is deprecated; use --level NAME", err=True)
         level = stage
-    policy = load_policy(file)
+    policy = resolve_config_map(load_policy(file), iter_documents(file), str(file))
     try:
         ladder = build_ladder(policy.spec)
         chosen = find_level(ladder, index=int(level)) if level and level.isdigit() else find_level(ladder, name=level)

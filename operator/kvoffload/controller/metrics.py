@@ -10,17 +10,214 @@ operator decided and how it is doing, not what the engines do (those come from v
 - ``kvoffload_prometheus_queries_total``: PromQL queries sent (per cycle, constant in the policies).
 - ``kvoffload_policies{phase}``: policies per phase.
 - ``kvoffload_reconcile_errors_total``: reconciles that ended in an unexpected error.
+
+Per policy (labels ``namespace`` and ``policy``; alerts and the dashboard select on them):
+
+- ``kvoffload_policy_phase{phase}``: 1 for the policy's phase, 0 for every other.
+- ``kvoffload_policy_condition{condition,reason}``: 1 while a condition is True, 0 while False.
+- ``kvoffload_policy_stage_deadline_timestamp_seconds``: when the running baseline or step should
+  have ended on its own (:func:`stage_deadline`); absent at rest or while it waits for a person.
+- ``kvoffload_policy_last_decision_timestamp_seconds{decision,stage}``: when each decision in
+  ``status.history`` was last taken, and the level it led to (the history entry's stage).
+- ``kvoffload_variant_info{variant,level}``: 1 for each variant that runs, naming its level (join
+  the engines' series on it to split them by level).
+- ``kvoffload_variant_pinned_memory_bytes{variant,level}``: pinned host memory a variant's pods
+  request together (the pool per replica times the desired replicas).
+- ``kvoffload_tier_capacity_tokens{level,tier}``: tokens each offload tier of each ladder level holds
+  per pod, as ``kvoffload plan`` gives them (also on the pods: ``kvoffload.io/tier-capacity-tokens``).
+
+Their cardinality is bounded per policy, whatever the traffic: one series per phase, per condition
+type (with its current reason only), per decision (with its latest stage only), per running variant
+(two at most), and per tier of each ladder level. Every label value comes from a fixed enum or the
+policy's own ladder; none from requests, pods or time, so rolling pods or a long life add nothing.
+
+Scrape them with ``honorLabels: true`` (the chart's ServiceMonitor does): otherwise the target's own
+``namespace`` label, the operator's, pushes the policy's aside into ``exported_namespace``.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
-from kvoffload.api.types import Phase
+from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PAUSED, PROGRESSING, Reason
+from kvoffload.api.quantity import parse_duration
+from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase
+from kvoffload.policy.ladder import Level
+from kvoffload.policy.sizing import host_memory, progress_deadline_seconds, tier_capacity_tokens
+
+POLICY_LABELS = ("namespace", "policy")
+
+
+@dataclass(frozen=True)
+class VariantSeries:
+    """One running variant of a policy, as the per-policy metrics show it."""
+
+    variant: str
+    level: str
+    replicas: int
+    pinned_bytes_per_replica: int
+
+
+@dataclass(frozen=True)
+class PolicySeries:
+    """Everything the per-policy metrics say about one policy, taken from one reconcile's result."""
+
+    namespace: str
+    name: str
+    phase: str
+    conditions: tuple[tuple[str, str, bool], ...] = ()
+    """(type, reason, True?) of every condition in the status."""
+    stage_deadline: float | None = None
+    """Unix seconds; None at rest or while waiting for a person."""
+    last_decisions: tuple[tuple[str, str, float], ...] = ()
+    """(decision, stage, unix seconds) of the newest history entry of each decision."""
+    variants: tuple[VariantSeries, ...] = ()
+    tier_capacity: tuple[tuple[str, str, int], ...] = ()
+    """(level, tier, tokens per pod) for every offload tier of every ladder level."""
+
+    @classmethod
+    def of(
+        cls,
+        namespace: str,
+        name: str,
+        status: KVOffloadPolicyStatus,
+        spec: KVOffloadPolicySpec | None = None,
+        ladder: Sequence[Level] = (),
+    ) -> PolicySeries:
+        """The series of a policy after a cycle; ``spec``/``ladder`` are None/empty when the spec is invalid
+        (then nothing sized is published: no variants, capacity or deadline)."""
+        newest: dict[str, tuple[str, float]] = {}
+        for entry in status.history:  # oldest first: the newest of each decision wins
+            newest[entry.decision] = (entry.stage, entry.time.timestamp())
+        series = cls(
+            namespace=namespace,
+            name=name,
+            phase=status.phase.value,
+            conditions=tuple((c.type, c.reason, c.status == "True") for c in status.conditions),
+            last_decisions=tuple((decision, stage, when) for decision, (stage, when) in newest.items()),
+        )
+        if spec is None or not ladder:
+            return series
+        variants = []
+        for variant, vs in (("stable", status.stable), ("canary", status.canary)):
+            if vs is not None and 0 <= vs.level < len(ladder):
+                level = ladder[vs.level]
+                pinned = host_memory(spec, level).pinned
+                variants.append(VariantSeries(variant, level.name, vs.replicas, pinned))
+        capacity = tuple(
+            (level.name, tier, tokens) for level in ladder for tier, tokens in tier_capacity_tokens(spec, level).items()
+        )
+        deadline = stage_deadline(spec, status, ladder)
+        return replace(series, variants=tuple(variants), tier_capacity=capacity, stage_deadline=deadline)
+
+
+def stage_deadline(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus, ladder: Sequence[Level]) -> float | None:
+    """When the running baseline or step should have ended on its own, in Unix seconds; None when none runs.
+
+    The stage's start, plus its planned length (``baselineDuration`` or ``stepDuration``), plus the
+    progress deadline of the level it starts (``rollout.progressDeadline``, stretched to the startup
+    budget of a big pinned pool): by then the pods are up and the evidence is in, so a stage still
+    running has been held, by Inconclusive verdicts or by a breach that neither passes nor lasts.
+    None while paused (by a person or on too many Inconclusive verdicts) or awaiting
+    ``kvoffload.io/promote``: those stages end when a person acts, and say so in their own way.
+    """
+    stage = status.stage
+    if status.mode not in (Mode.BASELINE, Mode.STEP) or stage is None or stage.started_at is None:
+        return None
+    conditions = {c.type: c for c in status.conditions}
+    if any(conditions.get(t) is not None and conditions[t].status == "True" for t in (PAUSED, ANALYSIS_INCONCLUSIVE)):
+        return None
+    progressing = conditions.get(PROGRESSING)
+    if progressing is not None and progressing.reason == Reason.AWAITING_PROMOTION:
+        return None
+    running = status.canary if status.canary is not None else status.stable
+    if running is None or not 0 <= running.level < len(ladder):
+        return None
+    planned = spec.rollout.baseline_duration if status.mode is Mode.BASELINE else spec.rollout.step_duration
+    budget = parse_duration(planned) + progress_deadline_seconds(spec, ladder[running.level])
+    end: datetime = stage.started_at + timedelta(seconds=budget)
+    return end.timestamp()
+
+
+class _PolicyCollector(Collector):
+    """Yields the per-policy families from the latest ``PolicySeries`` of each policy, at scrape time.
+
+    A policy's series go with it (``forget``), and a changed reason or level replaces the old series
+    instead of leaving a stale one behind: nothing is published that the last cycle did not say.
+    """
+
+    def __init__(self, policies: Mapping[str, PolicySeries], lock: threading.Lock) -> None:
+        self.policies = policies
+        self.lock = lock
+
+    def describe(self) -> Iterable[Metric]:
+        return list(self._families())
+
+    def collect(self) -> Iterable[Metric]:
+        with self.lock:
+            snapshot = list(self.policies.values())
+        return list(self._families(snapshot))
+
+    @staticmethod
+    def _families(policies: Sequence[PolicySeries] = ()) -> Iterator[Metric]:
+        phase = GaugeMetricFamily(
+            "kvoffload_policy_phase", "1 for the policy's phase, 0 for the others.", labels=[*POLICY_LABELS, "phase"]
+        )
+        condition = GaugeMetricFamily(
+            "kvoffload_policy_condition",
+            "1 while the policy's condition is True, 0 while False; reason as in status.conditions.",
+            labels=[*POLICY_LABELS, "condition", "reason"],
+        )
+        deadline = GaugeMetricFamily(
+            "kvoffload_policy_stage_deadline_timestamp_seconds",
+            "When the running baseline or step should have ended on its own (start + planned length + progress "
+            "deadline); absent at rest, paused, or awaiting kvoffload.io/promote.",
+            labels=list(POLICY_LABELS),
+        )
+        decisions = GaugeMetricFamily(
+            "kvoffload_policy_last_decision_timestamp_seconds",
+            "When each decision in status.history was last taken, and the ladder level it led to.",
+            labels=[*POLICY_LABELS, "decision", "stage"],
+        )
+        variant = GaugeMetricFamily(
+            "kvoffload_variant_info",
+            "1 for each variant (stable, canary) that runs, with the ladder level it runs.",
+            labels=[*POLICY_LABELS, "variant", "level"],
+        )
+        pinned = GaugeMetricFamily(
+            "kvoffload_variant_pinned_memory_bytes",
+            "Pinned host memory the variant's pods request together: the pool per replica times the replicas.",
+            labels=[*POLICY_LABELS, "variant", "level"],
+        )
+        capacity = GaugeMetricFamily(
+            "kvoffload_tier_capacity_tokens",
+            "Tokens each offload tier of each ladder level holds per pod (as kvoffload plan gives them).",
+            labels=[*POLICY_LABELS, "level", "tier"],
+        )
+        for p in policies:
+            who = [p.namespace, p.name]
+            for value in Phase:
+                phase.add_metric([*who, value.value], 1.0 if value.value == p.phase else 0.0)
+            for type_, reason, true in p.conditions:
+                condition.add_metric([*who, type_, reason], 1.0 if true else 0.0)
+            if p.stage_deadline is not None:
+                deadline.add_metric(who, p.stage_deadline)
+            for decision, stage, when in p.last_decisions:
+                decisions.add_metric([*who, decision, stage], when)
+            for v in p.variants:
+                variant.add_metric([*who, v.variant, v.level], 1.0)
+                pinned.add_metric([*who, v.variant, v.level], float(v.pinned_bytes_per_replica * v.replicas))
+            for level, tier, tokens in p.tier_capacity:
+                capacity.add_metric([*who, level, tier], float(tokens))
+        yield from (phase, condition, deadline, decisions, variant, pinned, capacity)
 
 
 class OperatorMetrics:
@@ -51,6 +248,8 @@ class OperatorMetrics:
         self.policies = Gauge("kvoffload_policies", "Policies per phase.", ["phase"], registry=r)
         self._phases: dict[str, str] = {}
         self._lock = threading.Lock()
+        self._per_policy: dict[str, PolicySeries] = {}
+        r.register(_PolicyCollector(self._per_policy, self._lock))
         for phase in Phase:
             self.policies.labels(phase=phase.value).set(0)
         for verdict in ("Pass", "Fail", "Inconclusive"):
@@ -66,10 +265,18 @@ class OperatorMetrics:
             self._phases[policy] = phase
             self._publish()
 
+    def publish_policy(self, policy: str, series: PolicySeries) -> None:
+        """Record one policy's state after a cycle (by uid): its phase and its per-policy series."""
+        with self._lock:
+            self._phases[policy] = series.phase
+            self._per_policy[policy] = series
+            self._publish()
+
     def forget_policy(self, policy: str) -> None:
-        """A policy is gone (deleted, or this operator stopped watching it)."""
+        """A policy is gone (deleted, or this operator stopped watching it): its series go too."""
         with self._lock:
             self._phases.pop(policy, None)
+            self._per_policy.pop(policy, None)
             self._publish()
 
     def _publish(self) -> None:

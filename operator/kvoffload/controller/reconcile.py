@@ -58,7 +58,7 @@ from kvoffload.controller.gateway import (
     OwnedWorkloads,
     PolicyRef,
 )
-from kvoffload.controller.metrics import OperatorMetrics
+from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
 from kvoffload.policy.catalog import ConfigError, architecture_from_configmap_data
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.loading import parse_policy
@@ -69,7 +69,7 @@ from kvoffload.policy.render import (
     render_pod_monitor,
     render_service,
 )
-from kvoffload.policy.sizing import SizingError, host_memory, with_architecture
+from kvoffload.policy.sizing import SizingError, host_memory, tier_capacity_tokens, with_architecture
 from kvoffload.rollout.decide import (
     Observations,
     Plan,
@@ -124,6 +124,9 @@ class _Reconcile:
     status: KVOffloadPolicyStatus | None
     now: datetime
     started: float = field(default_factory=time.perf_counter)
+    spec: KVOffloadPolicySpec | None = None
+    """The parsed spec (model shape resolved), once it parsed."""
+    ladder: list[Level] = field(default_factory=list)
 
 
 class Controller:
@@ -165,7 +168,8 @@ class Controller:
             plan = await self._cycle(ctx)
         finally:
             self.metrics.cycle_seconds.observe(time.perf_counter() - ctx.started)
-        self.metrics.set_phase(ctx.ref.uid, plan.status.phase.value)
+        series = PolicySeries.of(ctx.ref.namespace, ctx.ref.name, plan.status, ctx.spec, ctx.ladder)
+        self.metrics.publish_policy(ctx.ref.uid, series)
         return plan
 
     def forget(self, uid: str) -> None:
@@ -186,6 +190,7 @@ class Controller:
 
         spec = policy.spec
         ladder = build_ladder(spec)
+        ctx.spec, ctx.ladder = spec, ladder
         level_hashes = {level.index: config_hash(policy, level) for level in ladder}
         owned = await self._api("list", self.gateway.list_owned(ctx.ref), ctx.ref)
         stable_seen = _observe(owned, ctx.ref.name, "stable")
@@ -263,6 +268,7 @@ class Controller:
             for level in build_ladder(policy.spec):
                 config_hash(policy, level)
                 host_memory(policy.spec, level)
+                tier_capacity_tokens(policy.spec, level)
         except SizingError as exc:
             raise PolicyError([FieldError(exc.path, str(exc).removeprefix(f"{exc.path}: "))]) from None
         return policy, dialect

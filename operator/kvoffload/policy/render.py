@@ -27,6 +27,7 @@ import yaml
 
 from kvoffload.api.conventions import (
     ANNOTATION_LEVEL_INDEX,
+    ANNOTATION_TIER_CAPACITY,
     ANNOTATION_TIERS,
     LABEL_CONFIG_HASH,
     LABEL_LEVEL,
@@ -47,7 +48,14 @@ from kvoffload.api.types import (
 )
 from kvoffload.policy.catalog import GPUClass, find_gpu_class, gpu_class_names
 from kvoffload.policy.ladder import Level
-from kvoffload.policy.sizing import SHM_EXTRA_BYTES, host_memory, progress_deadline_seconds, startup_seconds
+from kvoffload.policy.sizing import (
+    SHM_EXTRA_BYTES,
+    SizingError,
+    host_memory,
+    progress_deadline_seconds,
+    startup_seconds,
+    tier_capacity_tokens,
+)
 
 PORT = 8000
 CONTAINER = "vllm"
@@ -469,6 +477,19 @@ def _prometheus_duration(seconds: float) -> str:
     return "".join(parts)
 
 
+def tier_capacity_annotation(policy: KVOffloadPolicy, level: Level) -> str:
+    """The ``kvoffload.io/tier-capacity-tokens`` value of a level's pods: compact JSON, tiers in ladder order.
+
+    PolicyError names the field when the model's KV shape is unknown (a configMap not read).
+    """
+    try:
+        capacity = tier_capacity_tokens(policy.spec, level)
+    except SizingError as exc:
+        message = str(exc).removeprefix(f"{exc.path}: ")
+        raise PolicyError([FieldError(exc.path, message)], policy.metadata.name) from None
+    return json.dumps(capacity, separators=(",", ":"))
+
+
 def _common_labels(policy: KVOffloadPolicy) -> dict[str, str]:
     return {
         "app.kubernetes.io/name": "vllm",
@@ -557,7 +578,12 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, variant: Variant, r
         max_unavailable=0 if surge else 1,
         progress_deadline_seconds=math.ceil(progress_deadline_seconds(spec, level)),
         selector=selector,
-        pod_annotations={"kubectl.kubernetes.io/default-container": CONTAINER, ANNOTATION_TIERS: tiers},
+        pod_annotations={
+            "kubectl.kubernetes.io/default-container": CONTAINER,
+            ANNOTATION_TIERS: tiers,
+            # What each tier holds, for KV-aware routers that size their per-pod prefix index.
+            ANNOTATION_TIER_CAPACITY: tier_capacity_annotation(policy, level),
+        },
         termination_grace_seconds=TERMINATION_GRACE_SECONDS,
         node_selector={**gpu.node_labels, **spec.gpu.node_selector},
         tolerations=_tolerations(spec, gpu),

@@ -26,7 +26,7 @@ from kvoffload.policy.catalog import (
     find_model,
     gpu_class_names,
 )
-from kvoffload.policy.ladder import Level, build_ladder
+from kvoffload.policy.ladder import CPU, Level, build_ladder
 
 # --- figures ---------------------------------------------------------------------
 
@@ -171,6 +171,23 @@ def stored_bytes_per_token(spec: KVOffloadPolicySpec) -> int:
 def tokens_held(size_bytes: int, per_token: int) -> int:
     """Whole tokens a tier of ``size_bytes`` holds (the size is the total over TP ranks)."""
     return size_bytes // per_token
+
+
+def tier_capacity_tokens(spec: KVOffloadPolicySpec, level: Level) -> dict[str, int]:
+    """Tokens each offload tier of ``level`` holds in one pod (all TP ranks together), in tier order.
+
+    ``{"cpu": n, "<secondary tier>": m, ...}``; ``{}`` on the GPU-only level. These are the
+    figures ``kvoffload plan`` prints per level, published on the pods and as a metric for
+    KV-aware routers. The GPU cache is left out: vLLM reports it itself, exactly.
+    Raises SizingError when the model's KV shape is unknown (a ``configMap`` not read yet).
+    """
+    if level.cpu_bytes is None:
+        return {}
+    per_token = stored_bytes_per_token(spec)
+    capacity = {CPU: tokens_held(level.cpu_bytes, per_token)}
+    for tier in level.secondary_tiers:
+        capacity[tier.name] = tokens_held(quantity_bytes(tier.size), per_token)
+    return capacity
 
 
 # --- host memory and time --------------------------------------------------------------

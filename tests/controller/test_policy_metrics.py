@@ -1,0 +1,271 @@
+# ruff: noqa: F811  (the fixtures imported from test_controller are parameters of the tests by the same names)
+"""The operator's per-policy metrics, read off its registry the way Prometheus scrapes them, while the real
+Controller takes a policy through baseline, canary, a pause and an OOM rollback on the emulated API server.
+
+The tier capacity it publishes is compared with what ``kvoffload plan`` prints for the same policy.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from click.testing import CliRunner
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kvoffload.api.conventions import PAUSE
+from kvoffload.api.quantity import GIB
+from kvoffload.api.types import Phase
+from kvoffload.cli.main import main
+from kvoffload.controller.metrics import OperatorMetrics
+from kvoffload.controller.reconcile import Controller
+from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.loading import parse_policy
+from kvoffload.policy.sizing import progress_deadline_seconds
+from tests.controller.test_controller import (  # the fixtures, and how those tests play the cluster
+    NS,
+    Clock,
+    chat_spec,
+    clock,  # noqa: F401
+    controller,  # noqa: F401
+    create_policy,
+    deployment,
+    in_canary,  # noqa: F401
+    policy_body,
+    provider,  # noqa: F401
+    reconcile_until,
+    run_pods,
+    status_of,
+)
+from tests.support.kube import EmulatedCluster, policy_manifest
+
+pytestmark = pytest.mark.e2e
+
+Labels = dict[str, str]
+
+
+def samples(metrics: OperatorMetrics, name: str, **match: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """The samples of one family as Prometheus would scrape them: {sorted labels: value}, filtered by ``match``."""
+    text = generate_latest(metrics.registry).decode()
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and match.items() <= sample.labels.items():
+                found[tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def by(metrics: OperatorMetrics, name: str, key: str, **match: str) -> dict[str, float]:
+    """One family's values keyed by one label, for the policy ``chat``."""
+    return {dict(labels)[key]: value for labels, value in samples(metrics, name, policy="chat", **match).items()}
+
+
+def tiered_spec() -> dict[str, Any]:
+    """chat_spec with a CPU pilot and an NVMe tier: ladder gpu-only -> cpu-pilot -> cpu -> nvme."""
+    spec = chat_spec()
+    spec["rollout"]["pilotCpu"] = "512Mi"
+    spec["offload"]["secondaryTiers"] = [
+        {"name": "nvme", "size": "16Gi", "path": "/mnt/kv", "volume": {"emptyDir": {"sizeLimit": "17Gi"}}}
+    ]
+    return spec
+
+
+def plan_of(tmp_path: Path, name: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """`kvoffload plan FILE -o json` of the policy as it stands in the cluster."""
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(policy_manifest(name, NS, spec=spec)))
+    result = CliRunner().invoke(main, ["plan", str(path), "-o", "json"])
+    assert result.exit_code == 0, result.output
+    plan: dict[str, Any] = json.loads(result.stdout)
+    return plan
+
+
+async def test_the_capacity_metric_gives_each_tier_of_each_level_the_tokens_kvoffload_plan_gives(
+    kube: EmulatedCluster, controller: Controller, tmp_path: Path
+) -> None:
+    spec = tiered_spec()
+    await create_policy(kube, spec=spec)
+
+    await controller.reconcile(policy_body(kube))
+
+    published = samples(controller.metrics, "kvoffload_tier_capacity_tokens", policy="chat")
+    expected = {}
+    for level in plan_of(tmp_path, "chat", spec)["levels"]:
+        tiers = {"cpu": level["cpuTokens"]} if level["cpuTokens"] is not None else {}
+        tiers |= {t["name"]: t["tokens"] for t in level["secondaryTiers"]}
+        for tier, tokens in tiers.items():
+            labels = {"namespace": NS, "policy": "chat", "level": level["name"], "tier": tier}
+            expected[tuple(sorted(labels.items()))] = float(tokens)
+    assert published == expected
+    # 114,688 B per Qwen3-0.6B token: the pilot's 512Mi, the 1Gi CPU tier, the 16Gi NVMe tier.
+    assert sorted(published.values()) == [4681.0, 9362.0, 9362.0, 149796.0]
+    assert 16 * GIB // 114_688 == 149_796
+
+
+async def test_a_baseline_shows_its_phase_its_level_and_when_it_should_be_over(
+    kube: EmulatedCluster, controller: Controller, clock: Clock
+) -> None:
+    await create_policy(kube)
+
+    await controller.reconcile(policy_body(kube))
+
+    metrics = controller.metrics
+    phases = by(metrics, "kvoffload_policy_phase", "phase")
+    assert phases == {p.value: 1.0 if p is Phase.BASELINE else 0.0 for p in Phase}
+    assert by(metrics, "kvoffload_policy_condition", "condition", reason="BaselineRunning") == {"Progressing": 1.0}
+    assert by(metrics, "kvoffload_policy_condition", "condition", condition="Degraded") == {"Degraded": 0.0}
+    assert by(metrics, "kvoffload_variant_info", "variant") == {"stable": 1.0}
+    assert by(metrics, "kvoffload_variant_info", "level") == {"gpu-only": 1.0}
+    assert by(metrics, "kvoffload_variant_pinned_memory_bytes", "variant") == {"stable": 0.0}  # GPU-only: no pool
+    started = datetime.fromisoformat(status_of(kube)["stage"]["startedAt"].replace("Z", "+00:00"))
+    assert started == clock.now
+    (deadline,) = samples(metrics, "kvoffload_policy_stage_deadline_timestamp_seconds", policy="chat").values()
+    # 10 s baselineDuration + the GPU-only level's progress deadline (60 s, stretched to the startup budget)
+    policy = parse_policy(policy_manifest("chat", NS, spec=chat_spec()), "chat")
+    budget = 10 + progress_deadline_seconds(policy.spec, build_ladder(policy.spec)[0])
+    assert deadline == pytest.approx(clock.now.timestamp() + budget)
+    assert "NewLadder" in by(metrics, "kvoffload_policy_last_decision_timestamp_seconds", "decision")
+
+
+async def test_a_canary_adds_its_level_and_pinned_pool_and_the_deadline_moves_to_its_step(
+    kube: EmulatedCluster, controller: Controller, clock: Clock, in_canary: dict[str, Any]
+) -> None:
+    metrics = controller.metrics
+    assert by(metrics, "kvoffload_policy_phase", "phase", phase="Canary") == {"Canary": 1.0}
+    assert set(samples(metrics, "kvoffload_variant_info", policy="chat")) == {
+        (("level", "gpu-only"), ("namespace", NS), ("policy", "chat"), ("variant", "stable")),
+        (("level", "cpu"), ("namespace", NS), ("policy", "chat"), ("variant", "canary")),
+    }
+    # One canary replica with the 1Gi CPU tier (overhead factor 1.0): its pool, as status.hostMemory says.
+    status = status_of(kube)
+    assert status["hostMemory"]["pinned"] == "1Gi"
+    assert by(metrics, "kvoffload_variant_pinned_memory_bytes", "variant") == {"stable": 0.0, "canary": float(GIB)}
+    (deadline,) = samples(metrics, "kvoffload_policy_stage_deadline_timestamp_seconds", policy="chat").values()
+    assert deadline > clock.now.timestamp() + 20  # stepDuration 20s, plus the cpu level's progress deadline
+    # The baseline ended now, and led to the cpu stage (status.history names the stage a decision led to).
+    assert by(metrics, "kvoffload_policy_last_decision_timestamp_seconds", "stage", decision="BaselineTaken") == {
+        "cpu": clock.now.timestamp()
+    }
+    history = status["history"]
+    assert set(by(metrics, "kvoffload_policy_last_decision_timestamp_seconds", "decision")) == {
+        e["decision"] for e in history
+    }
+
+
+async def test_a_paused_step_has_no_deadline_of_its_own(
+    kube: EmulatedCluster, controller: Controller, clock: Clock, in_canary: dict[str, Any]
+) -> None:
+    await kube.emulator.patch_object(
+        "kvoffload.io/v1alpha1", "KVOffloadPolicy", NS, "chat", {"metadata": {"annotations": {PAUSE: "ops"}}}
+    )
+    clock.advance(1)
+
+    await controller.reconcile(policy_body(kube))
+
+    metrics = controller.metrics
+    assert by(metrics, "kvoffload_policy_phase", "phase", phase="Paused") == {"Paused": 1.0}
+    assert by(metrics, "kvoffload_policy_condition", "reason", condition="Paused") == {"Paused": 1.0}
+    assert samples(metrics, "kvoffload_policy_stage_deadline_timestamp_seconds", policy="chat") == {}
+
+
+async def test_a_step_awaiting_kvoffload_io_promote_has_no_deadline_either(
+    kube: EmulatedCluster, controller: Controller, clock: Clock
+) -> None:
+    spec = chat_spec()
+    spec["rollout"]["autoPromote"] = False
+    await create_policy(kube, spec=spec)
+    await controller.reconcile(policy_body(kube))
+    await run_pods(kube, "chat-stable", 4)
+    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-canary") is not None)
+    await run_pods(kube, "chat-canary", 1)
+
+    def awaiting() -> bool:
+        progressing = [c for c in status_of(kube).get("conditions", []) if c["type"] == "Progressing"]
+        return bool(progressing) and progressing[0]["reason"] == "AwaitingPromotion"
+
+    await reconcile_until(controller, kube, clock, awaiting)
+
+    assert samples(controller.metrics, "kvoffload_policy_stage_deadline_timestamp_seconds", policy="chat") == {}
+    assert by(controller.metrics, "kvoffload_policy_condition", "reason", condition="Progressing") == {
+        "AwaitingPromotion": 1.0
+    }
+
+
+async def test_an_oom_killed_canary_shows_as_degraded_for_that_reason_and_its_series_go(
+    kube: EmulatedCluster, controller: Controller, clock: Clock, in_canary: dict[str, Any]
+) -> None:
+    oom = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
+    await run_pods(
+        kube,
+        "chat-canary",
+        1,
+        conditions=[{"type": "Ready", "status": "False"}],
+        containerStatuses=[{"name": "vllm", "ready": False, "restartCount": 0, "lastState": oom, "state": oom}],
+    )
+    clock.advance(1)
+
+    await controller.reconcile(policy_body(kube))
+
+    metrics = controller.metrics
+    assert by(metrics, "kvoffload_policy_phase", "phase", phase="RolledBack") == {"RolledBack": 1.0}
+    degraded = samples(metrics, "kvoffload_policy_condition", policy="chat", condition="Degraded")
+    assert degraded == {
+        (("condition", "Degraded"), ("namespace", NS), ("policy", "chat"), ("reason", "CanaryOOMKilled")): 1.0
+    }  # one series per condition: the AsExpected one is gone, not left at 0 beside it
+    assert by(metrics, "kvoffload_variant_info", "variant") == {"stable": 1.0}
+    assert samples(metrics, "kvoffload_policy_stage_deadline_timestamp_seconds", policy="chat") == {}
+    # Rolled back to where the stable fleet stayed.
+    assert by(metrics, "kvoffload_policy_last_decision_timestamp_seconds", "stage", decision="Rollback") == {
+        "gpu-only": clock.now.timestamp()
+    }
+
+
+async def test_an_invalid_spec_publishes_its_phase_but_nothing_sized(
+    kube: EmulatedCluster, controller: Controller
+) -> None:
+    spec = chat_spec()
+    spec["gpu"]["class"] = "nvidia-b999"
+    await create_policy(kube, spec=spec)
+
+    await controller.reconcile(policy_body(kube))
+
+    metrics = controller.metrics
+    assert by(metrics, "kvoffload_policy_phase", "phase", phase="Invalid") == {"Invalid": 1.0}
+    assert by(metrics, "kvoffload_policy_condition", "condition", condition="Invalid") == {"Invalid": 1.0}
+    for family in ("kvoffload_tier_capacity_tokens", "kvoffload_variant_info"):
+        assert samples(metrics, family, policy="chat") == {}
+
+
+async def test_a_forgotten_policy_leaves_no_series_behind(
+    kube: EmulatedCluster, controller: Controller, tmp_path: Path
+) -> None:
+    await create_policy(kube, spec=tiered_spec())
+    await create_policy(kube, name="other")
+    await controller.reconcile(policy_body(kube))
+    await controller.reconcile(policy_body(kube, "other"))
+
+    controller.forget(policy_body(kube)["metadata"]["uid"])
+
+    text = generate_latest(controller.metrics.registry).decode()
+    assert 'policy="chat"' not in text
+    assert 'policy="other"' in text
+    assert 'kvoffload_policies{phase="Baseline"} 1.0' in text
+
+
+def test_the_families_are_described_even_before_any_policy() -> None:
+    text = generate_latest(OperatorMetrics().registry).decode()
+    for family in (
+        "kvoffload_policy_phase",
+        "kvoffload_policy_condition",
+        "kvoffload_policy_stage_deadline_timestamp_seconds",
+        "kvoffload_policy_last_decision_timestamp_seconds",
+        "kvoffload_variant_info",
+        "kvoffload_variant_pinned_memory_bytes",
+        "kvoffload_tier_capacity_tokens",
+    ):
+        assert f"# TYPE {family} gauge" in text
