@@ -700,7 +700,7 @@ class BaselineStatus(Status):
     ttft: Percentiles | None = Field(default=None, description="Time to first token, seconds, at p50/p95/p99.")
     itl: Percentiles | None = Field(default=None, description="Inter-token latency, seconds, at p50/p95/p99.")
     e2e_latency: Percentiles | None = Field(
-        default=None, description="End-to-end request latency, seconds, at p50/p95/p99."
+        default=None, alias="e2eLatency", description="End-to-end request latency, seconds, at p50/p95/p99."
     )
     concurrency: float | None = Field(
         default=None, description="Requests running per engine, averaged over the window and the engines."
