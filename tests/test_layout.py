@@ -26,7 +26,9 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": {"api", "policy"},
     "rollout": {"api", "policy", "analysis"},
     "economics": {"api", "policy"},
-    "controller": {"api", "policy", "analysis", "rollout"},
+    # economics: the preflight's restore-vs-recompute price on the GPU class's shipped profile (the judgment
+    # itself is pure, in rollout/preflight.py, which may not import economics).
+    "controller": {"api", "policy", "analysis", "rollout", "economics"},
     "cli": {"api", "policy", "analysis", "rollout", "economics", "controller"},
     "lab": {"api", "policy", "analysis", "rollout", "economics", "cli"},
 }

@@ -6,25 +6,36 @@ from __future__ import annotations
 import re
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvoffload.analysis.assess import Measurements
 from kvoffload.analysis.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
-from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider, Target, build_queries, promql_duration
+from kvoffload.analysis.prometheus import (
+    WORKLOAD_QUERIES,
+    LabelNames,
+    PrometheusProvider,
+    Target,
+    build_queries,
+    promql_duration,
+)
 from tests.support import paths
 from tests.support.prometheus import (
+    E2E_BUCKETS,
     ITL_BUCKETS,
     TTFT_BUCKETS,
     PrometheusServer,
     SyntheticEngine,
     SyntheticFleet,
     expected_p99,
+    expected_quantile,
     require_prometheus,
 )
 
@@ -57,9 +68,35 @@ def test_every_query_selects_all_policies_and_groups_by_policy_and_variant() -> 
     )
 
 
+def test_the_workload_flag_adds_its_queries_after_the_usual_ones() -> None:
+    plain = build_queries("2m", NEWEST)
+    with_workload = build_queries("2m", NEWEST, workload=True)
+    assert with_workload[: len(plain)] == plain  # the cycle without the flag is untouched
+    added = {q.field: q.expr for q in with_workload[len(plain) :]}
+    assert len(added) == WORKLOAD_QUERIES == 8
+    by = "namespace, kvoffload_io_policy, kvoffload_io_variant"
+    sel = '{kvoffload_io_policy!=""}'
+    # Four histograms as bucket rates by le: p50, p95 and p99 are interpolated client-side (4 queries, not 12).
+    assert added["workload.prompt_tokens"] == f"sum by (le, {by}) (rate(vllm:request_prompt_tokens_bucket{sel}[120s]))"
+    assert added["workload.ttft"] == f"sum by (le, {by}) (rate(vllm:time_to_first_token_seconds_bucket{sel}[120s]))"
+    assert added["workload.itl"] == f"sum by (le, {by}) (rate(vllm:inter_token_latency_seconds_bucket{sel}[120s]))"
+    assert added["workload.e2e"] == f"sum by (le, {by}) (rate(vllm:e2e_request_latency_seconds_bucket{sel}[120s]))"
+    assert added["workload.running_requests"] == f"avg by ({by}) (avg_over_time(vllm:num_requests_running{sel}[120s]))"
+    assert added["workload.prefix_cache_hit_rate"] == (
+        f"sum by ({by}) (increase(vllm:prefix_cache_hits_total{sel}[120s])) / "
+        f"sum by ({by}) (increase(vllm:prefix_cache_queries_total{sel}[120s]))"
+    )
+    assert added["workload.kv_usage_max"] == f"max by ({by}) (max_over_time(vllm:kv_cache_usage_perc{sel}[120s]))"
+    assert added["workload.preemptions_per_second"] == f"sum by ({by}) (rate(vllm:num_preemptions_total{sel}[120s]))"
+    # An older engine's names come from its dialect.
+    old = {q.field: q.expr for q in build_queries("2m", dialect_for("0.9.2"), workload=True)}
+    assert "vllm:time_per_output_token_seconds_bucket" in old["workload.itl"]
+    assert "vllm:gpu_cache_usage_perc" in old["workload.kv_usage_max"]
+
+
 def test_renamed_labels_and_extra_matchers_reach_every_query() -> None:
     labels = LabelNames(policy="app_policy", variant="track", namespace="ns")
-    for query in build_queries("30s", NEWEST, 'cluster="prod"', labels):
+    for query in build_queries("30s", NEWEST, 'cluster="prod"', labels, workload=True):
         assert 'app_policy!="", cluster="prod"' in query.expr
         assert "ns, app_policy, track" in query.expr
         assert "kvoffload_io" not in query.expr
@@ -82,7 +119,7 @@ def test_every_series_the_queries_read_exists_in_a_real_vllm_capture() -> None:
         present.update(sample.name for sample in family.samples)
     # Offload series exist only with offloading on, which vLLM for CPU refuses: checked against the dialect instead.
     offload = set(NEWEST.offload.families()) if NEWEST.offload else set()
-    for query in build_queries("2m", NEWEST):
+    for query in build_queries("2m", NEWEST, workload=True):
         for name in re.findall(r"(vllm:[a-z_:]+)\{", query.expr):
             assert name in present or name in offload, f"{name} ({query.field}) is not in the vLLM 0.32 capture"
 
@@ -198,9 +235,26 @@ CHAT_CANARY = SyntheticEngine(
     offloading_size="32.0",
 )
 CHAT_STABLE = SyntheticEngine("chat", "stable", requests_per_s=20, ttft_s=0.1, itl_s=0.02, kv_usage=0.4)
+# A GPU-only fleet in its baseline, with a workload whose every figure is known.
+WARM_STABLE = SyntheticEngine(
+    "warm",
+    "stable",
+    requests_per_s=10,
+    ttft_s=0.2,
+    itl_s=0.02,
+    e2e_s=1.2,
+    prompt_lengths=((800.0, 0.6), (1500.0, 0.4)),
+    running=6.5,
+    prompt_tokens_per_s=4000,
+    prefix_hit_rate=0.3,
+    preemptions_per_s=0.5,
+    kv_usage=0.4,
+    kv_usage_peak=0.93,
+)
 FLEET = [
     CHAT_CANARY,
     CHAT_STABLE,
+    WARM_STABLE,
     SyntheticEngine("chat", "stable", namespace="other", requests_per_s=5, ttft_s=2.0),
     SyntheticEngine("code", "canary", requests_per_s=3),
     SyntheticEngine("code", "stable", requests_per_s=3),
@@ -258,6 +312,79 @@ def test_the_provider_reads_each_variant_of_each_policy(scraped_fleet: Prometheu
     assert other.canary is None
     assert other.stable is not None
     assert other.stable.ttft_p99 == pytest.approx(expected_p99(2.0, TTFT_BUCKETS), rel=0.01)
+
+
+@pytest.mark.prometheus
+def test_a_baseline_target_gets_the_workload_figures_of_a_known_workload(scraped_fleet: PrometheusServer) -> None:
+    provider = PrometheusProvider(scraped_fleet.url)
+    got = provider.measure([Target("llm", "warm", WINDOW, with_canary=False, workload=True)])[("llm", "warm")]
+
+    assert got.error is None
+    assert got.stable is not None
+    w = got.stable.workload
+    assert w is not None
+    # 60% of prompts at 800 tokens (bucket 500-1000), 40% at 1,500 (bucket 1000-2000)
+    assert w.prompt_tokens.p50 == pytest.approx(500 + 500 * 0.5 / 0.6, rel=0.01)
+    assert w.prompt_tokens.p95 == pytest.approx(1000 + 1000 * 0.35 / 0.4, rel=0.01)
+    assert w.prompt_tokens.p99 == pytest.approx(1000 + 1000 * 0.39 / 0.4, rel=0.01)
+    for q, value in ((0.5, "p50"), (0.95, "p95"), (0.99, "p99")):
+        assert getattr(w.ttft, value) == pytest.approx(expected_quantile(q, 0.2, TTFT_BUCKETS), rel=0.01)
+        assert getattr(w.itl, value) == pytest.approx(expected_quantile(q, 0.02, ITL_BUCKETS), rel=0.01)
+        assert getattr(w.e2e, value) == pytest.approx(expected_quantile(q, 1.2, E2E_BUCKETS), rel=0.01)
+    assert w.running_requests == pytest.approx(6.5)
+    assert w.prefix_cache_hit_rate == pytest.approx(0.3, rel=0.01)
+    assert w.preemptions_per_second == pytest.approx(0.5, rel=0.15)
+    assert w.kv_usage_max == pytest.approx(0.93)  # the peak, not the 0.4 most scrapes show...
+    assert got.stable.kv_usage is not None
+    assert 0.4 < got.stable.kv_usage < 0.93  # ...which the average blurs
+    assert got.stable.ttft_p99 == pytest.approx(w.ttft.p99, rel=1e-6)  # server-side and client-side agree
+
+
+@pytest.mark.prometheus
+def test_workload_quantiles_equal_prometheus_histogram_quantile(scraped_fleet: PrometheusServer) -> None:
+    at = time.time()  # one instant for both, so the windows are the same
+    provider = PrometheusProvider(scraped_fleet.url, clock=lambda: at)
+    w = provider.measure([Target("llm", "warm", WINDOW, with_canary=False, workload=True)])[("llm", "warm")]
+    assert w.stable is not None
+    assert w.stable.workload is not None
+    for name, figures in (
+        ("vllm:request_prompt_tokens_bucket", w.stable.workload.prompt_tokens),
+        ("vllm:e2e_request_latency_seconds_bucket", w.stable.workload.e2e),
+    ):
+        for q, value in ((0.5, figures.p50), (0.95, figures.p95), (0.99, figures.p99)):
+            expr = (
+                f"histogram_quantile({q}, sum by (le) "
+                f'(rate({name}{{kvoffload_io_policy="warm", namespace="llm"}}[{WINDOW}])))'
+            )
+            answer = requests.get(f"{scraped_fleet.url}/api/v1/query", params={"query": expr, "time": at}, timeout=10)
+            (result,) = answer.json()["data"]["result"]
+            assert value == pytest.approx(float(result["value"][1]), rel=1e-9), (name, q)
+
+
+@pytest.mark.prometheus
+def test_the_workload_queries_are_sent_once_per_group_and_only_when_asked(scraped_fleet: PrometheusServer) -> None:
+    provider = PrometheusProvider(scraped_fleet.url)
+    plain = len(build_queries(WINDOW, NEWEST))
+
+    provider.measure([Target("llm", "chat", WINDOW), Target("llm", "code", WINDOW)])
+    assert provider.queries == plain  # no target in its baseline: the cycle is what it always was
+
+    before = provider.queries
+    got = provider.measure(
+        [
+            Target("llm", "chat", WINDOW),
+            Target("llm", "warm", WINDOW, with_canary=False, workload=True),
+            Target("other", "chat", WINDOW, with_canary=False, workload=True),
+        ]
+    )
+    assert provider.queries - before == plain + WORKLOAD_QUERIES  # one workload set for the whole group
+    chat = got[("llm", "chat")]
+    assert chat.stable is not None
+    assert chat.stable.workload is None  # not asked for: not filled in
+    other = got[("other", "chat")].stable
+    assert other is not None
+    assert other.workload is not None
+    assert other.workload.running_requests == pytest.approx(4.0)
 
 
 @pytest.mark.prometheus

@@ -58,6 +58,11 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "architecture-gqa-and-mla.yaml": ({"spec.model.architecture"}, {"spec.model.architecture"}),
     "architecture-and-configmap.yaml": ({"spec"}, {"spec.model.configMap"}),
     "schema-mistakes.yaml": (SCHEMA_MISTAKES, SCHEMA_MISTAKES),
+    "preflight-out-of-range.yaml": (
+        {"spec.rollout.preflight.kvPressure", "spec.rollout.preflight.minPrefixReuse"},
+        {"spec.rollout.preflight.kvPressure", "spec.rollout.preflight.minPrefixReuse"},
+    ),
+    "preflight-prompt-too-long.yaml": ({"spec"}, {"spec.rollout.preflight"}),
 }
 
 # The words each models error must contain, so the path is not right by accident.
@@ -70,6 +75,7 @@ MODEL_MESSAGES = {
     "reserved-tier-name.yaml": "may not be named",
     "architecture-and-configmap.yaml": "not both",
     "managed-flag-in-extra-args.yaml": "--max-model-len is managed by the operator",
+    "preflight-prompt-too-long.yaml": "rollout.preflight.promptTokens must be at most model.maxModelLen",
 }
 
 CASES = pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -121,6 +121,15 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             )
         ],
     ),
+    "rollout.preflight.promptTokens must be at most model.maxModelLen": (
+        [
+            spec(),  # no preflight: off
+            spec(rollout__preflight={}),  # on, the prompt from the baseline
+            spec(rollout__preflight={"promptTokens": 1480}),
+            spec(rollout__preflight={"promptTokens": 32768}),  # exactly maxModelLen
+        ],
+        [spec(rollout__preflight={"promptTokens": 32769}), spec(rollout__preflight={"promptTokens": 10_000_000})],
+    ),
 }
 
 
@@ -172,6 +181,7 @@ SPEC_LEVEL = [
     "rollout.pilotCpu must be smaller than offload.cpu",
     "rollout.canaryReplicas must be fewer than replicas when maxSurge is 0",
     "set model.architecture or model.configMap, not both",
+    "rollout.preflight.promptTokens must be at most model.maxModelLen",
 ]
 
 

@@ -123,10 +123,36 @@ PAUSED_CANARY = status_at(
 )
 
 
+HELD = status_at(
+    "Held",
+    (0, "gpu-only", 0),
+    stable=variant(0, 4, 4, "h0", [], None),
+    baseline={
+        "ttftP99": 0.4,
+        "takenAt": ago(30),
+        "promptTokens": {"p50": 916.7, "p95": 1875.0, "p99": 1975.0},
+        "ttft": {"p50": 0.125, "p95": 0.2375, "p99": 0.2475},
+        "e2eLatency": {"p50": 0.9, "p95": 1.5, "p99": 1.62},
+        "concurrency": 6.5,
+        "prefixCacheHitRate": 0.3,
+        "gpuKvUsageMax": 0.55,
+        "preemptionRate": 0.0,
+    },
+    preflight={
+        "judgedAt": ago(30),
+        "pays": False,
+        "refused": ["GPUMemoryNotConstrained"],
+        "message": "offload will not pay: GPU memory is not the constraint (max GPU KV usage 55% (kvPressure 90%))",
+    },
+    conditions=[cond("OffloadWillNotPay", "True", "GPUMemoryNotConstrained"), cond("Stalled", "True", "Held")],
+)
+
+
 @pytest.mark.parametrize(
     ("status", "expected"),
     [
         pytest.param(BASELINE, "[gpu-only baseline] → cpu-pilot → cpu → nvme", id="baseline"),
+        pytest.param(HELD, "[gpu-only held: offload will not pay] → cpu-pilot → cpu → nvme", id="held"),
         pytest.param(PAUSED_CANARY, "gpu-only ✓ → [cpu-pilot canary paused] → cpu → nvme", id="paused-canary"),
         pytest.param(PROMOTING, "gpu-only ✓ → cpu-pilot ✓ → [cpu 50%] → nvme", id="promoting"),
         pytest.param(STABLE, "gpu-only ✓ → cpu-pilot ✓ → cpu ✓ → [nvme ✓]", id="stable-at-top"),
@@ -210,3 +236,14 @@ def test_json_carries_the_status_as_the_model_reads_it() -> None:
     assert doc["status"]["canary"]["ready"] == 1
     assert doc["status"]["lastAnalysis"]["metrics"][0]["canary"] == 0.212
     assert to_json(policy(None))["status"] is None
+
+
+def test_a_held_policy_shows_the_workload_and_the_preflight_verdict() -> None:
+    text = render(policy(HELD), now=NOW)
+    assert "phase Held" in text
+    assert (
+        "  workload: p50 / p95 / p99 prompt tokens 917 / 1,875 / 1,975, TTFT 125.0ms / 237.5ms / 247.5ms, "
+        "end-to-end 900.0ms / 1.50s / 1.62s, 6.5 running per engine, prefix-cache hits 30.0%, "
+        "max GPU KV usage 55%, 0 preemptions/s"
+    ) in text
+    assert "Preflight (30s ago): offload will not pay: GPU memory is not the constraint" in text

@@ -18,10 +18,10 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from kvoffload.analysis.assess import Measurements, VariantSample
+from kvoffload.analysis.assess import Measurements, Percentiles, VariantSample, WorkloadSample
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import PolicyKey, Target
-from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, LABEL_CONFIG_HASH, LABEL_LEVEL
+from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, LABEL_CONFIG_HASH, LABEL_LEVEL, RETRY
 from kvoffload.controller.reconcile import Controller, ReconcileError
 from tests.support.kube import EmulatedCluster, policy_manifest
 
@@ -510,3 +510,107 @@ async def test_the_dialect_is_confirmed_against_the_series_prometheus_holds(
 
     ((target,),) = provider.calls
     assert target.dialect.itl == "vllm:time_per_output_token_seconds"
+
+
+# --- the preflight -----------------------------------------------------------------------------
+
+
+def workload(*, kv_max: float, preemptions: float, hits: float) -> WorkloadSample:
+    return WorkloadSample(
+        prompt_tokens=Percentiles(1200.0, 2500.0, 3900.0),
+        ttft=Percentiles(0.05, 0.10, 0.12),
+        itl=Percentiles(0.010, 0.015, 0.02),
+        e2e=Percentiles(0.8, 1.6, 2.0),
+        running_requests=3.5,
+        prefix_cache_hit_rate=hits,
+        kv_usage_max=kv_max,
+        preemptions_per_second=preemptions,
+    )
+
+
+class WorkloadProvider(CraftedProvider):
+    """Healthy figures, and the given workload figures to every target that asks for them."""
+
+    def __init__(self, figures: WorkloadSample) -> None:
+        super().__init__()
+        self.figures = figures
+
+    def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
+        self.calls.append(list(targets))
+        out = {}
+        for t in targets:
+            stable = VariantSample(**{**HEALTHY.__dict__, "workload": self.figures if t.workload else None})
+            out[t.key] = Measurements(canary=HEALTHY if t.with_canary else None, stable=stable)
+        return out
+
+
+def preflight_spec() -> dict[str, Any]:
+    spec = chat_spec()
+    spec["rollout"]["preflight"] = {}
+    return spec
+
+
+async def test_OffloadWillNotPay_holds_the_fleet_on_gpu_only_through_the_controller(
+    kube: EmulatedCluster, clock: Clock
+) -> None:
+    # Given a policy with a preflight, and a fleet whose GPU KV cache never comes near full
+    provider = WorkloadProvider(workload(kv_max=0.45, preemptions=0.0, hits=0.4))
+    controller = new_controller(kube, provider, clock)  # type: ignore[arg-type]
+    await create_policy(kube, spec=preflight_spec())
+    await controller.reconcile(policy_body(kube))
+    await run_pods(kube, "chat-stable", 4)
+
+    # When the 10 s baseline has run, and 20 more cycles after it
+    await reconcile_until(controller, kube, clock, lambda: status_of(kube).get("phase") == "Held")
+    for _ in range(20):
+        clock.advance(1)
+        await controller.reconcile(policy_body(kube))
+
+    # Then no canary was ever created, and every replica stays on GPU-only
+    assert deployment(kube, "chat-canary") is None
+    assert [n for _, _, n in writes(kube, "deployments") if n == "chat-canary"] == []
+    stable = deployment(kube, "chat-stable")
+    assert stable is not None
+    assert stable["spec"]["replicas"] == 4
+    assert stable["spec"]["template"]["metadata"]["labels"][LABEL_LEVEL] == "gpu-only"
+    status = status_of(kube)
+    assert status["phase"] == "Held"
+    assert status["mode"] == "Held"
+    conditions = {c["type"]: c for c in status["conditions"]}
+    will_not_pay = conditions["OffloadWillNotPay"]
+    assert (will_not_pay["status"], will_not_pay["reason"]) == ("True", "GPUMemoryNotConstrained")
+    # the figures: L4's estimated profile prices Qwen3-0.6B at the baseline's p50 prompt (1,200 tokens)
+    assert "for a 1,200-token prompt (estimated profile nvidia-l4)" in will_not_pay["message"]
+    assert "max GPU KV usage 45% (kvPressure 90%); preemptions 0/s" in will_not_pay["message"]
+    assert "prefix-cache hit rate 40.0%" in will_not_pay["message"]
+    assert (conditions["Stalled"]["status"], conditions["Reconciling"]["status"]) == ("True", "False")
+    preflight = status["preflight"]
+    assert preflight["pays"] is False
+    assert preflight["promptTokens"] == 1200
+    assert preflight["ratio"] > 1  # restoring would be faster: it is memory that does not need it
+    assert preflight["profile"] == "nvidia-l4 (estimated)"
+    baseline = status["baseline"]
+    assert baseline["promptTokens"] == {"p50": 1200.0, "p95": 2500.0, "p99": 3900.0}
+    assert baseline["e2eLatency"]["p99"] == 2.0
+    assert baseline["concurrency"] == 3.5
+    assert (baseline["gpuKvUsageMax"], baseline["preemptionRate"], baseline["prefixCacheHitRate"]) == (0.45, 0.0, 0.4)
+    assert [h["decision"] for h in status["history"]] == ["NewLadder", "OffloadWillNotPay"]
+    warnings = [e for e in await events(kube) if e.type == "Warning"]
+    assert [e.reason for e in warnings] == ["OffloadWillNotPay"]
+    assert "max GPU KV usage 45%" in warnings[0].message
+    # the workload was asked for during the baseline only
+    asked = [call[0].workload for call in provider.calls]
+    assert asked[:10] == [True] * 10
+    assert not any(asked[10:])
+
+    # And a retry takes a new baseline; under memory pressure now, the canary starts
+    provider.figures = workload(kv_max=0.97, preemptions=0.3, hits=0.4)
+    await kube.emulator.patch_object(POLICY_API, KIND, NS, "chat", {"metadata": {"annotations": {RETRY: "1"}}})
+    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-canary") is not None)
+    status = status_of(kube)
+    assert status["phase"] == "Canary"
+    will_not_pay = next(c for c in status["conditions"] if c["type"] == "OffloadWillNotPay")
+    assert (will_not_pay["status"], will_not_pay["reason"]) == ("False", "OffloadMayPay")
+    taken = [e for e in await events(kube) if e.reason == "BaselineTaken"]
+    assert "preflight: offload may pay" in taken[-1].message
+    assert "max GPU KV usage 97%" in taken[-1].message

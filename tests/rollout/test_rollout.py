@@ -50,6 +50,7 @@ from kvoffload.rollout.decide import (
     invalid,
     stable_replicas,
 )
+from kvoffload.rollout.preflight import RestorePrice
 from tests.support.crd_admission import drop_nulls, openapi_schema, strict
 
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)
@@ -144,6 +145,10 @@ class World:
     plan: Plan | None = field(default=None, repr=False)
     events: list[Event] = field(default_factory=list, repr=False)
     plans: list[Plan] = field(default_factory=list, repr=False)
+    price: RestorePrice | None = None
+    """The preflight's restore price the adapter would pass (economics.breakeven on the GPU class)."""
+    crafted_stable: VariantSample | None = field(default=None, repr=False)
+    """With a crafted verdict: the stable figures Prometheus would show beside it (the baseline's workload)."""
 
     # --- Given
 
@@ -189,6 +194,7 @@ class World:
             canary=canary,
             assessment=assessment,
             measurements=measurements,
+            price=self.price,
         )
 
     def tick(
@@ -204,6 +210,8 @@ class World:
         assessment, measurements = None, None
         if verdict is not None:
             assessment = crafted(verdict)
+            if self.crafted_stable is not None:
+                measurements = Measurements(canary=None, stable=self.crafted_stable)
         elif traffic is not None:
             subject = analysis_subject(self.spec, self.status, self.now)
             has_canary = self.status is not None and self.status.canary is not None

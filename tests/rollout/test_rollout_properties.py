@@ -2,8 +2,9 @@
 
 Whatever happens, decide never raises, never promotes without a Pass at the end
 of a full step (or a manual promote), never leaves the fleet empty, never asks
-for more than (replicas + maxSurge) × gpu.count GPUs, and never lets an
-OOM-killed canary survive a decision.
+for more than (replicas + maxSurge) × gpu.count GPUs, never lets an
+OOM-killed canary survive a decision, and never starts a canary while
+OffloadWillNotPay holds.
 """
 
 from __future__ import annotations
@@ -15,11 +16,22 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kvoffload.api.conventions import MANUAL_ANNOTATIONS, PAUSED, PROGRESSING, PROMOTE, Reason
+from kvoffload.analysis.assess import VariantSample
+from kvoffload.api.conventions import (
+    MANUAL_ANNOTATIONS,
+    OFFLOAD_WILL_NOT_PAY,
+    PAUSED,
+    PROGRESSING,
+    PROMOTE,
+    STALLED,
+    Reason,
+)
 from kvoffload.api.quantity import parse_duration
-from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Phase, Verdict
+from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Phase, PreflightSpec, Verdict
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout import conditions as cond
+from kvoffload.rollout.preflight import RestorePrice
+from tests.rollout.test_preflight import CHEAP_RESTORE, NO_REUSE, PRESSED, ROOMY, SLOW_RESTORE
 from tests.rollout.test_rollout import World, level_hashes, make_spec
 
 FAULTS: dict[str, dict[str, Any]] = {
@@ -183,3 +195,54 @@ def test_with_healthy_evidence_every_spec_climbs_to_the_top(spec: KVOffloadPolic
             world.annotate(PROMOTE, str(n))
         world.tick(traffic=None, advance="30s", verdict=Verdict.PASS)
     assert world.fleet[0] == (build_ladder(spec)[-1].name, spec.replicas)
+
+
+PRICES = [CHEAP_RESTORE, SLOW_RESTORE, RestorePrice(1480, error="no profile"), None]
+WORKLOADS = [PRESSED, ROOMY, NO_REUSE, None]
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    spec=specs(),
+    calm=st.integers(0, 10),
+    history=st.lists(
+        st.tuples(cycles, st.sampled_from(range(len(PRICES))), st.sampled_from(range(len(WORKLOADS)))),
+        min_size=1,
+        max_size=40,
+    ),
+)
+def test_no_canary_is_ever_started_while_OffloadWillNotPay_holds(
+    spec: KVOffloadPolicySpec, calm: int, history: list[tuple[Cycle, int, int]]
+) -> None:
+    spec = spec.model_copy(update={"rollout": spec.rollout.model_copy(update={"preflight": PreflightSpec()})})
+    world = World.given(spec)
+    for n, (cycle, price, workload) in enumerate([(CALM, 1, 1)] * calm + history):
+        before = world.st
+        world.price = PRICES[price]
+        world.crafted_stable = VariantSample(workload=WORKLOADS[workload]) if WORKLOADS[workload] else None
+        if cycle.annotation is not None:
+            world.annotate(cycle.annotation, str(n))
+        if cycle.new_generation:
+            world.change_spec(spec)
+        world.tick(traffic=None, advance=f"{cycle.seconds}s", verdict=cycle.verdict, **FAULTS[cycle.fault])
+        after = world.st
+        plan = world.plan
+        assert plan is not None
+        assert plan.variants is not None
+        holds_before = cond.is_true(before.conditions, OFFLOAD_WILL_NOT_PAY)
+        holds_after = cond.is_true(after.conditions, OFFLOAD_WILL_NOT_PAY)
+        event(f"phase {after.phase.value}")
+        # no canary while it holds, before the decision or after it
+        if holds_before or holds_after:
+            assert plan.variants.canary is None
+            assert plan.variants.stable.level == 0
+            assert plan.variants.stable.replicas == spec.replicas
+        # a canary starts only from a policy it did not hold
+        if before.canary is None and after.canary is not None:
+            assert not holds_before
+        # the phase shows it, and so does kstatus
+        assert holds_after == (after.phase is Phase.HELD)
+        if holds_after:
+            assert cond.is_true(after.conditions, STALLED)
+            assert after.preflight is not None
+            assert not after.preflight.pays

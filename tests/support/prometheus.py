@@ -89,14 +89,22 @@ def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
 # Bucket bounds of real vLLM 0.32 (shared/fixtures/vllm-0.32.0-cpu-metrics.txt).
 TTFT_BUCKETS = emulator.TTFT_BUCKETS
 ITL_BUCKETS = emulator.TOKEN_LATENCY_BUCKETS
+E2E_BUCKETS = emulator.REQUEST_TIME_BUCKETS
+PROMPT_TOKEN_BUCKETS = emulator.build_1_2_5_buckets(32768)
+"""vLLM's 1-2-5 buckets of ``vllm:request_prompt_tokens`` for --max-model-len 32768."""
 
 
 def expected_p99(value: float, bounds: Sequence[float]) -> float:
     """What histogram_quantile(0.99) gives when every observation equals ``value``."""
+    return expected_quantile(0.99, value, bounds)
+
+
+def expected_quantile(q: float, value: float, bounds: Sequence[float]) -> float:
+    """What histogram_quantile(q) gives when every observation equals ``value``."""
     lower = 0.0
     for upper in bounds:
         if value <= upper:
-            return lower + (upper - lower) * 0.99
+            return lower + (upper - lower) * q
         lower = upper
     return lower
 
@@ -122,6 +130,18 @@ class SyntheticEngine:
     """Bytes per transfer second; the load time counter grows by bytes / this."""
     offloading_size: str = "None"
     offloading_backend: str = "native"
+    # The baseline's workload figures (each request lands in one bucket unless the test spreads it).
+    e2e_s: float = 1.0
+    """Every request's end-to-end latency."""
+    prompt_lengths: tuple[tuple[float, float], ...] = ((1000.0, 1.0),)
+    """(prompt tokens, share of the requests): the prompt-length distribution."""
+    running: float = 4.0
+    """vllm:num_requests_running."""
+    prefix_hit_rate: float = 0.0
+    """Share of the looked-up prompt tokens found in the GPU prefix cache."""
+    preemptions_per_s: float = 0.0
+    kv_usage_peak: float | None = None
+    """When set, KV usage shows this instead of ``kv_usage`` during every odd second (a gauge that moves)."""
 
 
 def _series(engine: SyntheticEngine, dialect: Dialect) -> list[tuple[str, float]]:
@@ -137,6 +157,19 @@ def _series(engine: SyntheticEngine, dialect: Dialect) -> list[tuple[str, float]
             rows.append((f'{name}_bucket{{{base},le="{le}"}}', engine.requests_per_s if value <= upper else 0.0))
         rows.append((f"{name}_count{{{base}}}", engine.requests_per_s))
         rows.append((f"{name}_sum{{{base}}}", engine.requests_per_s * value))
+    for name, bounds, shares in (
+        (dialect.e2e, E2E_BUCKETS, ((engine.e2e_s, 1.0),)),
+        (dialect.request_prompt_tokens, PROMPT_TOKEN_BUCKETS, engine.prompt_lengths),
+    ):
+        for upper in (*bounds, float("inf")):
+            le = "+Inf" if upper == float("inf") else repr(upper)
+            below = sum(share for value, share in shares if value <= upper)
+            rows.append((f'{name}_bucket{{{base},le="{le}"}}', engine.requests_per_s * below))
+        rows.append((f"{name}_count{{{base}}}", engine.requests_per_s))
+        rows.append((f"{name}_sum{{{base}}}", engine.requests_per_s * sum(v * share for v, share in shares)))
+    rows.append((f"{dialect.prefix_cache_queries}{{{base}}}", engine.prompt_tokens_per_s))
+    rows.append((f"{dialect.prefix_cache_hits}{{{base}}}", engine.prompt_tokens_per_s * engine.prefix_hit_rate))
+    rows.append((f"{dialect.num_preemptions}{{{base}}}", engine.preemptions_per_s))
     external = engine.prompt_tokens_per_s * engine.external_share
     by_source = {
         "local_compute": engine.prompt_tokens_per_s - external,
@@ -174,13 +207,19 @@ class SyntheticFleet:
         self.started = time.time()
         self._counters: list[tuple[str, float]] = []
         gauges: list[str] = []  # untyped, as families interleave across engines
+        self._moving: list[tuple[str, float, float]] = []  # (series, even-second value, odd-second value)
         for engine in engines:
             self._counters.extend(_series(engine, dialect))
             labels = (
                 f'kvoffload_io_policy="{engine.policy}",kvoffload_io_variant="{engine.variant}",'
                 f'namespace="{engine.namespace}",pod="{engine.policy}-{engine.variant}-0"'
             )
-            gauges.append(f'{dialect.kv_cache_usage}{{engine="0",{labels}}} {engine.kv_usage}')
+            usage = f'{dialect.kv_cache_usage}{{engine="0",{labels}}}'
+            if engine.kv_usage_peak is None:
+                gauges.append(f"{usage} {engine.kv_usage}")
+            else:
+                self._moving.append((usage, engine.kv_usage, engine.kv_usage_peak))
+            gauges.append(f'{dialect.num_requests_running}{{engine="0",{labels}}} {engine.running}')
             gauges.append(
                 f'{dialect.cache_config_info}{{engine="0",{labels},kv_offloading_backend="{engine.offloading_backend}",'
                 f'kv_offloading_size="{engine.offloading_size}"}} 1.0'
@@ -210,12 +249,15 @@ class SyntheticFleet:
 
     @property
     def series(self) -> int:
-        return len(self._counters) + self._gauges.count("\n")
+        return len(self._counters) + self._gauges.count("\n") + len(self._moving)
 
     def exposition(self) -> str:
-        elapsed = time.time() - self.started
+        now = time.time()
+        elapsed = now - self.started
         counters = "\n".join(f"{prefix} {per_s * elapsed:.6f}" for prefix, per_s in self._counters)
-        return counters + "\n" + self._gauges
+        odd = int(now) % 2 == 1
+        moving = "".join(f"{name} {peak if odd else even}\n" for name, even, peak in self._moving)
+        return counters + "\n" + self._gauges + moving
 
     def close(self) -> None:
         self._server.shutdown()

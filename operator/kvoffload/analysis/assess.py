@@ -46,6 +46,45 @@ LIVE_CONFIG = "liveConfig"
 
 
 @dataclass(frozen=True)
+class Percentiles:
+    """p50, p95 and p99 of one histogram over the window; None where it had no observations."""
+
+    p50: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+
+
+WORKLOAD_QUANTILES = (0.50, 0.95, 0.99)
+"""The quantiles a ``Percentiles`` holds, in its field order."""
+
+
+@dataclass(frozen=True)
+class WorkloadSample:
+    """What a careful operator records of a fleet before offloading (issue 11, part 5).
+
+    Read only while a ladder is in its baseline (``Target.workload``); the preflight
+    judges whether offload can pay from these figures.
+    """
+
+    prompt_tokens: Percentiles = field(default_factory=Percentiles)
+    """Prompt length per finished request, tokens (``vllm:request_prompt_tokens``)."""
+    ttft: Percentiles = field(default_factory=Percentiles)
+    """Time to first token, seconds."""
+    itl: Percentiles = field(default_factory=Percentiles)
+    """Inter-token latency, seconds."""
+    e2e: Percentiles = field(default_factory=Percentiles)
+    """End-to-end request latency, seconds."""
+    running_requests: float | None = None
+    """Concurrency: requests in an engine's running batch, averaged over the window and the engines."""
+    prefix_cache_hit_rate: float | None = None
+    """Prompt tokens found in the GPU prefix cache / prompt tokens looked up, 0..1."""
+    kv_usage_max: float | None = None
+    """Highest GPU KV cache usage any engine showed in the window, 0..1."""
+    preemptions_per_second: float | None = None
+    """Requests preempted per second for lack of GPU KV blocks, summed over the engines."""
+
+
+@dataclass(frozen=True)
 class VariantSample:
     """What Prometheus shows for one variant of one policy over the analysis window."""
 
@@ -69,6 +108,8 @@ class VariantSample:
     """Offload load throughput (bytes / transfer seconds)."""
     config: Mapping[str, str] | None = None
     """Labels of vllm:cache_config_info, e.g. kv_offloading_size."""
+    workload: WorkloadSample | None = None
+    """The baseline's workload figures; None unless the target asked for them (``Target.workload``)."""
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,12 @@ Evidence for each change (see also ``DIALECT_CHANGES``):
 - ``vllm:prompt_tokens_cached_by_source_total{source}`` with sources
   device/host/p2p/disk/external_unspecified (vLLM PR 56318; present in the
   0.32.0 capture ``shared/fixtures/vllm-0.32.0-cpu-metrics.txt``).
+
+The baseline's workload figures read ``vllm:request_prompt_tokens`` (histogram),
+``vllm:e2e_request_latency_seconds`` (histogram), ``vllm:num_requests_running``
+(gauge) and ``vllm:num_preemptions_total`` (counter), besides the prefix-cache
+counters. Their names are exact for 0.32 (in the capture); every row keeps them
+unchanged, which is assumed for the older releases, not checked.
 """
 
 from __future__ import annotations
@@ -137,6 +143,12 @@ class Dialect:
     kv_cache_usage: str = "vllm:kv_cache_usage_perc"
     prefix_cache_queries: str = "vllm:prefix_cache_queries_total"
     prefix_cache_hits: str = "vllm:prefix_cache_hits_total"
+    request_prompt_tokens: str = "vllm:request_prompt_tokens"
+    """Histogram base name: prompt tokens per finished request."""
+    num_requests_running: str = "vllm:num_requests_running"
+    """Gauge: requests in the engine's running batch (concurrency)."""
+    num_preemptions: str = "vllm:num_preemptions_total"
+    """Counter: requests preempted (their KV freed) because the GPU KV cache ran out."""
     cache_config_info: str = "vllm:cache_config_info"
     config_offload_labels: bool = True
     """Whether cache_config_info carries kv_offloading_size / kv_offloading_backend."""
@@ -152,6 +164,14 @@ class Dialect:
     @property
     def itl_bucket(self) -> str:
         return self.itl + "_bucket"
+
+    @property
+    def e2e_bucket(self) -> str:
+        return self.e2e + "_bucket"
+
+    @property
+    def request_prompt_tokens_bucket(self) -> str:
+        return self.request_prompt_tokens + "_bucket"
 
     def required_families(self) -> tuple[str, ...]:
         """Every non-offload series name this dialect names (histograms by base name).
@@ -170,6 +190,9 @@ class Dialect:
             self.kv_cache_usage,
             self.prefix_cache_queries,
             self.prefix_cache_hits,
+            self.request_prompt_tokens,
+            self.num_requests_running,
+            self.num_preemptions,
             self.cache_config_info,
         ]
         return tuple(n for n in names if n is not None)
@@ -183,7 +206,7 @@ class Dialect:
 
     def histograms(self) -> tuple[str, ...]:
         """Base names of the histogram families."""
-        return (self.ttft, self.itl, self.e2e)
+        return (self.ttft, self.itl, self.e2e, self.request_prompt_tokens)
 
 
 @dataclass(frozen=True)

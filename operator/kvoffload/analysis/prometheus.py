@@ -6,6 +6,12 @@ query covers every policy at once and groups by (namespace, policy, variant), so
 the queries per cycle depend on how many distinct (window, dialect, extra
 matchers) the policies use, never on how many policies there are.
 
+A group in which some target asks for the workload figures (``Target.workload``:
+a ladder in its baseline) gets ``WORKLOAD_QUERIES`` more queries: the bucket rates
+of four histograms (quantiles are interpolated here, see ``analysis.histograms``),
+concurrency, the prefix-cache hit rate, the highest KV usage and the preemption
+rate. A cycle in which no target asks for them sends exactly what it sent before.
+
 The provider never raises into its callers: connection errors, timeouts, HTTP
 errors and unreadable answers become ``Measurements(error=...)``, which
 ``assess()`` turns into Inconclusive.
@@ -27,7 +33,7 @@ from prometheus_api_client.prometheus_connect import PrometheusConnect
 from urllib3.exceptions import MaxRetryError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
-from kvoffload.analysis.assess import Measurements, VariantSample
+from kvoffload.analysis.assess import WORKLOAD_QUANTILES, Measurements, Percentiles, VariantSample, WorkloadSample
 from kvoffload.analysis.dialects import (
     CACHED_SOURCE_DISK,
     CACHED_SOURCE_HOST,
@@ -37,6 +43,7 @@ from kvoffload.analysis.dialects import (
     SOURCE_EXTERNAL_KV_TRANSFER,
     Dialect,
 )
+from kvoffload.analysis.histograms import bucket_quantile
 from kvoffload.api.quantity import parse_duration
 
 PolicyKey = tuple[str, str]
@@ -72,6 +79,8 @@ class Target:
     """Label matchers added to every query, e.g. ``cluster="prod"`` (spec.prometheus.extraMatchers)."""
     with_canary: bool = True
     """False when no canary runs (the Stable guard, the baseline): only the stable variant is read."""
+    workload: bool = False
+    """True while the ladder is in its baseline: also read the workload figures (``WorkloadSample``)."""
 
     @property
     def key(self) -> PolicyKey:
@@ -105,17 +114,30 @@ class Query:
     """One PromQL expression of a cycle and what its answer fills in."""
 
     field: str
-    """The VariantSample field (or ``tier_hits`` / ``config``) it fills."""
+    """The VariantSample field (or ``tier_hits`` / ``config``, or a ``workload.`` figure) it fills."""
     expr: str
 
 
+HISTOGRAM_FIELDS = ("workload.prompt_tokens", "workload.ttft", "workload.itl", "workload.e2e")
+"""Workload queries answered with bucket rates by ``le``; the quantiles are computed here."""
+
+WORKLOAD_QUERIES = 8
+"""Queries a group adds when a target in it asks for the workload figures."""
+
+
 def build_queries(
-    window: str, dialect: Dialect, extra_matchers: str | None = None, labels: LabelNames | None = None
+    window: str,
+    dialect: Dialect,
+    extra_matchers: str | None = None,
+    labels: LabelNames | None = None,
+    *,
+    workload: bool = False,
 ) -> tuple[Query, ...]:
     """The queries of one group of policies sharing (window, dialect, extra matchers).
 
     Each selects every policy (``<policy label>!=""``) and groups by namespace, policy and variant.
-    Metrics the dialect lacks are left out.
+    Metrics the dialect lacks are left out. ``workload`` adds the ``WORKLOAD_QUERIES`` of the
+    baseline's workload figures, at the end.
     """
     labels = labels or LabelNames()
     w = promql_duration(window)
@@ -154,6 +176,23 @@ def build_queries(
                 f"{increase(off.load_bytes, off.load_selector)} / {increase(off.load_time, off.load_selector)}",
             )
         )
+    if workload:
+        buckets = {
+            "workload.prompt_tokens": dialect.request_prompt_tokens_bucket,
+            "workload.ttft": dialect.ttft_bucket,
+            "workload.itl": dialect.itl_bucket,
+            "workload.e2e": dialect.e2e_bucket,
+        }
+        queries.extend(Query(f, f"sum by (le, {by}) (rate({name}{s()}[{w}]))") for f, name in buckets.items())
+        hits, looked_up = increase(dialect.prefix_cache_hits), increase(dialect.prefix_cache_queries)
+        queries += [
+            Query(
+                "workload.running_requests", f"avg by ({by}) (avg_over_time({dialect.num_requests_running}{s()}[{w}]))"
+            ),
+            Query("workload.prefix_cache_hit_rate", f"{hits} / {looked_up}"),
+            Query("workload.kv_usage_max", f"max by ({by}) (max_over_time({dialect.kv_cache_usage}{s()}[{w}]))"),
+            Query("workload.preemptions_per_second", f"sum by ({by}) (rate({dialect.num_preemptions}{s()}[{w}]))"),
+        ]
     return tuple(queries)
 
 
@@ -169,6 +208,8 @@ class _Collected:
     values: dict[str, float | None] = field(default_factory=dict)
     tier_hits: dict[str, float] = field(default_factory=dict)
     config: dict[str, set[str]] = field(default_factory=dict)
+    buckets: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
+    """Per histogram field: (upper bound, rate) of each bucket."""
 
 
 class PrometheusProvider:
@@ -228,8 +269,10 @@ class PrometheusProvider:
             groups[(promql_duration(target.window), target.dialect, target.extra_matchers)].append(target)
         out: dict[PolicyKey, Measurements] = {}
         for (window, dialect, extra), members in groups.items():
+            # One set of workload queries per group, and only when someone in it asks.
+            workload = any(t.workload for t in members)
             try:
-                collected = self._collect(build_queries(window, dialect, extra, self.labels), at)
+                collected = self._collect(build_queries(window, dialect, extra, self.labels, workload=workload), at)
             except (
                 requests.RequestException,
                 PrometheusApiClientException,
@@ -244,9 +287,9 @@ class PrometheusProvider:
                 continue
             window_s = parse_duration(window)
             for t in members:
-                stable = _sample(collected.get((t.namespace, t.policy, self.labels.stable_value)), window_s)
+                stable = _sample(collected.get((t.namespace, t.policy, self.labels.stable_value)), window_s, t.workload)
                 canary = (
-                    _sample(collected.get((t.namespace, t.policy, self.labels.canary_value)), window_s)
+                    _sample(collected.get((t.namespace, t.policy, self.labels.canary_value)), window_s, t.workload)
                     if t.with_canary
                     else None
                 )
@@ -268,6 +311,9 @@ class PrometheusProvider:
                 elif query.field == "config":
                     for name in (LABEL_OFFLOADING_SIZE, LABEL_OFFLOADING_BACKEND):
                         entry.config.setdefault(name, set()).add(metric.get(name, "None"))
+                elif query.field in HISTOGRAM_FIELDS:
+                    rate = float(item["value"][1])
+                    entry.buckets.setdefault(query.field, []).append((float(metric["le"]), rate))
                 else:
                     entry.values[query.field] = _value(item)
         return found
@@ -288,9 +334,9 @@ class PrometheusProvider:
         return frozenset(str(n) for n in names)
 
 
-def _sample(entry: _Collected | None, window_s: float) -> VariantSample:
+def _sample(entry: _Collected | None, window_s: float, workload: bool = False) -> VariantSample:
     if entry is None:
-        return VariantSample()
+        return VariantSample(workload=WorkloadSample() if workload else None)
     v = entry.values
     requests_seen = v.get("requests")
     config = {k: ",".join(sorted(vals)) for k, vals in entry.config.items()} or None
@@ -304,6 +350,28 @@ def _sample(entry: _Collected | None, window_s: float) -> VariantSample:
         kv_usage=v.get("kv_usage"),
         load_bytes_per_second=v.get("load_bytes_per_second"),
         config=config,
+        workload=_workload(entry) if workload else None,
+    )
+
+
+def _percentiles(buckets: list[tuple[float, float]] | None) -> Percentiles:
+    if not buckets:
+        return Percentiles()
+    p50, p95, p99 = (bucket_quantile(q, buckets) for q in WORKLOAD_QUANTILES)
+    return Percentiles(p50=p50, p95=p95, p99=p99)
+
+
+def _workload(entry: _Collected) -> WorkloadSample:
+    v, b = entry.values, entry.buckets
+    return WorkloadSample(
+        prompt_tokens=_percentiles(b.get("workload.prompt_tokens")),
+        ttft=_percentiles(b.get("workload.ttft")),
+        itl=_percentiles(b.get("workload.itl")),
+        e2e=_percentiles(b.get("workload.e2e")),
+        running_requests=v.get("workload.running_requests"),
+        prefix_cache_hit_rate=v.get("workload.prefix_cache_hit_rate"),
+        kv_usage_max=v.get("workload.kv_usage_max"),
+        preemptions_per_second=v.get("workload.preemptions_per_second"),
     )
 
 

@@ -72,9 +72,21 @@ INVALID = "Invalid"
 RECONCILING = "Reconciling"
 """True while the ladder climbs (a baseline or a step runs): the policy is not done yet."""
 STALLED = "Stalled"
-"""True when the climb cannot go on by itself: rolled back, or an invalid spec."""
+"""True when the climb cannot go on by itself: rolled back, held by the preflight, or an invalid spec."""
+OFFLOAD_WILL_NOT_PAY = "OffloadWillNotPay"
+"""True when the preflight found that offload cannot pay: the policy holds on GPU-only, no canary runs."""
 
-CONDITION_TYPES = (READY, PROGRESSING, DEGRADED, PAUSED, ANALYSIS_INCONCLUSIVE, INVALID, RECONCILING, STALLED)
+CONDITION_TYPES = (
+    READY,
+    PROGRESSING,
+    DEGRADED,
+    PAUSED,
+    ANALYSIS_INCONCLUSIVE,
+    INVALID,
+    RECONCILING,
+    STALLED,
+    OFFLOAD_WILL_NOT_PAY,
+)
 
 
 class Reason(StrEnum):
@@ -120,6 +132,18 @@ class Reason(StrEnum):
     # Reconciling / Stalled
     CLIMBING = "Climbing"
     AT_REST = "AtRest"
+    # The preflight: OffloadWillNotPay (also Ready, Progressing and Stalled while it holds), its rules
+    OFFLOAD_WILL_NOT_PAY = "OffloadWillNotPay"
+    RESTORE_NOT_FASTER = "RestoreNotFaster"
+    """Restoring the typical prompt from the CPU tier is not faster than recomputing it."""
+    GPU_MEMORY_NOT_CONSTRAINED = "GPUMemoryNotConstrained"
+    """The GPU KV cache never came near full and nothing was preempted."""
+    NO_PREFIX_REUSE = "NoPrefixReuse"
+    """With no memory pressure, the prefix-cache hit rate (all the reuse there is) is below minPrefixReuse."""
+    OFFLOAD_MAY_PAY = "OffloadMayPay"
+    """False: the preflight judged, and no rule found that offload cannot pay."""
+    PREFLIGHT_NOT_JUDGED = "PreflightNotJudged"
+    """False: no preflight verdict on this ladder (none asked, the baseline still runs, or not a GPU-only baseline)."""
 
 
 class Decision(StrEnum):
@@ -139,6 +163,7 @@ class Decision(StrEnum):
     PAUSE = "Pause"
     RESUME = "Resume"
     INVALID = "Invalid"
+    OFFLOAD_WILL_NOT_PAY = "OffloadWillNotPay"
 
 
 ROLLBACK_DECISIONS = frozenset({Decision.ROLLBACK, Decision.ABORT})

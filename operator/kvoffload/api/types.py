@@ -428,6 +428,37 @@ class OffloadSpec(Model):
         return self
 
 
+class PreflightSpec(Model):
+    """Judge, at the end of the GPU-only baseline and before any canary, whether offload can pay at all.
+
+    When it cannot (restore not faster than recompute on the GPU class's profile; GPU memory
+    not the constraint; prompts that almost never share a prefix), the policy holds on GPU-only
+    with the condition OffloadWillNotPay, and no canary is spent.
+    """
+
+    prompt_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        le=10_000_000,
+        description="The typical prompt, in tokens, priced for restore against recompute; "
+        "default: the baseline's p50 prompt length, else 1480.",
+    )
+    kv_pressure: float = Field(
+        default=0.9,
+        gt=0.0,
+        le=1.0,
+        description="GPU KV cache usage that counts as near full; below it, with no preemptions, "
+        "GPU memory is not the constraint.",
+    )
+    min_prefix_reuse: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="Least prefix-cache hit rate (cached / looked-up prompt tokens) that shows prompts share "
+        "prefixes, judged when GPU memory is not the constraint.",
+    )
+
+
 class RolloutSpec(Model):
     """How each ladder level is introduced."""
 
@@ -451,6 +482,10 @@ class RolloutSpec(Model):
     )
     progress_deadline: Duration = Field(default="20m", description="A canary not Ready by then is a failure.")
     auto_promote: bool = Field(default=True, description="false: wait for `kvoffload promote` at each level.")
+    preflight: PreflightSpec | None = Field(
+        default=None,
+        description="Judge whether offload can pay before the first canary; omit to climb without it.",
+    )
 
     @field_validator("promotion_steps")
     @classmethod
@@ -525,6 +560,12 @@ class KVOffloadPolicySpec(Model):
                 "set model.architecture or model.configMap, not both",
                 ".model.configMap",
             ),
+            (
+                "!has(self.rollout.preflight) || !has(self.rollout.preflight.promptTokens)"
+                " || self.rollout.preflight.promptTokens <= self.model.maxModelLen",
+                "rollout.preflight.promptTokens must be at most model.maxModelLen",
+                ".rollout.preflight",
+            ),
         )
     )
 
@@ -549,6 +590,9 @@ class KVOffloadPolicySpec(Model):
             raise ValueError("rollout.canaryReplicas must be fewer than replicas when maxSurge is 0")
         if self.model.architecture is not None and self.model.config_map is not None:
             raise ValueError("set model.architecture or model.configMap, not both")
+        tokens = self.rollout.preflight.prompt_tokens if self.rollout.preflight is not None else None
+        if tokens is not None and tokens > self.model.max_model_len:
+            raise ValueError("rollout.preflight.promptTokens must be at most model.maxModelLen")
         return self
 
 
@@ -582,6 +626,8 @@ class Phase(StrEnum):
     STABLE = "Stable"
     PAUSED = "Paused"
     ROLLED_BACK = "RolledBack"
+    HELD = "Held"
+    """The preflight found that offload cannot pay: every replica stays on GPU-only (OffloadWillNotPay)."""
     INVALID = "Invalid"
 
 
@@ -595,6 +641,8 @@ class Mode(StrEnum):
     """At the top of the ladder, the guard watching."""
     ROLLED_BACK = "RolledBack"
     """Halted until kvoffload.io/retry or a new generation."""
+    HELD = "Held"
+    """Held on the GPU-only level by the preflight (offload cannot pay) until kvoffload.io/retry or a new generation."""
 
 
 class Verdict(StrEnum):
@@ -631,12 +679,55 @@ class VariantStatus(Status):
     ready: int = Field(default=0, description="Ready replicas.")
 
 
+class Percentiles(Status):
+    p50: float | None = Field(default=None, description="Median (histogram_quantile 0.5).")
+    p95: float | None = Field(default=None, description="95th percentile.")
+    p99: float | None = Field(default=None, description="99th percentile.")
+
+
 class BaselineStatus(Status):
     ttft_p99: float | None = Field(default=None, description="p99 TTFT, seconds.")
     itl_p99: float | None = Field(default=None, description="p99 ITL, seconds.")
     request_rate: float | None = Field(default=None, description="Requests per second.")
-    gpu_kv_usage: float | None = Field(default=None, description="GPU KV cache usage, 0 to 1.")
+    gpu_kv_usage: float | None = Field(
+        default=None, description="GPU KV cache usage, 0 to 1, averaged over the window."
+    )
     taken_at: datetime | None = Field(default=None, description="When the baseline was taken.")
+    # The workload, as a careful operator records it before offloading (issue 11, part 5).
+    prompt_tokens: Percentiles | None = Field(
+        default=None, description="Prompt length per request, tokens, at p50/p95/p99."
+    )
+    ttft: Percentiles | None = Field(default=None, description="Time to first token, seconds, at p50/p95/p99.")
+    itl: Percentiles | None = Field(default=None, description="Inter-token latency, seconds, at p50/p95/p99.")
+    e2e_latency: Percentiles | None = Field(
+        default=None, alias="e2eLatency", description="End-to-end request latency, seconds, at p50/p95/p99."
+    )
+    concurrency: float | None = Field(
+        default=None, description="Requests running per engine, averaged over the window and the engines."
+    )
+    prefix_cache_hit_rate: float | None = Field(
+        default=None, description="Prompt tokens found in the GPU prefix cache / prompt tokens looked up, 0 to 1."
+    )
+    gpu_kv_usage_max: float | None = Field(
+        default=None, description="Highest GPU KV cache usage an engine showed in the window, 0 to 1."
+    )
+    preemption_rate: float | None = Field(
+        default=None,
+        description="Requests preempted per second for lack of GPU KV blocks, whole fleet (eviction pressure).",
+    )
+
+
+class PreflightStatus(Status):
+    judged_at: datetime = Field(description="When the preflight judged, at the end of the GPU-only baseline.")
+    pays: bool = Field(description="false: offload cannot pay and the policy holds (OffloadWillNotPay).")
+    prompt_tokens: int | None = Field(default=None, description="The prompt priced, tokens.")
+    recompute_ms: float | None = Field(default=None, description="Prefill of that prompt from nothing cached, ms.")
+    restore_ms: float | None = Field(default=None, description="Loading that prompt's KV from the CPU tier, ms.")
+    ratio: float | None = Field(default=None, description="recomputeMs / restoreMs; at most 1: restore is no faster.")
+    profile: str = Field(default="", description="The cost profile priced: GPU class and measured or estimated.")
+    refused: list[str] = Field(default_factory=list, description="Reasons of the rules that found offload cannot pay.")
+    not_judged: list[str] = Field(default_factory=list, description="Rules that could not be judged, and why.")
+    message: str = Field(default="", description="The verdict with its figures.")
 
 
 class MetricResult(Status):
@@ -686,6 +777,9 @@ class KVOffloadPolicyStatus(Status):
     stable: VariantStatus | None = Field(default=None, description="The stable variant.")
     canary: VariantStatus | None = Field(default=None, description="The canary variant, while one runs.")
     baseline: BaselineStatus | None = Field(default=None, description="The GPU-only baseline.")
+    preflight: PreflightStatus | None = Field(
+        default=None, description="The preflight's verdict on this ladder, when spec.rollout.preflight judged one."
+    )
     last_analysis: AnalysisStatus | None = Field(default=None, description="The latest analysis.")
     host_memory: HostMemoryStatus | None = Field(default=None, description="Host memory per replica.")
     conditions: list[Condition] = Field(default_factory=list, description="Kubernetes-style conditions.")

@@ -28,7 +28,7 @@ VERBS: dict[str, str] = {"promote": PROMOTE, "abort": ABORT, "retry": RETRY, "pa
 WHAT_IT_DOES: dict[str, str] = {
     "promote": "end the current baseline or step now and move on, without waiting for evidence",
     "abort": "remove the canary and halt the ladder on the stable level (phase RolledBack)",
-    "retry": "start the ladder again from the stable level after a rollback or a pause",
+    "retry": "start the ladder again from the stable level after a rollback, a pause or a preflight hold",
     "pause": "stop forward motion (rollbacks still apply)",
     "resume": "go on after a pause; the step clock restarts",
 }

@@ -359,7 +359,7 @@ def abort(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
 @NAMESPACE
 @KUBECONFIG
 def retry(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
-    """Start the ladder again from the stable level, after a rollback or a pause."""
+    """Start the ladder again from the stable level, after a rollback, a pause or a preflight hold (Held)."""
     _control("retry", name, namespace, kubeconfig)
 
 

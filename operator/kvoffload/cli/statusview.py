@@ -9,7 +9,7 @@ policy whose spec is invalid.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -22,6 +22,7 @@ from kvoffload.api.types import (
     Condition,
     HistoryEntry,
     KVOffloadPolicyStatus,
+    Percentiles,
     Phase,
     VariantStatus,
 )
@@ -29,6 +30,7 @@ from kvoffload.rollout import conditions as cond
 
 DONE = "✓"
 FAILED = "✗"
+HELD = "held: offload will not pay"
 ARROW = " → "
 DEFAULT_PROMOTION_STEPS = (25, 50, 100)
 HISTORY_SHOWN = 10
@@ -93,6 +95,8 @@ def position(status: KVOffloadPolicyStatus, steps: Sequence[int] = DEFAULT_PROMO
         where = "baseline"
     elif status.phase is Phase.STABLE:
         where = DONE
+    elif status.phase is Phase.HELD:
+        where = HELD
     else:
         where = ""
     if status.phase is Phase.PAUSED:
@@ -163,6 +167,39 @@ def _baseline_line(baseline: BaselineStatus, now: datetime) -> str:
         f"p99 TTFT {_seconds(baseline.ttft_p99)}, p99 ITL {_seconds(baseline.itl_p99)}, {rate}, "
         f"GPU KV usage {usage} (taken {age(baseline.taken_at, now)} ago)"
     )
+
+
+def _latency(value: float | None) -> str:
+    """Milliseconds below a second; above, seconds to two decimals (``format_duration`` rounds to whole ones)."""
+    if value is None:
+        return "-"
+    return format_duration(value) if value < 1 else f"{value:.2f}s"
+
+
+def _workload_line(b: BaselineStatus) -> str | None:
+    """The baseline's workload figures, when it recorded them."""
+    parts: list[str] = []
+
+    def pct(p: Percentiles | None, show: Callable[[float | None], str]) -> str | None:
+        return None if p is None else f"{show(p.p50)} / {show(p.p95)} / {show(p.p99)}"
+
+    for label, p, show in (
+        ("prompt tokens", b.prompt_tokens, lambda v: "-" if v is None else f"{v:,.0f}"),
+        ("TTFT", b.ttft, _latency),
+        ("ITL", b.itl, _latency),
+        ("end-to-end", b.e2e_latency, _latency),
+    ):
+        if (text := pct(p, show)) is not None:
+            parts.append(f"{label} {text}")
+    if b.concurrency is not None:
+        parts.append(f"{b.concurrency:.1f} running per engine")
+    if b.prefix_cache_hit_rate is not None:
+        parts.append(f"prefix-cache hits {b.prefix_cache_hit_rate:.1%}")
+    if b.gpu_kv_usage_max is not None:
+        parts.append(f"max GPU KV usage {b.gpu_kv_usage_max:.0%}")
+    if b.preemption_rate is not None:
+        parts.append(f"{b.preemption_rate:.3g} preemptions/s")
+    return f"p50 / p95 / p99 {', '.join(parts)}" if parts else None
 
 
 def _analysis_lines(analysis: AnalysisStatus, now: datetime) -> list[str]:
@@ -244,6 +281,11 @@ def render(policy_obj: Mapping[str, Any], now: datetime | None = None) -> str:
     lines.append(
         f"Baseline: {_baseline_line(status.baseline, now) if status.baseline is not None else 'not taken yet'}"
     )
+    if status.baseline is not None and (workload := _workload_line(status.baseline)) is not None:
+        lines.append(f"  workload: {workload}")
+    if status.preflight is not None:
+        pf = status.preflight
+        lines.append(f"Preflight ({age(pf.judged_at, now)} ago): {pf.message}")
     lines.append("")
     lines += _analysis_lines(status.last_analysis, now) if status.last_analysis is not None else ["Last analysis: none"]
     if status.host_memory is not None:

@@ -12,6 +12,11 @@ only call it at the right times (``kvoffload.handlers``). One cycle:
 3. Measure the analysis subject through the ``MeasurementHub`` (one batched query per
    metric for all policies) and ``assess()`` it, at most about once per
    ``analysis.interval`` (a reconcile woken early by an edit does not add a verdict).
+   While the ladder is in its baseline the target asks for the workload figures too
+   (``Target.workload``), which ``status.baseline`` records; with ``rollout.preflight``
+   the cycle also prices restore against recompute for the preflight
+   (``economics.breakeven`` on the shipped profile of the GPU class, the prompt from
+   ``rollout.preflight.prompt_tokens_for``), which ``decide`` judges when the baseline ends.
 4. ``rollout.decide`` the Plan, then apply it: the Deployment that shrinks first, then
    the one that grows, so the fleet never holds more GPUs than the plan allows; the
    canary deleted when the plan has none; Service and PodMonitor; the status (only
@@ -36,6 +41,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import lru_cache
 from typing import Any
 
 from pydantic import ValidationError
@@ -47,7 +53,7 @@ from kvoffload.analysis.prometheus import Target
 from kvoffload.api.conventions import ANNOTATION_APPLIED, ANNOTATION_LEVEL_INDEX, LABEL_CONFIG_HASH, Variant
 from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.quantity import parse_duration, to_quantity
-from kvoffload.api.types import HostMemoryStatus, KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus
+from kvoffload.api.types import HostMemoryStatus, KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode
 from kvoffload.controller.gateway import (
     ApiRejectedError,
     DeploymentState,
@@ -59,6 +65,8 @@ from kvoffload.controller.gateway import (
     PolicyRef,
 )
 from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
+from kvoffload.economics.breakeven import breakeven
+from kvoffload.economics.profile import Profile, ProfileError, shipped_profile
 from kvoffload.policy.catalog import ConfigError, architecture_from_configmap_data
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.loading import parse_policy
@@ -69,7 +77,13 @@ from kvoffload.policy.render import (
     render_pod_monitor,
     render_service,
 )
-from kvoffload.policy.sizing import SizingError, host_memory, tier_capacity_tokens, with_architecture
+from kvoffload.policy.sizing import (
+    SizingError,
+    host_memory,
+    kv_bytes_per_token,
+    tier_capacity_tokens,
+    with_architecture,
+)
 from kvoffload.rollout.decide import (
     Observations,
     Plan,
@@ -81,6 +95,7 @@ from kvoffload.rollout.decide import (
     decide,
     invalid,
 )
+from kvoffload.rollout.preflight import RestorePrice, prompt_tokens_for
 
 log = logging.getLogger(__name__)
 
@@ -196,9 +211,10 @@ class Controller:
         stable_seen = _observe(owned, ctx.ref.name, "stable")
         canary_seen = _observe(owned, ctx.ref.name, "canary")
 
-        assessment = measurements = None
+        assessment = measurements = price = None
         if self._analysis_due(policy, ctx, generation):
             subject = analysis_subject(spec, ctx.status, ctx.now)
+            in_baseline = ctx.status is None or ctx.status.mode is Mode.BASELINE
             target = Target(
                 namespace=ctx.ref.namespace,
                 policy=ctx.ref.name,
@@ -206,6 +222,7 @@ class Controller:
                 dialect=dialect,
                 extra_matchers=spec.prometheus.extra_matchers,
                 with_canary=ctx.status is not None and ctx.status.canary is not None,
+                workload=in_baseline,
             )
             measurements = await self._measure(target, spec, ctx.ref, ctx.now)
             baseline = ctx.status.baseline if ctx.status is not None else None
@@ -218,6 +235,8 @@ class Controller:
                 stable_side=subject.stable_side,
             )
             self.metrics.verdicts.labels(verdict=assessment.verdict.value).inc()
+            if in_baseline and spec.rollout.preflight is not None:
+                price = restore_price(spec, prompt_tokens_for(spec.rollout.preflight, measurements.stable))
 
         observations = Observations(
             generation=generation,
@@ -227,6 +246,7 @@ class Controller:
             canary=canary_seen,
             assessment=assessment,
             measurements=measurements,
+            price=price,
         )
         decided = decide(spec, ctx.status, observations, ctx.now)
         variants = decided.variants
@@ -433,6 +453,30 @@ def _observe(owned: OwnedWorkloads, policy: str, variant: Variant) -> VariantObs
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+
+@lru_cache(maxsize=32)
+def _profile(gpu_class: str) -> Profile:
+    return shipped_profile(gpu_class)
+
+
+def restore_price(spec: KVOffloadPolicySpec, prompt_tokens: int) -> RestorePrice:
+    """The preflight's price: recompute against restore of a ``prompt_tokens`` prompt, by ``economics.breakeven``
+    on the shipped profile of the policy's GPU class and the KV bytes per token ``kvoffload plan`` prices with.
+
+    A class without a profile, or a model without a prefill curve in it, gives the reason instead: the
+    preflight then leaves that rule unjudged."""
+    try:
+        found = breakeven(_profile(spec.gpu.class_), spec.model.name, kv_bytes_per_token(spec), prompt_tokens)
+    except (ProfileError, SizingError) as exc:
+        return RestorePrice(prompt_tokens, error=str(exc))
+    return RestorePrice(
+        prompt_tokens,
+        recompute_ms=found.recompute_ms,
+        restore_ms=found.restore_ms,
+        profile=found.profile,
+        profile_kind=found.profile_kind,
+    )
 
 
 def with_digest(manifest: dict[str, Any]) -> dict[str, Any]:

@@ -171,7 +171,7 @@ def judge(expect: Expectation, status: KVOffloadPolicyStatus | None, replicas: i
 
     It ends as expected when the phase and the stable level are the expected ones with every
     replica Ready on it (and, when required, a rollback in the history). It ends unexpectedly in
-    Stable or RolledBack anywhere else (nothing moves on its own from there), or when Invalid.
+    Stable, RolledBack or Held anywhere else (nothing moves on its own from there), or when Invalid.
     """
     if status is None or status.stable is None or status.stage is None:
         return ScenarioCheck(False, False, "no status yet")
@@ -190,7 +190,7 @@ def judge(expect: Expectation, status: KVOffloadPolicyStatus | None, replicas: i
         return ScenarioCheck(True, True, outcome)
     if not problems:
         return ScenarioCheck(False, False, outcome, (f"waiting for {replicas} Ready replicas",))
-    final = status.phase in (Phase.STABLE, Phase.ROLLED_BACK, Phase.INVALID)
+    final = status.phase in (Phase.STABLE, Phase.ROLLED_BACK, Phase.HELD, Phase.INVALID)
     return ScenarioCheck(final, False, outcome, tuple(problems))
 
 

@@ -65,7 +65,8 @@ def derive_phase(conditions: Sequence[Condition], mode: Mode | None, stage: Stag
     """The phase a person reads, from the state machine's mode and the conditions that stop it.
 
     Invalid; then Paused (by a person, or by ``AnalysisInconclusive``); then the mode:
-    RolledBack, Baseline, Canary (step 0) or Promoting (step 1 and on), Stable; else Pending.
+    RolledBack, Held (the preflight found offload cannot pay), Baseline, Canary (step 0) or
+    Promoting (step 1 and on), Stable; else Pending.
     """
     if is_true(conditions, INVALID):
         return Phase.INVALID
@@ -73,6 +74,8 @@ def derive_phase(conditions: Sequence[Condition], mode: Mode | None, stage: Stag
         return Phase.PAUSED
     if mode is Mode.ROLLED_BACK:
         return Phase.ROLLED_BACK
+    if mode is Mode.HELD:
+        return Phase.HELD
     if mode is Mode.BASELINE:
         return Phase.BASELINE
     if mode is Mode.STEP:

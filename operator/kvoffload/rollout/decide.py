@@ -23,6 +23,14 @@ The rules (docs/design.md, "The ladder" and "Analysis"):
   never on Inconclusive or Fail. At 100% the level becomes stable and the next
   level's canary starts; at the top the phase is Stable. ``autoPromote:
   false`` waits at the end of each step for ``kvoffload.io/promote``.
+- **Preflight** (``spec.rollout.preflight``, off when absent): at the end of a
+  GPU-only baseline, before any canary, ``rollout.preflight.judge`` decides from
+  the baseline's figures and the restore price whether offload can pay. When it
+  cannot, the fleet holds on GPU-only (mode and phase Held, ``OffloadWillNotPay``
+  and ``Stalled`` True, a Warning Event, a history entry) and no canary is ever
+  started while it holds; promote is refused there; ``kvoffload.io/retry`` or a
+  new generation starts a new baseline and judges again. A baseline cut short by
+  ``kvoffload.io/promote`` is not judged (a person chose to go on without evidence).
 - **The CPU pilot** is canary-only: when it passes, the canary moves on to the
   full CPU level while the stable side stays where it is.
 - **Rollback.** A Fail that has held for ``sustainedFor`` (``analysis.sustained``)
@@ -61,11 +69,12 @@ The rules (docs/design.md, "The ladder" and "Analysis"):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Literal
 
+from kvoffload.analysis import assess
 from kvoffload.analysis.assess import (
     EXTERNAL_SHARE,
     ITL_P99,
@@ -81,6 +90,7 @@ from kvoffload.api.conventions import (
     DEGRADED,
     INVALID,
     MANUAL_ANNOTATIONS,
+    OFFLOAD_WILL_NOT_PAY,
     PAUSE,
     PAUSED,
     PROGRESSING,
@@ -102,6 +112,8 @@ from kvoffload.api.types import (
     KVOffloadPolicySpec,
     KVOffloadPolicyStatus,
     Mode,
+    Percentiles,
+    PreflightStatus,
     StageStatus,
     VariantStatus,
     Verdict,
@@ -109,6 +121,7 @@ from kvoffload.api.types import (
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.sizing import progress_deadline_seconds
 from kvoffload.rollout import conditions as cond
+from kvoffload.rollout.preflight import PreflightJudgment, RestorePrice, judge
 
 """The manual-control annotations, in the order they are acted on when several change at once."""
 
@@ -167,6 +180,9 @@ class Observations:
     """This cycle's verdict from ``assess()``; None when no analysis ran this cycle."""
     measurements: Measurements | None = None
     """This cycle's raw figures; the baseline is taken from ``measurements.stable``."""
+    price: RestorePrice | None = None
+    """The preflight's restore-vs-recompute price on the policy's GPU class (the adapter prices it with
+    ``economics.breakeven`` while a preflight may be due); None when not priced this cycle."""
 
 
 # --- what decide returns ---------------------------------------------------------------
@@ -357,6 +373,10 @@ class _Outcome:
     """A new baseline; None keeps the old one."""
     seen: Mapping[str, str] | None = None
     """annotationsSeen to write; None takes the context's."""
+    preflight: PreflightStatus | None = None
+    """A new preflight verdict; None keeps the old one (unless ``new_ladder``)."""
+    new_ladder: bool = False
+    """A new ladder starts: the old ladder's preflight verdict is dropped."""
 
 
 def decide(
@@ -544,9 +564,12 @@ def _start_ladder(ctx: _Ctx, level: Level, reason: Reason, why: str) -> _Outcome
             message=message,
             event=Event("Normal", reason, message),
             decision=_DECISIONS[reason],
+            new_ladder=True,
         )
     duration = ctx.spec.rollout.baseline_duration
     message = f"{why}; baseline of {level.name} on {ctx.spec.replicas} replicas for {duration}"
+    if _preflight_due(ctx, level):
+        message += "; then the preflight judges whether offload can pay"
     return _Outcome(
         mode=Mode.BASELINE,
         stage=stage,
@@ -556,6 +579,7 @@ def _start_ladder(ctx: _Ctx, level: Level, reason: Reason, why: str) -> _Outcome
         message=message,
         event=Event("Normal", reason, message),
         decision=_DECISIONS[reason],
+        new_ladder=True,
     )
 
 
@@ -581,17 +605,54 @@ def _finish_baseline(ctx: _Ctx, *, manual: bool) -> _Outcome:
     baseline = _baseline_from(ctx)
     level = ctx.level(ctx.stable.level)
     figures = _baseline_text(baseline)
+    judgment: PreflightJudgment | None = None
+    preflight = ctx.spec.rollout.preflight
     if manual:
         why, reason = f"baseline cut short by {PROMOTE} ({figures})", Reason.MANUAL_PROMOTE
+        if _preflight_due(ctx, level):
+            why += "; the preflight was not judged"
     else:
         why = f"baseline of {level.name} taken over {format_duration(ctx.elapsed)}: {figures}"
         reason = Reason.BASELINE_TAKEN
+        if preflight is not None and _preflight_due(ctx, level):
+            judgment = judge(preflight, baseline, ctx.obs.price)
+            if not judgment.pays:
+                return _hold_will_not_pay(ctx, baseline, judgment, why)
+            why += f"; preflight: {judgment.message}"
     outcome = _start_canary(ctx, _stable_plan(ctx), ctx.level(level.index + 1), reason, why)
     verdict = ctx.obs.assessment
     if verdict is not None and verdict.verdict is Verdict.FAIL and not manual:
         message = f"{outcome.message}; the {level.name} fleet is already over budget: {verdict.message}"
         outcome = replace(outcome, message=message, event=Event("Warning", reason, message))
-    return replace(outcome, baseline=baseline)
+    return replace(outcome, baseline=baseline, preflight=judgment.status(ctx.now) if judgment is not None else None)
+
+
+def _preflight_due(ctx: _Ctx, level: Level) -> bool:
+    """A preflight is asked for and this baseline runs on GPU-only: its figures are what offload would change."""
+    return ctx.spec.rollout.preflight is not None and not level.offloads
+
+
+def _hold_will_not_pay(ctx: _Ctx, baseline: BaselineStatus, judgment: PreflightJudgment, why: str) -> _Outcome:
+    """Offload cannot pay: every replica stays on GPU-only and no canary is spent, until retry or a new spec."""
+    level = ctx.level(ctx.stable.level)
+    message = (
+        f"{why}; {judgment.message}; holding on {level.name}, no canary started: set {RETRY} to take a new "
+        "baseline and judge again, or change the spec (without rollout.preflight the ladder climbs anyway)"
+    )
+    return _Outcome(
+        mode=Mode.HELD,
+        stage=_stage(level, 0, ctx.now),
+        stable=replace(_stable_plan(ctx), replicas=ctx.spec.replicas),
+        canary=None,
+        reason=Reason.OFFLOAD_WILL_NOT_PAY,
+        message=message,
+        event=Event("Warning", Reason.OFFLOAD_WILL_NOT_PAY, message),
+        decision=Decision.OFFLOAD_WILL_NOT_PAY,
+        paused=False,
+        inconclusive=False,
+        baseline=baseline,
+        preflight=judgment.status(ctx.now),
+    )
 
 
 def _start_canary(ctx: _Ctx, stable: VariantPlan, level: Level, reason: Reason, why: str) -> _Outcome:
@@ -724,14 +785,14 @@ def _manual(ctx: _Ctx, mode: Mode, key: str) -> _Outcome:
     outcome: _Outcome | None = None
     if key == ABORT and mode in (Mode.BASELINE, Mode.STEP):
         outcome = replace(_roll_back(ctx, mode, Reason.ABORTED, f"aborted by {ABORT}"), decision=Decision.ABORT)
-    elif key == PAUSE and mode is not Mode.ROLLED_BACK and not ctx.paused:
+    elif key == PAUSE and mode not in (Mode.ROLLED_BACK, Mode.HELD) and not ctx.paused:
         message = f"paused by {PAUSE}: nothing advances until {RESUME} (rollbacks still apply)"
         outcome = _hold(
             ctx, mode, message, paused=True, event=Event("Normal", Reason.PAUSED, message), decision=Decision.PAUSE
         )
     elif key == RESUME and stopped:
         outcome = _resume(ctx, mode)
-    elif key == RETRY and (mode is Mode.ROLLED_BACK or stopped):
+    elif key == RETRY and (mode in (Mode.ROLLED_BACK, Mode.HELD) or stopped):
         level = ctx.level(ctx.stable.level)
         outcome = replace(
             _start_ladder(ctx, level, Reason.RETRY, f"retry by {RETRY} from {level.name}"),
@@ -742,6 +803,12 @@ def _manual(ctx: _Ctx, mode: Mode, key: str) -> _Outcome:
         outcome = _finish_baseline(ctx, manual=True)
     elif key == PROMOTE and mode is Mode.STEP:
         outcome = _promote(ctx, manual=True)
+    elif key == PROMOTE and mode is Mode.HELD:
+        message = (
+            f"{key}={ctx.obs.annotations[key]!r} ignored: offload will not pay ({OFFLOAD_WILL_NOT_PAY}), so no "
+            f"canary starts; set {RETRY} to judge again, or remove rollout.preflight from the spec to climb anyway"
+        )
+        outcome = _hold(ctx, mode, message, event=Event("Normal", Reason.MANUAL_ACTION_IGNORED, message))
     if outcome is None:
         message = f"{key}={ctx.obs.annotations[key]!r} ignored: nothing to do in phase {ctx.status.phase.value}"
         outcome = _hold(ctx, mode, message, event=Event("Normal", Reason.MANUAL_ACTION_IGNORED, message))
@@ -845,6 +912,7 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
         stable=_variant_status(ctx.level(o.stable.level), o.stable, ctx.obs.stable),
         canary=_variant_status(ctx.level(o.canary.level), o.canary, ctx.obs.canary) if o.canary else None,
         baseline=o.baseline if o.baseline is not None else ctx.status.baseline,
+        preflight=_preflight_of(ctx, o),
         last_analysis=last_analysis,
         host_memory=ctx.status.host_memory,
         conditions=conditions,
@@ -879,6 +947,12 @@ def _display(o: _Outcome, analysis: AnalysisStatus | None) -> dict[str, str]:
     }
 
 
+def _preflight_of(ctx: _Ctx, o: _Outcome) -> PreflightStatus | None:
+    if o.preflight is not None:
+        return o.preflight
+    return None if o.new_ladder else ctx.status.preflight
+
+
 def _conditions(ctx: _Ctx, o: _Outcome, paused: bool) -> list[Condition]:
     def put(conds: list[Condition], type_: str, status: bool, reason: str, message: str = "") -> list[Condition]:
         return cond.set_condition(conds, type_, status, reason, message, ctx.now, ctx.obs.generation)
@@ -892,14 +966,20 @@ def _conditions(ctx: _Ctx, o: _Outcome, paused: bool) -> list[Condition]:
         c = put(c, READY, True, Reason.LADDER_COMPLETE, o.message)
         c = put(c, PROGRESSING, False, Reason.LADDER_COMPLETE)
         c = put(c, DEGRADED, False, Reason.AS_EXPECTED)
+    elif o.mode is Mode.HELD:  # not Degraded: the fleet runs as it did, and stays so
+        c = put(c, READY, False, Reason.OFFLOAD_WILL_NOT_PAY, o.message)
+        c = put(c, PROGRESSING, False, Reason.OFFLOAD_WILL_NOT_PAY)
+        c = put(c, DEGRADED, False, Reason.AS_EXPECTED)
     else:
         c = put(c, READY, False, o.reason)
         c = put(c, PROGRESSING, False, o.reason)
         c = put(c, DEGRADED, True, o.reason, o.message)
     climbing = o.mode in (Mode.BASELINE, Mode.STEP)
     c = put(c, RECONCILING, climbing, Reason.CLIMBING if climbing else Reason.AT_REST, o.message if climbing else "")
-    stalled = o.mode is Mode.ROLLED_BACK
+    # kstatus: Stalled tells GitOps tools the climb needs a person (rolled back, or held by the preflight).
+    stalled = o.mode in (Mode.ROLLED_BACK, Mode.HELD)
     c = put(c, STALLED, stalled, o.reason if stalled else Reason.AS_EXPECTED, o.message if stalled else "")
+    c = _offload_will_not_pay(ctx, o, c, put)
     c = put(c, PAUSED, paused, Reason.PAUSED if paused else Reason.NOT_PAUSED)
     c = put(
         c,
@@ -909,6 +989,31 @@ def _conditions(ctx: _Ctx, o: _Outcome, paused: bool) -> list[Condition]:
         o.message if o.inconclusive else "",
     )
     return put(c, INVALID, False, Reason.SPEC_VALID)
+
+
+def _offload_will_not_pay(
+    ctx: _Ctx, o: _Outcome, c: list[Condition], put: Callable[[list[Condition], str, bool, str, str], list[Condition]]
+) -> list[Condition]:
+    """OffloadWillNotPay: True while held; False once a preflight passed, or when none judged this ladder.
+
+    Written only for a policy with a preflight, or to clear one that was written before."""
+    preflight = _preflight_of(ctx, o)
+    if o.mode is Mode.HELD and preflight is not None and not preflight.pays:
+        reason = preflight.refused[0] if preflight.refused else Reason.OFFLOAD_WILL_NOT_PAY
+        return put(c, OFFLOAD_WILL_NOT_PAY, True, reason, preflight.message)
+    if preflight is not None and preflight.pays:
+        return put(c, OFFLOAD_WILL_NOT_PAY, False, Reason.OFFLOAD_MAY_PAY, preflight.message)
+    if ctx.spec.rollout.preflight is None and cond.find(c, OFFLOAD_WILL_NOT_PAY) is None:
+        return c
+    if ctx.spec.rollout.preflight is None:
+        why = "no preflight in the spec"
+    elif o.mode is Mode.BASELINE and _preflight_due(ctx, ctx.level(o.stable.level)):
+        why = "judged at the end of the GPU-only baseline"
+    elif o.mode is Mode.BASELINE:
+        why = f"the baseline runs on {ctx.level(o.stable.level).name}, not GPU-only: no preflight on this ladder"
+    else:
+        why = "no preflight verdict on this ladder"
+    return put(c, OFFLOAD_WILL_NOT_PAY, False, Reason.PREFLIGHT_NOT_JUDGED, why)
 
 
 def _requeue_after(ctx: _Ctx, o: _Outcome, seen: Mapping[str, str], paused: bool) -> float | None:
@@ -1020,6 +1125,8 @@ def _resting_reason(ctx: _Ctx, mode: Mode) -> Reason:
         return Reason.CANARY_RUNNING if ctx.stage.step == 0 else Reason.PROMOTION_RUNNING
     if mode is Mode.STABLE:
         return Reason.LADDER_COMPLETE
+    if mode is Mode.HELD:
+        return Reason.OFFLOAD_WILL_NOT_PAY
     degraded = cond.find(ctx.status.conditions, DEGRADED)
     return Reason(degraded.reason) if degraded is not None and degraded.reason in set(Reason) else Reason.ABORTED
 
@@ -1028,13 +1135,28 @@ def _baseline_from(ctx: _Ctx) -> BaselineStatus:
     sample = ctx.obs.measurements.stable if ctx.obs.measurements is not None else None
     if sample is None:
         return BaselineStatus(taken_at=ctx.now)
+    w = sample.workload or assess.WorkloadSample()
     return BaselineStatus(
         ttft_p99=sample.ttft_p99,
         itl_p99=sample.itl_p99,
         request_rate=sample.request_rate,
         gpu_kv_usage=sample.kv_usage,
         taken_at=ctx.now,
+        prompt_tokens=_percentiles(w.prompt_tokens),
+        ttft=_percentiles(w.ttft),
+        itl=_percentiles(w.itl),
+        e2e_latency=_percentiles(w.e2e),
+        concurrency=w.running_requests,
+        prefix_cache_hit_rate=w.prefix_cache_hit_rate,
+        gpu_kv_usage_max=w.kv_usage_max,
+        preemption_rate=w.preemptions_per_second,
     )
+
+
+def _percentiles(p: assess.Percentiles) -> Percentiles | None:
+    if p.p50 is None and p.p95 is None and p.p99 is None:
+        return None
+    return Percentiles(p50=p.p50, p95=p.p95, p99=p.p99)
 
 
 def _seconds(value: float | None) -> str:
@@ -1044,7 +1166,19 @@ def _seconds(value: float | None) -> str:
 def _baseline_text(b: BaselineStatus) -> str:
     rate = "n/a" if b.request_rate is None else f"{b.request_rate:.2f} req/s"
     usage = "n/a" if b.gpu_kv_usage is None else f"{b.gpu_kv_usage:.0%}"
-    return f"p99 TTFT {_seconds(b.ttft_p99)}, p99 ITL {_seconds(b.itl_p99)}, {rate}, GPU KV {usage}"
+    text = f"p99 TTFT {_seconds(b.ttft_p99)}, p99 ITL {_seconds(b.itl_p99)}, {rate}, GPU KV {usage}"
+    extra: list[str] = []
+    if b.prompt_tokens is not None and b.prompt_tokens.p50 is not None:
+        extra.append(f"p50 prompt {b.prompt_tokens.p50:,.0f} tokens")
+    if b.concurrency is not None:
+        extra.append(f"{b.concurrency:.1f} running per engine")
+    if b.prefix_cache_hit_rate is not None:
+        extra.append(f"prefix-cache hits {b.prefix_cache_hit_rate:.1%}")
+    if b.gpu_kv_usage_max is not None:
+        extra.append(f"max GPU KV {b.gpu_kv_usage_max:.0%}")
+    if b.preemption_rate is not None:
+        extra.append(f"{b.preemption_rate:.3g} preemptions/s")
+    return ", ".join([text, *extra])
 
 
 def _figures(analysis: AnalysisStatus | None) -> str:
