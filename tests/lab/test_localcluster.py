@@ -12,7 +12,8 @@ import pytest
 from kvoffload.api.conventions import LABEL_CONFIG_HASH
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.controller.gateway import parse_deployment, parse_pod
-from kvoffload.lab.cluster.localcluster import ANNOTATION_PORT, LocalCluster, rolling_limits, vllm_serve_args
+from kvoffload.lab.cluster.kubelet import ANNOTATION_PORT, rolling_limits, vllm_serve_args
+from kvoffload.lab.cluster.localcluster import LocalCluster
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
 from kvoffload.policy.render import engine_args, render_deployment
