@@ -30,15 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.api.crd import crd_manifest
+from kvoffload.lab.cluster.engines import DEFAULT_TARGET_LABELS
 from kvoffload.lab.cluster.kubeemu import KubeEmulator, Obj, serve, write_kubeconfig
-from kvoffload.lab.cluster.kubelet import (
-    CLI,
-    DEFAULT_TARGET_LABELS,
-    Kubelet,
-    LocalClusterError,
-    PodEngine,
-    set_parent_death_signal,
-)
+from kvoffload.lab.cluster.kubelet import Kubelet
+from kvoffload.lab.cluster.podengine import CLI, LocalClusterError, PodEngine, set_parent_death_signal
 from kvoffload.lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer
 
 # --- the cluster ------------------------------------------------------------------------------
@@ -178,17 +173,17 @@ class LocalCluster:
 
     def endpoints(self, policy: str, namespace: str | None = None, variant: str | None = None) -> list[str]:
         """URLs of the ready engines the policy's Service routes to (for the load generator)."""
-        return self.kubelet.endpoints(policy, namespace, variant)
+        return self.kubelet.engines.endpoints(policy, namespace, variant)
 
     def pods(self, selector: str = "", namespace: str | None = None) -> list[PodEngine]:
         """The engines of the pods matching a label selector, ready or not."""
-        return self.kubelet.matching(selector, namespace, ready_only=False)
+        return self.kubelet.engines.matching(selector, namespace, ready_only=False)
 
     async def set_faults(
         self, selector: str, faults: Mapping[str, Any], *, namespace: str | None = None, sticky: bool = False
     ) -> dict[str, Any]:
         """Faults (``/emulator/faults`` body, e.g. ``{"ttft_multiplier": 3}``) for the engines matching."""
-        return await self.kubelet.set_faults(selector, faults, namespace=namespace, sticky=sticky)
+        return await self.kubelet.engines.set_faults(selector, faults, namespace=namespace, sticky=sticky)
 
     async def oom_kill(self, pod: str, namespace: str = "default") -> None:
         """OOM-kill a pod's engine: it restarts, ``lastState.terminated.reason`` is OOMKilled."""
