@@ -19,8 +19,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvoffload.analysis import dialects
-from kvoffload.lab.engine.emulator import EngineMetrics
 from kvoffload.lab.engine.flags import parse_argv
+from kvoffload.lab.engine.metrics import EngineMetrics
 from tests.support import paths
 from tests.support.engines import EngineFactory
 

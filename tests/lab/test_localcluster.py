@@ -12,7 +12,9 @@ import pytest
 from kvoffload.api.conventions import LABEL_CONFIG_HASH
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.controller.gateway import parse_deployment, parse_pod
-from kvoffload.lab.cluster.localcluster import ANNOTATION_PORT, LocalCluster, rolling_limits, vllm_serve_args
+from kvoffload.lab.cluster.deployments import rolling_limits
+from kvoffload.lab.cluster.localcluster import LocalCluster
+from kvoffload.lab.cluster.podengine import ANNOTATION_PORT, vllm_serve_args
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
 from kvoffload.policy.render import engine_args, render_deployment

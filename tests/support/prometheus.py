@@ -25,7 +25,7 @@ import pytest
 
 from kvoffload.analysis.dialects import NEWEST, Dialect
 from kvoffload.lab import promserver
-from kvoffload.lab.engine import emulator
+from kvoffload.lab.engine import families
 from kvoffload.lab.promserver import PROMETHEUS_BIN, SCRAPE_INTERVAL_S, PrometheusError, free_port  # noqa: F401  (re-exported)
 
 T = TypeVar("T")
@@ -87,10 +87,10 @@ def prometheus(tmp_path: Path) -> Iterator[PrometheusServer]:
 # --- a synthetic fleet: many engines' vLLM series from one small exporter --------
 
 # Bucket bounds of real vLLM 0.32 (shared/fixtures/vllm-0.32.0-cpu-metrics.txt).
-TTFT_BUCKETS = emulator.TTFT_BUCKETS
-ITL_BUCKETS = emulator.TOKEN_LATENCY_BUCKETS
-E2E_BUCKETS = emulator.REQUEST_TIME_BUCKETS
-PROMPT_TOKEN_BUCKETS = emulator.build_1_2_5_buckets(32768)
+TTFT_BUCKETS = families.TTFT_BUCKETS
+ITL_BUCKETS = families.TOKEN_LATENCY_BUCKETS
+E2E_BUCKETS = families.REQUEST_TIME_BUCKETS
+PROMPT_TOKEN_BUCKETS = families.build_1_2_5_buckets(32768)
 """vLLM's 1-2-5 buckets of ``vllm:request_prompt_tokens`` for --max-model-len 32768."""
 
 

@@ -44,17 +44,19 @@ def emulate(args: tuple[str, ...], port: int, host: str, **options: Any) -> None
     import logging
     import time
 
-    from kvoffload.lab.engine import emulator, flags
+    from kvoffload.lab.engine import flags
+    from kvoffload.lab.engine.config import ConfigError
+    from kvoffload.lab.engine.server import Emulator, run
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         config, faults, ignored = flags.build({"args": args, **options}, time.monotonic())
-    except emulator.ConfigError as exc:
+    except ConfigError as exc:
         click.echo(str(exc), err=True)
         sys.exit(EXIT_BAD_INPUT)
     if ignored:
         click.echo(f"warning: ignoring arguments the emulator does not model: {' '.join(ignored)}", err=True)
-    emulator.run(emulator.Emulator(config, faults), host, port)
+    run(Emulator(config, faults), host, port)
 
 
 @click.command("demo")

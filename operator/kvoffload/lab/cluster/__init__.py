@@ -1,1 +1,6 @@
-"""The local cluster: the emulated API server and the kubelet stand-in."""
+"""The local cluster: the emulated API server and the kubelet stand-in.
+
+``kubeemu`` serves the API; the ``kubelet`` keeps each Deployment's pods (by the rules in
+``deployments``) running as ``engines``, one ``podengine`` per pod; ``localcluster`` puts
+them together with a real Prometheus.
+"""

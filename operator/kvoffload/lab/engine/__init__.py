@@ -1,1 +1,12 @@
-"""The engine emulator: vLLM's /metrics and cache behaviour, priced by a cost model."""
+"""The engine emulator behind ``kvoffload emulate``: vLLM's /metrics and cache behaviour, priced by a cost model.
+
+It keeps a block-level GPU prefix cache and the offload tiers (CPU, filesystem) the flags
+describe, prices each request's time to first token, really waits that long, then emits
+output tokens at the inter-token latency. Its ``/metrics`` carries exactly the ``vllm:``
+families of a real vLLM 0.32 capture, plus the ``vllm:kv_offload_*`` families a GPU build
+shows with offloading on, which vLLM for CPU cannot.
+
+``flags`` and ``config`` read the command line, ``faults`` the injected faults,
+``kvengine`` the caches (``blockcache``) and prices (``costmodel``), ``families`` and
+``metrics`` the /metrics registry, and ``server`` serves it all over HTTP.
+"""

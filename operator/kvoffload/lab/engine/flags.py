@@ -12,18 +12,16 @@ from typing import Any, Final, TypeVar
 
 import click
 
-from kvoffload.lab.engine.emulator import (
-    EngineConfig,
-    Faults,
-    config_from_options,
-    faults_from_options,
-)
+from kvoffload.lab.engine.config import EngineConfig, config_from_options
+from kvoffload.lab.engine.faults import Faults, faults_from_options
 
 F = TypeVar("F", bound=Callable[..., Any])
 
+ENV_PREFIX: Final = "KVOFFLOAD_EMULATE_"
+
 
 def _env(name: str) -> str:
-    return f"KVOFFLOAD_EMULATE_{name}"
+    return f"{ENV_PREFIX}{name}"
 
 
 OPTIONS: Final[tuple[Callable[[Any], Any], ...]] = (

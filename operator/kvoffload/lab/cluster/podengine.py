@@ -1,0 +1,218 @@
+"""One pod's engine: a ``kvoffload emulate`` process started from the container's command, and the status it shows."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from kvoffload.api.conventions import API_GROUP
+from kvoffload.lab.cluster.kubeemu import Obj, now_rfc3339
+
+log = logging.getLogger("kvoffload.localcluster")
+
+HOST = "127.0.0.1"
+ANNOTATION_PORT = f"localcluster.{API_GROUP}/port"
+"""Pod annotation: the loopback port its engine listens on (every pod's IP is 127.0.0.1)."""
+CLI = (sys.executable, "-c", "from kvoffload.cli.main import main; main()")
+"""``kvoffload`` run by this interpreter: the engines' command, and the operator's."""
+
+
+class LocalClusterError(RuntimeError):
+    """Something the local cluster cannot do (an unknown pod, a container it cannot run)."""
+
+
+def vllm_serve_args(container: Mapping[str, Any]) -> list[str]:
+    """The ``vllm serve`` arguments of an engine container, after any shell wrapper.
+
+    Understood forms: no ``command`` (the vLLM image's entrypoint is ``vllm serve``),
+    ``command: [vllm, serve, ...]``, and ``command: [sh, -c, '...; exec vllm serve "$@"', NAME]``
+    with the arguments in ``args`` (``$0`` is NAME, ``$@`` the rest), as kvoffload renders it.
+    """
+    command = [str(c) for c in container.get("command") or []]
+    args = [str(a) for a in container.get("args") or []]
+    if not command:
+        return args[1:] if args[:1] == ["serve"] else args
+    if Path(command[0]).name == "vllm" and command[1:2] == ["serve"]:
+        return [*command[2:], *args]
+    if Path(command[0]).name in ("sh", "bash") and command[1:2] == ["-c"] and len(command) >= 3:
+        script = command[2]
+        if 'vllm serve "$@"' in script:
+            positional = [*command[3:], *args]
+            return positional[1:]  # positional[0] is $0
+    raise LocalClusterError(f"cannot tell the vllm serve arguments of command {command!r}")
+
+
+def emulate_argv(serve_args: Sequence[str], extra_args: Sequence[str], port: int) -> list[str]:
+    """``kvoffload emulate`` with a container's ``vllm serve`` arguments and ``extra_args``, serving on ``port``."""
+    return [*CLI, "emulate", *serve_args, *extra_args, "--host", HOST, "--port", str(port)]
+
+
+def container_env(container: Mapping[str, Any], extra: Mapping[str, str]) -> dict[str, str]:
+    """The engine's environment: this process's, the container's literal ``env`` values, then ``extra``."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.update({e["name"]: str(e["value"]) for e in container.get("env") or [] if "value" in e})
+    env.update(extra)
+    return env
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    return f"{pod['metadata']['namespace']}/{pod['metadata']['name']}"
+
+
+def set_parent_death_signal() -> None:
+    """Linux: the engine gets SIGTERM when the process that started it dies, so none outlives a crash."""
+    with contextlib.suppress(Exception):
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclasses.dataclass
+class PodEngine:
+    """The engine process behind one pod, and the container state the kubelet reports for it."""
+
+    namespace: str
+    pod: str
+    deployment: str
+    labels: dict[str, str]
+    argv: list[str]
+    env: dict[str, str]
+    port: int
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    ready: bool = False
+    opened: bool = False  # the port answered once since the last (re)start
+    restart_count: int = 0
+    last_terminated: Obj | None = None
+    started_at: str = ""
+    failed_probes: int = 0
+    terminating: bool = False
+    restart_at: float | None = None  # loop time of the next start after a crash (back-off)
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.pod}"
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def start(self) -> None:
+        with self.log_path.open("ab") as out:
+            self.process = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                preexec_fn=set_parent_death_signal if sys.platform == "linux" else None,
+            )
+        self.started_at = now_rfc3339()
+        self.ready = self.opened = False
+        self.failed_probes = 0
+
+    async def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds; returns once the process is gone."""
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.terminate()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + grace
+        while process.poll() is None:
+            if loop.time() > deadline:
+                process.kill()
+                await asyncio.to_thread(process.wait)
+                break
+            await asyncio.sleep(0.05)  # poll for the exit; the loop keeps serving meanwhile
+
+    def terminated(self, *, reason: str) -> None:
+        """Record a dead container (lastState, restartCount); it is not serving until restarted."""
+        process = self.process
+        code = process.returncode if process is not None and process.returncode is not None else -9
+        self.last_terminated = {
+            "reason": reason,
+            "exitCode": 137 if reason == "OOMKilled" else (code if code >= 0 else 128 - code),
+            "startedAt": self.started_at,
+            "finishedAt": now_rfc3339(),
+            "containerID": f"emulated://{process.pid if process else 0}",
+        }
+        self.restart_count += 1
+        self.process = None
+        self.ready = self.opened = False
+        log.warning("pod %s: engine terminated (%s)", self.key, reason)
+
+    async def oom_kill(self) -> None:
+        """Kill the process as the kernel's OOM killer would; the container restarts at once."""
+        assert self.process is not None
+        self.process.kill()
+        await asyncio.to_thread(self.process.wait)
+        self.terminated(reason="OOMKilled")
+        self.start()  # the first restart is immediate
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def container_status(self, image: str) -> Obj:
+        state: Obj
+        if self.alive():
+            state = {"running": {"startedAt": self.started_at}}
+        elif self.restart_count:
+            state = {"waiting": {"reason": "CrashLoopBackOff", "message": "back-off restarting failed container"}}
+        else:
+            state = {"waiting": {"reason": "ContainerCreating"}}
+        status: Obj = {
+            "name": "vllm",
+            "image": image,
+            "imageID": image,
+            "containerID": f"emulated://{self.process.pid if self.process else 0}",
+            "ready": self.ready,
+            "started": self.opened,
+            "restartCount": self.restart_count,
+            "state": state,
+            "lastState": {"terminated": self.last_terminated} if self.last_terminated else {},
+        }
+        return status
+
+    def pod_status(self, pod: Mapping[str, Any]) -> Obj:
+        """The status of the pod this engine serves; a condition's transition time moves only when it changes."""
+        containers = ((pod.get("spec") or {}).get("containers")) or [{}]
+        image = str(containers[0].get("image", ""))
+        ready = "True" if self.ready else "False"
+        before = pod.get("status") or {}
+        previous = {c.get("type"): c for c in before.get("conditions") or []}
+
+        def condition(type_: str, status: str) -> Obj:
+            old = previous.get(type_) or {}
+            kept = old.get("status") == status and old.get("lastTransitionTime")
+            return {"type": type_, "status": status, "lastTransitionTime": kept or now_rfc3339()}
+
+        return {
+            "phase": "Running" if self.alive() or self.restart_count else "Pending",
+            "hostIP": HOST,
+            "podIP": HOST,
+            "podIPs": [{"ip": HOST}],
+            "startTime": before.get("startTime") or self.started_at,
+            "qosClass": "Guaranteed",
+            "conditions": [
+                condition("PodScheduled", "True"),
+                condition("Initialized", "True"),
+                condition("ContainersReady", ready),
+                condition("Ready", ready),
+            ],
+            "containerStatuses": [self.container_status(image)],
+        }

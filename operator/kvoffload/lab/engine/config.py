@@ -1,0 +1,221 @@
+"""One engine's configuration, from ``vllm serve``-style options and ``--kv-transfer-config``."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+from kvoffload.analysis import dialects
+from kvoffload.api.quantity import GIB
+from kvoffload.lab.engine.costmodel import CostModel
+
+log = logging.getLogger("kvoffload.emulate")
+
+DEFAULT_KV_BYTES_PER_TOKEN: Final = 114_688  # Qwen3-0.6B, bf16
+DEFAULT_VLLM_VERSION: Final = "0.32.0"
+
+
+@dataclass(frozen=True)
+class Tier:
+    """An offload tier below the GPU: ``cpu`` or a secondary (``fs``) tier."""
+
+    name: str
+    capacity_blocks: int
+    restore_bytes_per_s: float
+
+
+@dataclass
+class EngineConfig:
+    """Everything one emulated engine needs, parsed from vLLM-style flags."""
+
+    model: str = "Qwen/Qwen3-0.6B"
+    served_model_name: str | None = None
+    block_size: int = 16
+    max_model_len: int = 8192
+    gpu_kv_blocks: int = 4096
+    kv_bytes_per_token: int = DEFAULT_KV_BYTES_PER_TOKEN
+    offload_backend: str | None = None
+    """``native`` or ``lmcache`` when offloading is on, else None."""
+    offload_size_gib: float | None = None
+    """--kv-offloading-size as given (GiB), for cache_config_info."""
+    cpu_bytes: int | None = None
+    eviction_policy: str = "lru"
+    secondary_tiers: tuple[Tier, ...] = ()
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    kv_cache_dtype: str = "auto"
+    vllm_version: str = DEFAULT_VLLM_VERSION
+    startup_delay_s: float = 0.0
+    cost: CostModel = field(default_factory=CostModel)
+
+    @property
+    def name(self) -> str:
+        return self.served_model_name or self.model
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_size * self.kv_bytes_per_token
+
+    def cpu_tier(self) -> Tier | None:
+        if self.cpu_bytes is None:
+            return None
+        return Tier("cpu", self.cpu_bytes // self.block_bytes, self.cost.cpu_restore_bytes_per_s)
+
+
+class ConfigError(ValueError):
+    """Bad engine flags; the message starts with the flag."""
+
+
+def kv_bytes_per_token_for(model: str, kv_cache_dtype: str = "auto") -> int | None:
+    """KV bytes per token of a catalog model (None if the catalog does not know it)."""
+    from kvoffload.policy.catalog import find_model
+    from kvoffload.policy.sizing import bytes_per_token
+
+    entry = find_model(model)
+    if entry is None:
+        return None
+    arch = entry.architecture
+    dtype_bytes = 1 if kv_cache_dtype.startswith("fp8") else arch.dtype_bytes
+    return bytes_per_token(arch, dtype_bytes)
+
+
+def parse_transfer_config(raw: str | None, config: EngineConfig) -> None:
+    """Apply a ``--kv-transfer-config`` JSON object to ``config`` (OffloadingConnector or LMCache)."""
+    if raw is None:
+        return
+    try:
+        obj = json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"--kv-transfer-config: not JSON ({exc.msg})") from exc
+    if not isinstance(obj, dict):
+        raise ConfigError("--kv-transfer-config: must be a JSON object")
+    connector = str(obj.get("kv_connector", ""))
+    extra = obj.get("kv_connector_extra_config") or {}
+    if not isinstance(extra, dict):
+        raise ConfigError("--kv-transfer-config: kv_connector_extra_config must be an object")
+    if connector.startswith("LMCache"):
+        config.offload_backend = "lmcache"
+        size = os.environ.get("LMCACHE_MAX_LOCAL_CPU_SIZE")
+        if config.cpu_bytes is None and size:
+            config.cpu_bytes = int(float(size) * GIB)
+        return
+    if connector != "OffloadingConnector":
+        log.warning("--kv-transfer-config: connector %r is not emulated; ignored", connector)
+        return
+    config.offload_backend = "native"
+    if "cpu_bytes_to_use" in extra:
+        try:
+            config.cpu_bytes = int(extra["cpu_bytes_to_use"])
+        except (TypeError, ValueError) as exc:
+            raise ConfigError("--kv-transfer-config: cpu_bytes_to_use must be a byte count") from exc
+    policy = str(extra.get("eviction_policy", "lru")).lower()
+    if policy not in ("lru", "arc"):
+        raise ConfigError(f"--kv-transfer-config: eviction_policy must be lru or arc, got {policy!r}")
+    config.eviction_policy = policy
+    tiers = extra.get("secondary_tiers", [])
+    if not isinstance(tiers, list):
+        raise ConfigError("--kv-transfer-config: secondary_tiers must be a list")
+    parsed: list[Tier] = []
+    for i, tier in enumerate(tiers):
+        if not isinstance(tier, dict) or "type" not in tier:
+            raise ConfigError(f"--kv-transfer-config: secondary_tiers[{i}] needs a type")
+        # vLLM's fs tier has no size; the volume bounds it. Take one if given, else ~unbounded.
+        size = tier.get("size_bytes", tier.get("size"))
+        capacity = int(size) // config.block_bytes if size is not None else 10_000_000
+        parsed.append(Tier(str(tier.get("name", tier["type"])), capacity, config.cost.disk_restore_bytes_per_s))
+    config.secondary_tiers = tuple(parsed)
+
+
+def config_from_options(
+    *,
+    positional: Sequence[str] = (),
+    model: str | None = None,
+    served_model_name: str | None = None,
+    kv_offloading_size: float | None = None,
+    kv_offloading_backend: str | None = None,
+    kv_transfer_config: str | None = None,
+    max_model_len: int | None = None,
+    block_size: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    tensor_parallel_size: int | None = None,
+    kv_cache_dtype: str | None = None,
+    kv_bytes_per_token: int | None = None,
+    gpu_kv_blocks: int | None = None,
+    vllm_version: str | None = None,
+    startup_delay: float | None = None,
+    itl: float | None = None,
+) -> tuple[EngineConfig, list[str]]:
+    """An engine config from ``vllm serve``-style options; also the arguments it ignores.
+
+    ``positional`` may start with ``serve`` and the model, as a Deployment's
+    ``vllm serve MODEL --flag ...`` does. Raises ConfigError naming the flag.
+    """
+    rest = list(positional)
+    if rest[:1] == ["serve"]:
+        rest = rest[1:]
+    if rest and not rest[0].startswith("-"):
+        if model is None:
+            model = rest[0]
+        rest = rest[1:]
+    cfg = EngineConfig()
+    if model is not None:
+        cfg.model = model
+    cfg.served_model_name = served_model_name
+    if kv_cache_dtype is not None:
+        cfg.kv_cache_dtype = kv_cache_dtype
+    for flag, value in (
+        ("--max-model-len", max_model_len),
+        ("--block-size", block_size),
+        ("--tensor-parallel-size", tensor_parallel_size),
+        ("--gpu-kv-blocks", gpu_kv_blocks),
+        ("--kv-bytes-per-token", kv_bytes_per_token),
+    ):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag}: must be positive, got {value}")
+    if max_model_len is not None:
+        cfg.max_model_len = max_model_len
+    if block_size is not None:
+        cfg.block_size = block_size
+    if gpu_kv_blocks is not None:
+        cfg.gpu_kv_blocks = gpu_kv_blocks
+    if gpu_memory_utilization is not None:
+        if not 0 < gpu_memory_utilization <= 1:
+            raise ConfigError(f"--gpu-memory-utilization: must be in (0, 1], got {gpu_memory_utilization}")
+        cfg.gpu_memory_utilization = gpu_memory_utilization
+    if tensor_parallel_size is not None:
+        cfg.tensor_parallel_size = tensor_parallel_size
+    cfg.kv_bytes_per_token = (
+        kv_bytes_per_token or kv_bytes_per_token_for(cfg.model, cfg.kv_cache_dtype) or DEFAULT_KV_BYTES_PER_TOKEN
+    )
+    if vllm_version is not None:
+        try:
+            dialects.parse_version(vllm_version)
+        except ValueError as exc:
+            raise ConfigError(f"--vllm-version: {exc}") from exc
+        cfg.vllm_version = vllm_version
+    if startup_delay is not None:
+        if startup_delay < 0:
+            raise ConfigError(f"--startup-delay: must be >= 0, got {startup_delay}")
+        cfg.startup_delay_s = startup_delay
+    if itl is not None:
+        if itl < 0:
+            raise ConfigError(f"--itl: must be >= 0, got {itl}")
+        cfg.cost = CostModel(itl_s=itl)
+    if kv_offloading_size is not None:
+        if kv_offloading_size <= 0:
+            raise ConfigError(f"--kv-offloading-size: must be positive GiB, got {kv_offloading_size}")
+        cfg.offload_size_gib = kv_offloading_size
+        cfg.cpu_bytes = int(kv_offloading_size * GIB)
+        cfg.offload_backend = kv_offloading_backend or "native"  # vLLM PR 32421: native by default
+    elif kv_offloading_backend is not None:
+        log.warning("--kv-offloading-backend without --kv-offloading-size: offloading stays off (as in vLLM)")
+    parse_transfer_config(kv_transfer_config, cfg)
+    if cfg.offload_backend is not None and cfg.cpu_bytes is None:
+        raise ConfigError(
+            "--kv-transfer-config: an offloading connector needs cpu_bytes_to_use or --kv-offloading-size"
+        )
+    return cfg, rest

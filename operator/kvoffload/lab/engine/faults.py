@@ -1,0 +1,121 @@
+"""Injected faults: added latency, TTFT and ITL multipliers from a given time on, an outage (503 everywhere).
+
+Set by flags (or ``KVOFFLOAD_EMULATE_*`` variables), or at runtime with ``POST /emulator/faults``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass
+class Faults:
+    """Injected faults. Times are ``time.monotonic()`` values; None: not scheduled."""
+
+    added_latency_s: float = 0.0
+    ttft_multiplier: float = 1.0
+    ttft_multiplier_from: float | None = None
+    itl_multiplier: float = 1.0
+    itl_multiplier_from: float | None = None
+    outage_from: float | None = None
+    outage_until: float | None = None
+
+    def ttft_factor(self, now: float) -> float:
+        if self.ttft_multiplier_from is not None and now >= self.ttft_multiplier_from:
+            return self.ttft_multiplier
+        return 1.0
+
+    def itl_factor(self, now: float) -> float:
+        if self.itl_multiplier_from is not None and now >= self.itl_multiplier_from:
+            return self.itl_multiplier
+        return 1.0
+
+    def in_outage(self, now: float) -> bool:
+        if self.outage_from is None or now < self.outage_from:
+            return False
+        return self.outage_until is None or now < self.outage_until
+
+    def describe(self, now: float) -> dict[str, Any]:
+        def rel(t: float | None) -> float | None:
+            return None if t is None else round(t - now, 3)
+
+        return {
+            "added_latency": self.added_latency_s,
+            "ttft_multiplier": self.ttft_multiplier,
+            "ttft_multiplier_in": rel(self.ttft_multiplier_from),
+            "itl_multiplier": self.itl_multiplier,
+            "itl_multiplier_in": rel(self.itl_multiplier_from),
+            "outage_in": rel(self.outage_from),
+            "outage_ends_in": rel(self.outage_until),
+            "in_outage": self.in_outage(now),
+        }
+
+
+def apply_faults(faults: Faults, body: Mapping[str, Any], now: float) -> None:
+    """Update ``faults`` from a ``POST /emulator/faults`` body; ``*_after`` are seconds from ``now``."""
+
+    def num(key: str) -> float | None:
+        value = body.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"{key}: must be a number")
+        if value < 0:
+            raise ValueError(f"{key}: must be >= 0")
+        return float(value)
+
+    known = {
+        "clear",
+        "added_latency",
+        "ttft_multiplier",
+        "ttft_multiplier_after",
+        "itl_multiplier",
+        "itl_multiplier_after",
+        "outage_after",
+        "outage_for",
+    }
+    unknown = sorted(set(body) - known)
+    if unknown:
+        raise ValueError(f"{unknown[0]}: unknown fault (known: {', '.join(sorted(known))})")
+    if body.get("clear"):
+        fresh = Faults()
+        for key, value in vars(fresh).items():
+            setattr(faults, key, value)
+    if (v := num("added_latency")) is not None:
+        faults.added_latency_s = v
+    if (v := num("ttft_multiplier")) is not None:
+        faults.ttft_multiplier = v
+        faults.ttft_multiplier_from = now + (num("ttft_multiplier_after") or 0.0)
+    if (v := num("itl_multiplier")) is not None:
+        faults.itl_multiplier = v
+        faults.itl_multiplier_from = now + (num("itl_multiplier_after") or 0.0)
+    if (v := num("outage_after")) is not None or "outage_for" in body:
+        start = now + (v or 0.0)
+        duration = num("outage_for")
+        faults.outage_from = start
+        faults.outage_until = None if duration is None else start + duration
+
+
+def faults_from_options(
+    *,
+    added_latency: float = 0.0,
+    ttft_multiplier: float = 1.0,
+    ttft_multiplier_after: float | None = None,
+    itl_multiplier: float = 1.0,
+    itl_multiplier_after: float | None = None,
+    outage_after: float | None = None,
+    outage_for: float | None = None,
+    start: float,
+) -> Faults:
+    """Faults from command-line options, whose times count from engine start."""
+    f = Faults(added_latency_s=added_latency, ttft_multiplier=ttft_multiplier, itl_multiplier=itl_multiplier)
+    if ttft_multiplier != 1.0:
+        f.ttft_multiplier_from = start + (ttft_multiplier_after or 0.0)
+    if itl_multiplier != 1.0:
+        f.itl_multiplier_from = start + (itl_multiplier_after or 0.0)
+    if outage_after is not None:
+        f.outage_from = start + outage_after
+        f.outage_until = None if outage_for is None else f.outage_from + outage_for
+    return f

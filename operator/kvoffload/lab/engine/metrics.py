@@ -1,0 +1,280 @@
+"""The engine's Prometheus registry: vLLM's families in the configured dialect, filled from each request."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
+
+from kvoffload.analysis import dialects
+from kvoffload.lab.engine.config import EngineConfig
+from kvoffload.lab.engine.families import (
+    CACHE_CONFIG_DEFAULTS,
+    TRANSFER_SIZE_BUCKETS,
+    VLLM_FAMILIES,
+    Family,
+    build_1_2_5_buckets,
+)
+from kvoffload.lab.engine.kvengine import Admission
+
+
+class EngineMetrics:
+    """The engine's Prometheus registry: vLLM's families, filled where the emulator models them."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self.dialect = dialects.dialect_for(config.vllm_version)
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
+        self.model = config.name
+        self.engine = "0"
+        self.metrics: dict[str, Any] = {}
+        for fam in VLLM_FAMILIES:
+            self._register(self._for_dialect(fam))
+        self._register_cache_config()
+        if config.offload_backend == "native":
+            self._register_offload()
+
+    # Older dialects rename or lack some families; everything else stays as in 0.32.
+    def _for_dialect(self, fam: Family) -> Family | None:
+        d = self.dialect
+        if fam.name == "vllm:inter_token_latency_seconds":
+            return Family(d.itl, fam.type, fam.doc, buckets=fam.buckets)
+        if fam.name == "vllm:kv_cache_usage_perc":
+            return Family(d.kv_cache_usage, fam.type, fam.doc)
+        if fam.name == "vllm:prompt_tokens_by_source" and d.prompt_tokens_by_source is None:
+            return None
+        if fam.name == "vllm:prompt_tokens_cached_by_source" and d.prompt_tokens_cached_by_source is None:
+            return None
+        return fam
+
+    def _labelnames(self, fam: Family) -> list[str]:
+        base = ["engine", "model_name"] if fam.per_engine else ["model_name"]
+        return sorted([*base, *fam.labels])
+
+    def _register(self, fam: Family | None) -> None:
+        if fam is None:
+            return
+        labelnames = self._labelnames(fam)
+        metric: Any
+        if fam.type == "counter":
+            metric = Counter(fam.name, fam.doc, labelnames, registry=self.registry)
+        elif fam.type == "gauge":
+            metric = Gauge(fam.name, fam.doc, labelnames, registry=self.registry)
+        elif fam.type == "histogram":
+            buckets = build_1_2_5_buckets(self.config.max_model_len) if fam.request_tokens else fam.buckets
+            metric = Histogram(fam.name, fam.doc, labelnames, buckets=buckets or (), registry=self.registry)
+        else:  # pragma: no cover - the table holds only these types
+            raise ValueError(fam.type)
+        self.metrics[fam.name] = metric
+        # Pre-create the children vLLM creates, so zero series exist from the start.
+        combos: list[dict[str, str]] = [{}]
+        for label, values in zip(fam.labels, fam.values, strict=True):
+            combos = [{**c, label: v} for c in combos for v in values]
+        for combo in combos:
+            metric.labels(**self._base(fam), **combo)
+
+    def _base(self, fam: Family) -> dict[str, str]:
+        return {"engine": self.engine, "model_name": self.model} if fam.per_engine else {"model_name": self.model}
+
+    def _register_cache_config(self) -> None:
+        cfg = self.config
+        labels = dict(CACHE_CONFIG_DEFAULTS)
+        labels.update(
+            block_size=str(cfg.block_size),
+            effective_attention_block_size=str(cfg.block_size),
+            user_specified_block_size="True",
+            cache_dtype=cfg.kv_cache_dtype,
+            gpu_memory_utilization=str(cfg.gpu_memory_utilization),
+            num_gpu_blocks=str(cfg.gpu_kv_blocks),
+            kv_cache_size_tokens=str(cfg.gpu_kv_blocks * cfg.block_size),
+            kv_cache_memory_bytes=str(cfg.gpu_kv_blocks * cfg.block_bytes),
+            kv_offloading_size="None" if cfg.offload_size_gib is None else str(float(cfg.offload_size_gib)),
+            kv_offloading_backend=cfg.offload_backend or "native",
+        )
+        if not self.dialect.config_offload_labels:
+            labels.pop(dialects.LABEL_OFFLOADING_SIZE)
+            labels.pop(dialects.LABEL_OFFLOADING_BACKEND)
+        labels["engine"] = self.engine
+        info = Gauge(
+            self.dialect.cache_config_info,
+            "Information of the LLMEngine CacheConfig",
+            sorted(labels),
+            registry=self.registry,
+        )
+        info.labels(**labels).set(1)
+        self.metrics["cache_config_info"] = info
+
+    def _register_offload(self) -> None:
+        base = ["engine", "model_name"]
+        legacy = ["engine", "model_name", "transfer_type"]
+        reg = self.registry
+        offload = self.dialect.offload
+        self.flat = offload is not None and not offload.legacy
+        self.legacy = offload is not None  # 0.32 still emits the labelled counters for the CPU spec
+        if self.flat:
+            self.metrics["load_bytes"] = Counter(
+                "vllm:kv_offload_load_bytes", "Total bytes loaded from offload storage to GPU.", base, registry=reg
+            )
+            self.metrics["load_time"] = Counter(
+                "vllm:kv_offload_load_time",
+                "Total load time from offload storage to GPU, in seconds.",
+                base,
+                registry=reg,
+            )
+            self.metrics["store_bytes"] = Counter(
+                "vllm:kv_offload_store_bytes", "Total bytes stored from GPU to offload storage.", base, registry=reg
+            )
+            self.metrics["store_time"] = Counter(
+                "vllm:kv_offload_store_time",
+                "Total store time from GPU to offload storage, in seconds.",
+                base,
+                registry=reg,
+            )
+            self.metrics["load_size"] = Histogram(
+                "vllm:kv_offload_load_size",
+                "Histogram of KV offload load operation size, in bytes.",
+                base,
+                buckets=TRANSFER_SIZE_BUCKETS,
+                registry=reg,
+            )
+            self.metrics["store_size"] = Histogram(
+                "vllm:kv_offload_store_size",
+                "Histogram of KV offload store operation size, in bytes.",
+                base,
+                buckets=TRANSFER_SIZE_BUCKETS,
+                registry=reg,
+            )
+            for key in ("load_bytes", "load_time", "store_bytes", "store_time", "load_size", "store_size"):
+                self.metrics[key].labels(self.engine, self.model)
+        if self.legacy:
+            self.metrics["total_bytes"] = Counter(
+                "vllm:kv_offload_total_bytes", "Number of bytes offloaded by KV connector", legacy, registry=reg
+            )
+            self.metrics["total_time"] = Counter(
+                "vllm:kv_offload_total_time",
+                "Total time measured by all KV offloading operations",
+                legacy,
+                registry=reg,
+            )
+            self.metrics["size"] = Histogram(
+                "vllm:kv_offload_size",
+                "Histogram of KV offload transfer size, in bytes.",
+                legacy,
+                buckets=TRANSFER_SIZE_BUCKETS,
+                registry=reg,
+            )
+            for key in ("total_bytes", "total_time", "size"):
+                for tt in (dialects.TRANSFER_LOAD, dialects.TRANSFER_STORE):
+                    self.metrics[key].labels(self.engine, self.model, tt)
+        if self.dialect.offload_cpu_usage is not None:
+            self.metrics["cpu_usage"] = Gauge(
+                self.dialect.offload_cpu_usage,
+                "Fraction of CPU KV-cache space currently pinned by active transfers (0.0 = idle, 1.0 = saturated).",
+                base,
+                registry=reg,
+            )
+            self.metrics["cpu_usage"].labels(self.engine, self.model).set(0)
+
+    def _m(self, name: str, **labels: str) -> Any:
+        fam = self.metrics[name]
+        return fam.labels(engine=self.engine, model_name=self.model, **labels)
+
+    def record_admission(self, adm: Admission, max_tokens: int) -> None:
+        d = self.dialect
+        self._m("vllm:prompt_tokens").inc(adm.prompt_tokens)
+        self._m("vllm:prefix_cache_queries").inc(adm.prompt_tokens)
+        self._m("vllm:prefix_cache_hits").inc(adm.local_hit_tokens)
+        if self.config.offload_backend is not None:
+            # Only tokens past the local hit are asked of the connector (vLLM PR 30522).
+            self._m("vllm:external_prefix_cache_queries").inc(adm.prompt_tokens - adm.local_hit_tokens)
+            self._m("vllm:external_prefix_cache_hits").inc(adm.external_tokens)
+        self._m("vllm:prompt_tokens_cached").inc(adm.cached_tokens)
+        if d.prompt_tokens_by_source is not None:
+            fam = "vllm:prompt_tokens_by_source"
+            self._m(fam, source=dialects.SOURCE_LOCAL_COMPUTE).inc(adm.computed_tokens)
+            self._m(fam, source=dialects.SOURCE_LOCAL_CACHE_HIT).inc(adm.local_hit_tokens)
+            self._m(fam, source=dialects.SOURCE_EXTERNAL_KV_TRANSFER).inc(adm.external_tokens)
+        if d.prompt_tokens_cached_by_source is not None:
+            fam = "vllm:prompt_tokens_cached_by_source"
+            host = adm.cpu_hit_tokens if self.config.offload_backend == "native" else 0
+            unspecified = adm.external_tokens - host - adm.disk_hit_tokens
+            self._m(fam, source=dialects.CACHED_SOURCE_DEVICE).inc(adm.local_hit_tokens)
+            self._m(fam, source=dialects.CACHED_SOURCE_HOST).inc(host)
+            self._m(fam, source=dialects.CACHED_SOURCE_DISK).inc(adm.disk_hit_tokens)
+            self._m(fam, source=dialects.CACHED_SOURCE_EXTERNAL_UNSPECIFIED).inc(unspecified)
+        self._m("vllm:request_prompt_tokens").observe(adm.prompt_tokens)
+        self._m("vllm:request_prefill_kv_computed_tokens").observe(adm.computed_tokens)
+        self._m("vllm:request_params_max_tokens").observe(max_tokens)
+        self._m("vllm:request_max_num_generation_tokens").observe(
+            min(max_tokens, self.config.max_model_len - adm.prompt_tokens)
+        )
+        self._m("vllm:request_params_n").observe(1)
+        self._m("vllm:iteration_tokens_total").observe(adm.computed_tokens + 1)
+        if self.config.offload_backend == "native":
+            self._record_transfers(adm)
+
+    def _record_transfers(self, adm: Admission) -> None:
+        p = adm.price
+        load_bytes = p.cpu_restored_bytes + p.disk_restored_bytes
+        load_time = p.cpu_restore_s + p.disk_restore_s
+        store_bytes = adm.stored_blocks * self.config.block_bytes
+        store_time = store_bytes / self.config.cost.store_bytes_per_s
+        if self.flat:
+            if load_bytes:
+                self._m("load_bytes").inc(load_bytes)
+                self._m("load_time").inc(load_time)
+                self._m("load_size").observe(load_bytes)
+            if store_bytes:
+                self._m("store_bytes").inc(store_bytes)
+                self._m("store_time").inc(store_time)
+                self._m("store_size").observe(store_bytes)
+        if self.legacy:
+            for tt, nbytes, secs in (
+                (dialects.TRANSFER_LOAD, load_bytes, load_time),
+                (dialects.TRANSFER_STORE, store_bytes, store_time),
+            ):
+                if nbytes:
+                    self._m("total_bytes", transfer_type=tt).inc(nbytes)
+                    self._m("total_time", transfer_type=tt).inc(secs)
+                    self._m("size", transfer_type=tt).observe(nbytes)
+
+    def record_finish(
+        self, *, ttft: float, itls: Sequence[float], e2e: float, generated: int, finished_reason: str
+    ) -> None:
+        d = self.dialect
+        self._m("vllm:time_to_first_token_seconds").observe(ttft)
+        itl = self._m(d.itl)
+        for v in itls:
+            itl.observe(v)
+        decode = sum(itls)
+        if itls:
+            self._m("vllm:request_time_per_output_token_seconds").observe(decode / len(itls))
+        self._m("vllm:e2e_request_latency_seconds").observe(e2e)
+        self._m("vllm:request_queue_time_seconds").observe(0.0)
+        self._m("vllm:request_inference_time_seconds").observe(e2e)
+        self._m("vllm:request_prefill_time_seconds").observe(ttft)
+        self._m("vllm:request_decode_time_seconds").observe(decode)
+        self._m("vllm:request_num_preemptions").observe(0)
+        self._m("vllm:request_generation_tokens").observe(generated)
+        self._m("vllm:generation_tokens").inc(generated)
+        self._m("vllm:request_success", finished_reason=finished_reason).inc()
+
+    def set_load(self, running: int, used_blocks: int) -> None:
+        self._m("vllm:num_requests_running").set(running)
+        self._m(self.dialect.kv_cache_usage).set(min(1.0, used_blocks / max(1, self.config.gpu_kv_blocks)))
+
+    def exposition(self) -> bytes:
+        return generate_latest(self.registry)
