@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import kubernetes.client
 import kubernetes.watch
 import pytest
@@ -523,6 +524,19 @@ async def test_posting_a_crd_serves_its_resource(
 
     assert widget["kind"] == "Widget"
     assert {r.name for r in resources.resources} == {"widgets", "widgets/status"}
+
+
+async def test_core_discovery_names_its_group_version_v1_as_go_clients_key_it(kube: EmulatedCluster) -> None:
+    # client-go's REST mapper files each APIResourceList under its groupVersion; "/v1" maps no ConfigMap.
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{kube.url}/api/v1") as response:
+            core_list = await response.json()
+        async with session.get(f"{kube.url}/apis/apps/v1") as response:
+            apps_list = await response.json()
+
+    assert core_list["groupVersion"] == "v1"
+    assert "configmaps" in {r["name"] for r in core_list["resources"]}
+    assert apps_list["groupVersion"] == "apps/v1"
 
 
 async def test_both_event_apis_are_served(kube: EmulatedCluster, core: kubernetes.client.CoreV1Api) -> None:

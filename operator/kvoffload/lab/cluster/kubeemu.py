@@ -15,7 +15,9 @@ operator rely on and that kmock 0.8 lacks:
 - the status subresource changes only ``.status``, the main resource never does;
 - finalizers (deletionTimestamp while any remain), and the garbage collector:
   deleting an object deletes the dependents whose ownerReferences name its uid;
-- posting a CRD registers its resource.
+- posting a CRD registers its resource;
+- the core group's discovery names its version ``v1`` (kmock says ``/v1``, which client-go,
+  hence Helm, cannot map).
 
 A request that a user-defined kmock reaction answers does not change the state,
 unlike in kmock itself: the emulator's own handling lives in its fallback reactions.
@@ -481,6 +483,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
         # kmock's emulator writes before dispatching, with plain dict merging; here the
         # writes happen in the fallback reactions below, so skip to the plain dispatcher.
         return await kmock.RawHandler._handle(self, request)
+
+    async def _serve_version(self, request: kmock.Request) -> Any:
+        # kmock names the core group's version "/v1"; client-go's REST mapper keys resources by
+        # that string and then finds no ConfigMap in "v1" (Helm: "no matches for kind").
+        body = await super()._serve_version(request)
+        if request.resource is not None and request.resource.group == "" and isinstance(body, dict):
+            body["groupVersion"] = request.resource.version
+        return body
 
     def _info(self, request: kmock.Request) -> kmock.ResourceInfo:
         res = request.resource
