@@ -15,7 +15,8 @@ operator rely on and that kmock 0.8 lacks:
 - the status subresource changes only ``.status``, the main resource never does;
 - finalizers (deletionTimestamp while any remain), and the garbage collector:
   deleting an object deletes the dependents whose ownerReferences name its uid;
-- posting a CRD registers its resource;
+- posting a CRD registers its resource, and a default its schema gives ``status`` is what an
+  object without a status reads as (the API server defaults it on every read);
 - the core group's discovery names its version ``v1`` (kmock says ``/v1``, which client-go,
   hence Helm, cannot map).
 
@@ -349,6 +350,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _cond: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
     _faults: list[_Fault] = attrs.field(factory=list, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _status_defaults: dict[kmock.resource, Obj] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -387,16 +389,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
         registered = []
         for version in spec.get("versions", []):
             if version.get("served", True):
-                registered.append(
-                    self.register(
-                        f"{spec['group']}/{version['name']}/{names['plural']}",
-                        kind=names["kind"],
-                        namespaced=spec.get("scope", "Namespaced") == "Namespaced",
-                        subresources=set(version.get("subresources", {})),
-                        singular=names.get("singular"),
-                        shortnames=set(names.get("shortNames", [])),
-                    )
+                res = self.register(
+                    f"{spec['group']}/{version['name']}/{names['plural']}",
+                    kind=names["kind"],
+                    namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                    subresources=set(version.get("subresources", {})),
+                    singular=names.get("singular"),
+                    shortnames=set(names.get("shortNames", [])),
                 )
+                schema = (version.get("schema") or {}).get("openAPIV3Schema") or {}
+                status_default = ((schema.get("properties") or {}).get("status") or {}).get("default")
+                if isinstance(status_default, Mapping):
+                    self._status_defaults[res] = dict(status_default)
+                registered.append(res)
         return registered
 
     def fail_next(
@@ -683,6 +688,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         obj = {**body, "apiVersion": api_version_of(res), "kind": info.kind, "metadata": meta}
         if "status" in info.subresources:
             obj.pop("status", None)  # set through the status subresource only
+        if "status" not in obj and res in self._status_defaults:
+            obj["status"] = copy.deepcopy(self._status_defaults[res])  # what every read would show
         created = self._commit("ADDED", key, obj, None)
         if res == CRDS:
             self.register_crd(created)
@@ -713,6 +720,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             new = {k: v for k, v in old.items() if k != "status"}
             if proposed.get("status") is not None:
                 new["status"] = proposed["status"]
+            elif key[0] in self._status_defaults:
+                new["status"] = copy.deepcopy(self._status_defaults[key[0]])
         else:
             new = {k: v for k, v in proposed.items() if k != "status" or "status" not in info.subresources}
             if "status" in info.subresources and "status" in old:
