@@ -539,6 +539,17 @@ async def test_core_discovery_names_its_group_version_v1_as_go_clients_key_it(ku
     assert apps_list["groupVersion"] == "apps/v1"
 
 
+async def test_a_watch_is_served_as_json_as_client_go_requires(kube: EmulatedCluster) -> None:
+    # client-go picks the watch decoder by Content-Type; application/octet-stream fails every watch.
+    params = {"watch": "true", "timeoutSeconds": "1"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{kube.url}/api/v1/namespaces/{NS}/configmaps", params=params) as response,
+    ):
+        assert response.status == 200
+        assert response.content_type == "application/json"
+
+
 def example_crd(plural: str, kind: str, status_schema: dict[str, Any]) -> dict[str, Any]:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",

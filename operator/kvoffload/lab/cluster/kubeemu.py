@@ -8,7 +8,8 @@ operator rely on and that kmock 0.8 lacks:
   status changes), apiVersion/kind defaulting, generateName;
 - list with a real resourceVersion, label and field selectors; watch from a
   resourceVersion with no lost events (a change log, replayed then followed live),
-  selectors, ``timeoutSeconds``, ``sendInitialEvents``, 410 Gone for a pruned version;
+  selectors, ``timeoutSeconds``, ``sendInitialEvents``, 410 Gone for a pruned version,
+  served as ``application/json`` (client-go refuses a watch of another type);
 - PUT; merge, JSON and (approximate) strategic-merge patches; 422 when a JSON-patch
   ``test`` fails; 409 on a stale ``metadata.resourceVersion``; 415 for server-side
   apply, which is not emulated;
@@ -575,8 +576,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         async with self._cond:
             return copy.deepcopy(self._delete((request.resource, request.namespace, request.name), options))
 
-    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+    async def _serve_watch(self, request: kmock.Request) -> Response:  # type: ignore[override]  # kmock renders both
+        # A stream that says it is JSON: client-go (so Helm's status watcher) picks its decoder by
+        # the Content-Type and refuses aiohttp's default application/octet-stream.
         self._info(request)
+        return Response(headers={"Content-Type": "application/json"}, payload=self._watch_events(request))
+
+    async def _watch_events(self, request: kmock.Request) -> AsyncIterator[Any]:
         assert request.resource is not None
         selection = _Filter.of(request)
         params = request.params
