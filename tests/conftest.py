@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.support.kube",
     "tests.support.engines",
     "tests.support.cluster",
+    "tests.support.traces",
 ]

@@ -1,4 +1,4 @@
-"""assess(), record_verdict() and sustained(): one named scenario per rule of DESIGN.md "Analysis"."""
+"""assess(), record_verdict() and sustained(): one named scenario per rule of docs/design.md, "Analysis"."""
 
 from __future__ import annotations
 

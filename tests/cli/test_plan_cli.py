@@ -131,3 +131,57 @@ def test_bad_input_exits_2_naming_the_field_without_a_traceback(
     assert f"{path}:" in result.stderr
     assert result.stdout == ""
     assert "Traceback" not in result.output
+
+
+# --- economics: does a CPU-tier hit beat recompute on this GPU class? -------------------------
+
+
+def economics_of(tmp_path: Path, model: str, gpu_class: str, *args: str) -> dict[str, object]:
+    text = POLICY.replace("Qwen/Qwen3-0.6B", model).replace("nvidia-h100-80gb", gpu_class)
+    result = plan(tmp_path, text, "-o", "json", *args)
+    assert result.exit_code == 0, result.output
+    levels = json.loads(result.stdout)["levels"]
+    assert "economics" not in levels[0]  # gpu-only: no CPU tier, nothing to price
+    with_cpu = [level["economics"] for level in levels if level["cpuBytes"] is not None]
+    assert with_cpu
+    assert all(e == with_cpu[0] for e in with_cpu)
+    economics: dict[str, object] = with_cpu[0]
+    return economics
+
+
+def test_plan_prices_restore_against_recompute_with_the_measured_h200_profile(tmp_path: Path) -> None:
+    economics = economics_of(tmp_path, "Qwen/Qwen3-8B", "nvidia-h200-141gb")
+    assert economics["profile"] == {"name": "nvidia-h200-141gb", "kind": "measured"}
+    assert economics["promptTokens"] == 1480
+    recompute, restore = economics["recomputeMs"], economics["restoreMs"]
+    assert isinstance(recompute, float)
+    assert isinstance(restore, float)
+    assert economics["ratio"] == pytest.approx(recompute / restore, rel=0.01)
+
+
+def test_offload_pays_more_as_the_model_grows_on_the_h200(tmp_path: Path) -> None:
+    ratios = [
+        economics_of(tmp_path, model, "nvidia-h200-141gb")["ratio"]
+        for model in ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B", "Qwen/Qwen3-32B")
+    ]
+    assert ratios == sorted(ratios)
+    assert ratios[0] > 1  # even the smallest model restores faster than it recomputes
+
+
+def test_other_gpu_classes_are_priced_with_an_estimated_profile(tmp_path: Path) -> None:
+    economics = economics_of(tmp_path, "Qwen/Qwen3-8B", "nvidia-l4")
+    assert economics["profile"] == {"name": "nvidia-l4", "kind": "estimated"}
+
+
+def test_a_longer_prompt_is_priced_when_asked(tmp_path: Path) -> None:
+    short = economics_of(tmp_path, "Qwen/Qwen3-8B", "nvidia-h200-141gb")
+    long = economics_of(tmp_path, "Qwen/Qwen3-8B", "nvidia-h200-141gb", "--prompt-tokens", "8192")
+    assert long["promptTokens"] == 8192
+    assert long["restoreMs"] > short["restoreMs"]  # type: ignore[operator]
+
+
+def test_a_model_the_profile_has_not_measured_is_not_priced_and_says_why(tmp_path: Path) -> None:
+    text = POLICY.replace("Qwen/Qwen3-0.6B", "meta-llama/Llama-3.1-8B-Instruct")
+    result = plan(tmp_path, text)
+    assert result.exit_code == 0, result.output
+    assert "break-even: not priced: profile nvidia-h100-80gb has no eager prefill curve" in result.stdout

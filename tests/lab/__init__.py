@@ -1,0 +1,1 @@
+"""Tests of kvoffload.lab: the local lab."""

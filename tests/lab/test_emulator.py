@@ -1,4 +1,4 @@
-"""The emulated engine: DESIGN.md's A, A, B, C, A restore pattern, fault knobs, vLLM-style flags."""
+"""The emulated engine: the A, A, B, C, A restore pattern (docs/design.md, "Seed figures"), faults, vLLM's flags."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from kvoffload.lab.engine.flags import parse_argv
 from tests.support import paths
 from tests.support.engines import Engine, EngineFactory
 
-# DESIGN.md: Qwen3-0.6B (114,688 KV bytes/token), a 1,480-token prefix, vLLM 0.31 on a laptop GPU.
+# docs/design.md, "Seed figures": Qwen3-0.6B (114,688 KV bytes/token), a 1,480-token prefix, vLLM 0.31 on a laptop GPU.
 COLD_S = 0.0773
 GPU_HIT_S = 0.014
 CPU_RESTORE_S = 0.0351

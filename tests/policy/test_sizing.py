@@ -67,7 +67,7 @@ def codes(spec: KVOffloadPolicySpec) -> list[WarningCode]:
     return [w.code for w in plan_spec(spec).warnings]
 
 
-# --- the seed figures (DESIGN.md) -----------------------------------------------------
+# --- the seed figures (docs/design.md, "Seed figures") -----------------------------------------------------
 
 
 def test_qwen3_0_6b_bf16_takes_114688_bytes_per_token() -> None:

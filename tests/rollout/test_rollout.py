@@ -1,4 +1,4 @@
-"""The ladder state machine, one scenario per rule (DESIGN.md "The ladder" and "Analysis").
+"""The ladder state machine, one scenario per rule (docs/design.md, "The ladder" and "Analysis").
 
 ``World`` plays the cluster and Prometheus: it feeds ``decide`` its own last plan
 back as observations (the Deployments run what was planned, every pod Ready

@@ -159,7 +159,8 @@ def openapi_schema() -> dict[str, Any]:
                 "description": "APIVersion defines the versioned schema of this representation of an object.",
             },
             "kind": {"type": "string", "description": "Kind is a string value representing the REST resource."},
-            "metadata": {"type": "object", "description": "Standard object metadata."},
+            # The API server refuses anything but a bare type here ("metadata is implicitly specified").
+            "metadata": {"type": "object"},
             "spec": spec,
             "status": status,
         },

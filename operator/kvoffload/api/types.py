@@ -119,10 +119,10 @@ _QUANTITY_SCHEMA: JsonDict = {
     "x-kubernetes-int-or-string": True,
 }
 _POSITIVE_QUANTITY_SCHEMA: JsonDict = _QUANTITY_SCHEMA | cel_rules(
-    ("quantity(string(self)).sign() == 1", "must be greater than zero")
+    ("sign(quantity(string(self))) == 1", "must be greater than zero")
 )
 _NON_NEGATIVE_QUANTITY_SCHEMA: JsonDict = _QUANTITY_SCHEMA | cel_rules(
-    ("quantity(string(self)).sign() >= 0", "must not be negative")
+    ("sign(quantity(string(self))) >= 0", "must not be negative")
 )
 _DURATION_SCHEMA: JsonDict = {
     "type": "string",

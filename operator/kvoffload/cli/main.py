@@ -18,6 +18,7 @@ from kvoffload.cli.common import (
     POLICY_FILE,
     reports_bad_input,
 )
+from kvoffload.cli.simulate import simulate
 
 LAB_COMMANDS = ("demo", "emulate")
 """Commands that live in the lab (``kvoffload.lab.commands``), loaded only when asked for."""
@@ -74,24 +75,65 @@ def main() -> None:
 
 @main.command()
 @POLICY_FILE
+@click.option(
+    "--prompt-tokens",
+    type=click.IntRange(min=1),
+    default=1480,
+    show_default=True,
+    help="The model's typical prompt, for the break-even of restore against recompute.",
+)
 @OUTPUT
 @reports_bad_input
-def plan(file: Path, output: str) -> None:
-    """Size a policy: KV bytes per token, tokens per tier, pinned pool, /dev/shm, host memory, warnings.
+def plan(file: Path, prompt_tokens: int, output: str) -> None:
+    """Size a policy: KV bytes per token, tokens per tier, pinned pool, /dev/shm, host memory, warnings,
+    and whether restoring a prompt from the CPU tier beats recomputing it on this GPU class.
 
     A policy with spec.model.configMap is sized from a ConfigMap of that name in the same file.
     """
     import json
 
+    from kvoffload.economics.breakeven import plan_economics
     from kvoffload.policy.loading import iter_documents, load_policy
     from kvoffload.policy.sizing import format_plan, plan_policy, resolve_config_map
 
     policy = resolve_config_map(load_policy(file), iter_documents(file), str(file))
     result = plan_policy(policy)
+    economics = plan_economics(result, prompt_tokens)
     if output == "json":
-        click.echo(json.dumps(result.model_dump(mode="json", by_alias=True), indent=2))
+        document = result.model_dump(mode="json", by_alias=True)
+        for level in document["levels"]:
+            if level["cpuBytes"] is not None:
+                level["economics"] = economics
+        click.echo(json.dumps(document, indent=2))
     else:
         click.echo(format_plan(result))
+        click.echo(_economics_line(economics))
+
+
+def _economics_line(economics: dict[str, Any]) -> str:
+    if "error" in economics:
+        return f"break-even: not priced: {economics['error']}"
+    profile = economics["profile"]
+    return (
+        f"break-even ({economics['promptTokens']:,}-token prompt, {profile['kind']} profile {profile['name']}): "
+        f"recompute {economics['recomputeMs']:.1f} ms, restore from the CPU tier {economics['restoreMs']:.1f} ms: "
+        f"{economics['ratio']:.1f}x" + ("" if economics["ratio"] > 1 else ", offload cannot pay")
+    )
+
+
+@main.command(
+    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
+    short_help="Measure a GPU's offload costs into a profile (needs a GPU and PyTorch).",
+)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def calibrate(args: tuple[str, ...]) -> None:
+    """Measure this GPU's pinned transfers, pinning rate, prefill and decode into a cost profile.
+
+    Runs `python -m kvoffload.economics.calibrate ARGS` (see `kvoffload calibrate --help`).
+    """
+    from kvoffload.economics import calibrate as calibration
+
+    sys.exit(calibration.main(list(args)))
 
 
 @main.command()
@@ -450,3 +492,6 @@ def run(
     except kubernetes.config.ConfigException as exc:
         click.echo(f"kvoffload run: no Kubernetes configuration (in-cluster or $KUBECONFIG): {exc}", err=True)
         sys.exit(EXIT_FAIL)
+
+
+main.add_command(simulate)

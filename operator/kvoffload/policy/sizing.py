@@ -1,6 +1,6 @@
 """Sizing: KV bytes per token, tokens per tier, the pinned pool, /dev/shm and host memory.
 
-Pure functions of the spec and a ladder level (DESIGN.md, "Sizing"). The
+Pure functions of the spec and a ladder level (docs/design.md, "Sizing"). The
 figures they rest on are the constants below, each with its source.
 """
 
@@ -31,7 +31,7 @@ from kvoffload.policy.ladder import Level, build_ladder
 # --- figures ---------------------------------------------------------------------
 
 # Pinning host memory on an H200 host: 0.6 s / 1 GiB, 2.8 s / 4 GiB, 12.6 s / 16 GiB
-# (DESIGN.md "Startup"); the slope between the ends is (12.6 - 0.6) / 15 = 0.8 s/GiB.
+# (docs/design.md "Startup"); the slope between the ends is (12.6 - 0.6) / 15 = 0.8 s/GiB.
 # Raw cuMemHostAlloc / shm + cuMemHostRegister on an H200 host measured 0.40-0.69 s/GiB
 # (1-32 GiB); 0.8 is the slower, end-to-end figure.
 PIN_SECONDS_PER_GIB = 0.8
@@ -45,7 +45,8 @@ WEIGHT_LOAD_SECONDS_PER_GIB = 1.0
 STARTUP_SAFETY_FACTOR = 2.0
 # Scheduling, image start and the first readiness probe, on top of the startup budget.
 PROGRESS_DEADLINE_MARGIN_SECONDS = 120.0
-# /dev/shm holds the pool (vLLM PR 50094) plus room for NCCL and torch IPC: DESIGN.md.
+# /dev/shm holds the pool (vLLM PR 50094) plus room for NCCL and torch IPC
+# (docs/design.md, "The pinned pool and /dev/shm").
 SHM_EXTRA_BYTES = 1 * GIB
 # Sizes are rounded up to whole MiB so they render as exact quantities.
 _ROUND = MIB
@@ -341,7 +342,7 @@ class SizingPlan(_Out):
     architecture: Architecture
     kv_dtype_bytes: int
     kv_bytes_per_token: int
-    """Whole model, one copy: what DESIGN.md's formula gives."""
+    """Whole model, one copy: docs/design.md, "KV bytes per token"."""
     stored_bytes_per_token: int
     """Across all TP ranks with replicas: what the tiers divide by."""
     tensor_parallel_size: int

@@ -6,7 +6,7 @@ cycle's ``Assessment``), calls ``decide`` and applies the ``Plan``: the
 Deployments per variant, the new status, the Events. ``decide`` does no I/O,
 never reads the clock and never touches spec (GitOps owns it).
 
-The rules (DESIGN.md, "The ladder" and "Analysis"):
+The rules (docs/design.md, "The ladder" and "Analysis"):
 
 - **Baseline.** A new ladder starts with every replica on the stable level
   (GPU-only for a new policy) for ``baselineDuration``. Inconclusive extends

@@ -1,6 +1,6 @@
 """What a request's prefill costs, by where its prompt blocks come from.
 
-Default constants reproduce DESIGN.md's measurement (Qwen3-0.6B, 114,688 KV
+Default constants reproduce the seed measurement (docs/design.md, "Seed figures") (Qwen3-0.6B, 114,688 KV
 bytes per token, vLLM 0.31 on a laptop Ada GPU, 1,480-token prompt):
 
 - cold: 77.3 ms = fixed overhead + 1,480 tokens at ~23,000 tokens/s;
@@ -9,7 +9,7 @@ bytes per token, vLLM 0.31 on a laptop Ada GPU, 1,480-token prompt):
   (13.5 ms) + one extra scheduler step while the asynchronous load lands,
   + the remainder's compute.
 
-The fixed overhead (13 ms) and the restore step (8.5 ms) are not in DESIGN.md;
+The fixed overhead (13 ms) and the restore step (8.5 ms) are not measured;
 they are what the three measured figures leave once the stated rates are taken out.
 """
 

@@ -1,4 +1,4 @@
-"""The Mooncake traces live in shared/ beside the clone (CI keeps a copy there), not in the repository."""
+"""The Mooncake traces: they live in shared/ beside the clone (CI keeps a copy there), not in the repository."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+from tests.support.paths import ROOT
+
+SHARED_TRACES = ROOT.parent / "shared" / "traces"
 TRACES = ("mooncake-conversation.jsonl", "mooncake-synthetic.jsonl")
 
 

@@ -1,0 +1,127 @@
+"""Break-even of recompute against restore: the arithmetic, and what the measured H200 profile says."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from kvoffload.economics.breakeven import (
+    DEFAULT_PROMPT_TOKENS,
+    breakeven,
+    breakeven_for_model,
+    vllm_page_bytes,
+)
+from kvoffload.economics.profile import Profile, ProfileError, shipped_profile
+from tests.economics.test_profile import synthetic
+
+QWEN3 = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B", "Qwen/Qwen3-32B")
+# Issue 11's "H200 measured" column: prefill time of 1,480 tokens over the prompt's KV at 55 GB/s.
+ISSUE_RATIOS = (10.5, 12.9, 26.9)
+
+
+@pytest.fixture(scope="module")
+def h200() -> Profile:
+    return shipped_profile("nvidia-h200-141gb")
+
+
+def test_vllm_pages_are_one_layers_k_or_v_of_a_block() -> None:
+    # Qwen3: 8 KV heads × 128 × 2 B × 16 tokens = 32 KiB, whatever the depth
+    assert vllm_page_bytes(114_688, 28) == 32 * 1024
+    assert vllm_page_bytes(262_144, 64) == 32 * 1024
+    with pytest.raises(ValueError, match="layers"):
+        vllm_page_bytes(1, 0)
+
+
+def test_breakeven_arithmetic_on_a_synthetic_profile() -> None:
+    p = synthetic()
+    # the shape has 2 layers: 1,024 B a token makes 4 KiB pages, and 400 tokens 100 of them (zero copy)
+    b = breakeven(p, "m", kv_bytes_per_token=1024, prompt_tokens=400)
+    assert b.page_bytes == 4096
+    assert b.path == "zero_copy_12sm"
+    assert b.recompute_ms == pytest.approx(20.0)
+    assert b.restore_ms == pytest.approx((1e-4 + 400 * 1024 / 40e9) * 1e3)
+    assert b.ratio == pytest.approx(b.recompute_ms / b.restore_ms)
+    assert b.pays
+    # pages of 32 KiB go by DMA, with a microsecond a page
+    d = breakeven(p, "m", kv_bytes_per_token=1024, prompt_tokens=400, page_bytes=32 * 1024)
+    assert d.path == "batched_dma"
+    assert d.restore_ms == pytest.approx((1e-4 + 13 * 1e-6 + 409_600 / 30e9) * 1e3)
+    # a path asked for prices the bytes at its bandwidth alone
+    c = breakeven(p, "m", kv_bytes_per_token=1024, prompt_tokens=400, path="contiguous")
+    assert c.restore_ms == pytest.approx(409_600 / 50e9 * 1e3)
+
+
+def test_economics_json_has_the_fields_plan_reports(h200: Profile) -> None:
+    b = breakeven_for_model(h200, "Qwen/Qwen3-8B")
+    out = b.to_json()
+    assert out["promptTokens"] == DEFAULT_PROMPT_TOKENS == 1480
+    assert set(out) >= {"promptTokens", "recomputeMs", "restoreMs", "ratio", "profile"}
+    assert out["profile"] == {"name": "nvidia-h200-141gb", "kind": "measured"}
+    assert out["ratio"] == pytest.approx(out["recomputeMs"] / out["restoreMs"], abs=0.01)
+
+
+def test_catalog_kv_bytes_match_the_profile_shapes(h200: Profile) -> None:
+    for model in QWEN3:
+        b = breakeven_for_model(h200, model)
+        assert b.kv_bytes_per_token == h200.prefill_curve(model).shape.kv_bytes_per_token
+
+
+def test_unknown_models_are_refused(h200: Profile) -> None:
+    with pytest.raises(ProfileError, match="not in the catalog"):
+        breakeven_for_model(h200, "acme/llm-1")
+    with pytest.raises(ProfileError, match="no eager prefill curve"):
+        breakeven_for_model(h200, "meta-llama/Llama-3.1-8B")
+
+
+def _ratios(profile: Profile, **options: Any) -> list[float]:
+    return [breakeven_for_model(profile, m, **options).ratio for m in QWEN3]
+
+
+def test_offload_pays_more_as_the_model_grows(h200: Profile) -> None:
+    # The seed emulator had it backwards (4.8×, 3.7×, 2.1×); the measured profile does not.
+    for options in ({}, {"prefill_mode": "cuda_graph"}, {"path": "contiguous"}):
+        ratios = _ratios(h200, **options)
+        assert ratios == sorted(ratios), options
+        assert all(r > 1 for r in ratios), options
+
+
+def test_h200_ratios_as_measured(h200: Profile) -> None:
+    # What this repository's H200 run gives, priced as vLLM 0.32 moves 32 KiB pages (batched DMA,
+    # 0.47 µs of host submit a page, held-out restores within 6%): a regression guard.
+    assert _ratios(h200) == pytest.approx([3.58, 5.99, 13.5], rel=0.02)
+
+
+def test_like_for_like_with_the_issues_arithmetic(h200: Profile) -> None:
+    # The issue's figures divide the prefill by the prompt's KV at 55 GB/s (one contiguous copy).
+    # Done the same way, the measured 8B and 32B land within 15%; the 0.6B does not, because
+    # its eager prefill of 1,480 tokens took 20.5 ms here against the 32 ms (46k tok/s) behind 10.5×.
+    ratios = _ratios(h200, path="contiguous")
+    for got, want in zip(ratios[1:], ISSUE_RATIOS[1:], strict=True):
+        assert got == pytest.approx(want, rel=0.15)
+    assert ratios[0] == pytest.approx(6.58, rel=0.02)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "not reproduced by this repository's H200 calibration: priced as vLLM moves the KV (32 KiB pages, "
+        "batched DMA with its per-page submit cost, checked against whole-prompt restores held out of the fit) "
+        "the ratios are 3.6×, 6.0×, 13.5×; the issue's 10.5×, 12.9×, 26.9× assume one contiguous 55 GB/s copy "
+        "and, for the 0.6B, a slower eager prefill (46k against 72k tok/s here). The constants are measured, "
+        "not tuned to match."
+    ),
+)
+def test_h200_ratios_within_15_percent_of_the_issue(h200: Profile) -> None:
+    ratios = _ratios(h200)
+    assert ratios == sorted(ratios)
+    for got, want in zip(ratios, ISSUE_RATIOS, strict=True):
+        assert got == pytest.approx(want, rel=0.15)
+
+
+def test_a_slower_link_restores_slower(h200: Profile) -> None:
+    a100 = shipped_profile("nvidia-a100-80gb")
+    fast = breakeven_for_model(h200, "Qwen/Qwen3-8B")
+    slow = breakeven_for_model(a100, "Qwen/Qwen3-8B")
+    assert slow.restore_ms > fast.restore_ms
+    assert slow.profile_kind == "estimated"
