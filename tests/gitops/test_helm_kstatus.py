@@ -1,29 +1,41 @@
 """Helm v4's kstatus watcher (``helm install --wait=watcher``) on a chart that holds a policy.
 
-Two tiers, both with the real watcher from the Helm v4 SDK inside helm-python-sdk:
+Three tiers, all with the real watcher from the Helm v4 SDK inside helm-python-sdk:
 
-- against the lab's emulated API server alone, with each captured status written onto the
-  policy the chart created, as the operator would: Stable is waited for and passes, RolledBack
-  and Invalid fail at once, every other phase is still InProgress when the wait times out;
-- end to end, with the operator, Prometheus and emulated engines under load: the install waits
-  through the whole climb and returns when the policy is Stable, and fails when it rolls back.
+- against the real Kubernetes control plane (kube-apiserver v1.37.2, marker ``kube``) with the
+  project's CRD and Helm's default options, each captured status written onto the policy the
+  chart created, as the operator would: Stable is waited for and passes, RolledBack and Invalid
+  fail at once, every other phase is still InProgress when the wait times out. The policy nobody
+  has written a status for reads as the API server serves it, with the CRD's status default;
+- the same against the lab's emulated API server;
+- end to end on the lab, with the operator, Prometheus and emulated engines under load: the
+  install waits through the whole climb and returns when the policy is Stable, and fails when it
+  rolls back. (The real control plane has no kubelet, so no engine would ever run there.)
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import copy
+import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
+import kubernetes.client
+import kubernetes.config
 import pytest
 
-from kvoffload.api.conventions import KIND, POLICY_API_VERSION
-from kvoffload.api.crd import crd_manifest
+from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PLURAL, POLICY_API_VERSION
+from kvoffload.api.crd import CRD_NAME, crd_manifest
 from kvoffload.lab.cluster.kubeemu import KubeEmulator, serve, write_kubeconfig
 from kvoffload.lab.cluster.localcluster import LocalCluster
+from kvoffload.lab.controlplane import ControlPlane, default_bin_dir, missing_binaries
 from tests.support.cluster import OperatorProcess, load_on, status_of
-from tests.support.helm_watch import install_and_wait
+from tests.support.helm_watch import POLICY_CHART, WaitResult, install_and_wait
 from tests.support.status_fixtures import NAMES, load, policy
 
 IN_PROGRESS_TIMEOUT = 3
@@ -80,7 +92,9 @@ async def play_the_operator(emulator: KubeEmulator, captured: dict[str, Any]) ->
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-async def test_helm_waits_on_each_captured_phase_as_kstatus_reads_it(case: str, tmp_path: Path) -> None:
+async def test_helm_on_the_lab_api_server_waits_on_each_captured_phase_as_kstatus_reads_it(
+    case: str, tmp_path: Path
+) -> None:
     captured, expected = CASES[case]
     timeout = IN_PROGRESS_TIMEOUT if expected == "InProgress" else SETTLED_TIMEOUT
     async with serve() as (emulator, url):
@@ -102,6 +116,98 @@ async def test_helm_waits_on_each_captured_phase_as_kstatus_reads_it(case: str, 
 
 def test_the_cases_cover_every_capture_and_the_pause_at_the_top() -> None:
     assert set(CASES) == {*NAMES, "paused-at-the-top"}
+
+
+# --- the real control plane --------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
+    """kube-apiserver and friends from .kube-bin (or $KVOFFLOAD_KUBE_BIN) with the CRD established."""
+    missing = missing_binaries()
+    if missing:
+        reason = f"no {', '.join(missing)} in {default_bin_dir()}: run scripts/build-kube.sh"
+        if os.environ.get("CI"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+    with ControlPlane(workdir=tmp_path_factory.mktemp("controlplane")) as plane:
+        with kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)) as api:
+            extensions = kubernetes.client.ApiextensionsV1Api(api)
+            extensions.create_custom_resource_definition(crd_manifest())
+            deadline = time.monotonic() + 60
+            while not _established(extensions.read_custom_resource_definition(CRD_NAME).to_dict()):
+                assert time.monotonic() < deadline, "the CRD was not Established in 60 s"
+                time.sleep(0.2)  # poll the API server, another process
+        yield plane
+
+
+def _established(crd: dict[str, Any]) -> bool:
+    conditions = (crd.get("status") or {}).get("conditions") or []
+    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+
+def helm_install(kubeconfig: Path, namespace: str, policy_doc: dict[str, Any], timeout: int) -> WaitResult:
+    """``helm install`` with Helm's own defaults (OpenAPI validation, its apply) and ``--wait=watcher``."""
+    started = time.monotonic()
+    with helm.Config(kubeconfig_path=str(kubeconfig), namespace=namespace) as config:
+        try:
+            config.install(
+                str(POLICY_CHART), "p", {"policy": policy_doc}, wait="watcher", timeout=timeout, create_namespace=True
+            )
+        except helm.HelmError as exc:
+            return WaitResult(False, time.monotonic() - started, str(exc))
+    return WaitResult(True, time.monotonic() - started, "")
+
+
+def write_as_the_operator(api: kubernetes.client.ApiClient, captured: dict[str, Any], namespace: str) -> dict[str, Any]:
+    """Once Helm has created the policy: bump its generation as the capture's spec edits did, write its status."""
+    objects = kubernetes.client.CustomObjectsApi(api)
+    coordinates = (API_GROUP, API_VERSION, namespace, PLURAL, captured["metadata"]["name"])
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            objects.get_namespaced_custom_object(*coordinates)
+            break
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            assert time.monotonic() < deadline, "Helm never created the policy"
+            time.sleep(0.05)  # poll: Helm creates it from another thread
+    merge = {"_content_type": "application/merge-patch+json"}
+    for bump in range(1, captured["metadata"]["generation"]):
+        objects.patch_namespaced_custom_object(
+            *coordinates, {"spec": {"model": {"extraArgs": [f"--seed={bump}"]}}}, **merge
+        )
+    if captured["status"] != {"observedGeneration": 0}:  # "pending": the operator has written nothing
+        objects.patch_namespaced_custom_object_status(*coordinates, {"status": captured["status"]}, **merge)
+    stored: dict[str, Any] = objects.get_namespaced_custom_object(*coordinates)
+    return stored
+
+
+@pytest.mark.kube
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_helm_on_the_real_api_server_waits_on_each_captured_phase_as_kstatus_reads_it(
+    case: str, real_cluster: ControlPlane
+) -> None:
+    captured, expected = CASES[case]
+    namespace = f"case-{case}"
+    doc = {**applied(captured), "metadata": {"name": captured["metadata"]["name"], "namespace": namespace}}
+    timeout = IN_PROGRESS_TIMEOUT if expected == "InProgress" else SETTLED_TIMEOUT
+    with (
+        kubernetes.config.new_client_from_config(config_file=str(real_cluster.kubeconfig)) as api,
+        concurrent.futures.ThreadPoolExecutor(1) as pool,
+    ):
+        helm_run = pool.submit(helm_install, real_cluster.kubeconfig, namespace, doc, timeout)
+        stored = write_as_the_operator(api, captured, namespace)
+        result = helm_run.result()
+
+    assert stored["metadata"]["generation"] == captured["metadata"]["generation"]
+    if case == "pending":
+        assert stored["status"] == {"observedGeneration": 0}, "the API server serves the CRD's status default"
+        assert "generation is 1, but latest observed generation is 0" in result.message
+    assert result.kstatus == expected, result.message
+    if expected != "InProgress":
+        assert result.seconds < SETTLED_TIMEOUT / 2, "a settled status is seen at once, not at the deadline"
 
 
 # --- end to end: the operator, Prometheus, engines under load ----------------------------------------
