@@ -9,6 +9,7 @@ manifests go through kubernetes-validate too.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -22,6 +23,7 @@ import yaml
 
 from kvoffload.api.conventions import KIND
 from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.lab.controlplane import ControlPlane
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import render
 from tests.support.crd_admission import admit
@@ -101,6 +103,30 @@ def test_a_broken_overlay_is_caught_by_the_same_checks(tmp_path: Path) -> None:
     (policy,) = policies(build(copy / "overlays" / "production"))
     _, problems = admit(policy)
     assert [(p.source, p.path) for p in problems] == [("cel", "spec.rollout.canaryReplicas")]
+
+
+@pytest.mark.kube
+def test_the_production_overlay_applies_to_the_real_api_server_with_the_crd(real_cluster: ControlPlane) -> None:
+    # What Argo CD or Flux would do: apply the built overlay; the API server runs the CRD's schema and CEL rules.
+    kubeconfig = f"--kubeconfig={real_cluster.kubeconfig}"
+    applied = subprocess.run(
+        [kubectl(), kubeconfig, "apply", "--server-side", "-k", str(GITOPS / "overlays" / "production")],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+    )
+    assert applied.returncode == 0, applied.stderr
+    got = subprocess.run(
+        [kubectl(), kubeconfig, "-n", "llm-prod", "get", "kvop", "qwen3-8b", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    stored = json.loads(got.stdout)
+    assert stored["spec"]["replicas"] == 8
+    assert stored["status"] == {"observedGeneration": 0}, "not yet acted on: the CRD's status default"
 
 
 def test_argo_cd_and_flux_point_at_the_overlay_and_argo_cd_gets_the_health_snippet() -> None:

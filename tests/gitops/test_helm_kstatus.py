@@ -18,9 +18,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
-import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +28,10 @@ import kubernetes.config
 import pytest
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PLURAL, POLICY_API_VERSION
-from kvoffload.api.crd import CRD_NAME, crd_manifest
+from kvoffload.api.crd import crd_manifest
 from kvoffload.lab.cluster.kubeemu import KubeEmulator, serve, write_kubeconfig
 from kvoffload.lab.cluster.localcluster import LocalCluster
-from kvoffload.lab.controlplane import ControlPlane, default_bin_dir, missing_binaries
+from kvoffload.lab.controlplane import ControlPlane
 from tests.support.cluster import OperatorProcess, load_on, status_of
 from tests.support.helm_watch import POLICY_CHART, WaitResult, install_and_wait
 from tests.support.status_fixtures import NAMES, load, policy
@@ -119,31 +117,6 @@ def test_the_cases_cover_every_capture_and_the_pause_at_the_top() -> None:
 
 
 # --- the real control plane --------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def real_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControlPlane]:
-    """kube-apiserver and friends from .kube-bin (or $KVOFFLOAD_KUBE_BIN) with the CRD established."""
-    missing = missing_binaries()
-    if missing:
-        reason = f"no {', '.join(missing)} in {default_bin_dir()}: run scripts/build-kube.sh"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    with ControlPlane(workdir=tmp_path_factory.mktemp("controlplane")) as plane:
-        with kubernetes.config.new_client_from_config(config_file=str(plane.kubeconfig)) as api:
-            extensions = kubernetes.client.ApiextensionsV1Api(api)
-            extensions.create_custom_resource_definition(crd_manifest())
-            deadline = time.monotonic() + 60
-            while not _established(extensions.read_custom_resource_definition(CRD_NAME).to_dict()):
-                assert time.monotonic() < deadline, "the CRD was not Established in 60 s"
-                time.sleep(0.2)  # poll the API server, another process
-        yield plane
-
-
-def _established(crd: dict[str, Any]) -> bool:
-    conditions = (crd.get("status") or {}).get("conditions") or []
-    return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
 
 
 def helm_install(kubeconfig: Path, namespace: str, policy_doc: dict[str, Any], timeout: int) -> WaitResult:
