@@ -7,4 +7,5 @@ pytest_plugins = [
     "tests.support.engines",
     "tests.support.cluster",
     "tests.support.traces",
+    "tests.support.realkube",
 ]

@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+import aiohttp
 import kubernetes.client
 import kubernetes.watch
 import pytest
@@ -523,6 +524,80 @@ async def test_posting_a_crd_serves_its_resource(
 
     assert widget["kind"] == "Widget"
     assert {r.name for r in resources.resources} == {"widgets", "widgets/status"}
+
+
+async def test_core_discovery_names_its_group_version_v1_as_go_clients_key_it(kube: EmulatedCluster) -> None:
+    # client-go's REST mapper files each APIResourceList under its groupVersion; "/v1" maps no ConfigMap.
+    async with aiohttp.ClientSession() as session:
+        async with session.get(f"{kube.url}/api/v1") as response:
+            core_list = await response.json()
+        async with session.get(f"{kube.url}/apis/apps/v1") as response:
+            apps_list = await response.json()
+
+    assert core_list["groupVersion"] == "v1"
+    assert "configmaps" in {r["name"] for r in core_list["resources"]}
+    assert apps_list["groupVersion"] == "apps/v1"
+
+
+async def test_a_watch_is_served_as_json_as_client_go_requires(kube: EmulatedCluster) -> None:
+    # client-go picks the watch decoder by Content-Type; application/octet-stream fails every watch.
+    params = {"watch": "true", "timeoutSeconds": "1"}
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{kube.url}/api/v1/namespaces/{NS}/configmaps", params=params) as response,
+    ):
+        assert response.status == 200
+        assert response.content_type == "application/json"
+
+
+def example_crd(plural: str, kind: str, status_schema: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{plural}.example.com"},
+        "spec": {
+            "group": "example.com",
+            "scope": "Namespaced",
+            "names": {"plural": plural, "singular": kind.lower(), "kind": kind},
+            "versions": [
+                {
+                    "name": "v1",
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {"status": status_schema}}},
+                }
+            ],
+        },
+    }
+
+
+async def test_a_crd_status_default_is_what_a_new_object_reads_until_its_status_is_written(
+    kube: EmulatedCluster, custom: kubernetes.client.CustomObjectsApi
+) -> None:
+    extensions = kubernetes.client.ApiextensionsV1Api(kube.api_client)
+    defaulted = example_crd("gadgets", "Gadget", {"type": "object", "default": {"observedGeneration": 0}})
+    plain = example_crd("gizmos", "Gizmo", {"type": "object"})
+    for crd in (defaulted, plain):
+        await kube.call(extensions.create_custom_resource_definition, crd)
+    gadgets = ("example.com", "v1", NS, "gadgets")
+
+    # A status in the create request is dropped (status subresource); the default stands in for it.
+    created = await kube.call(
+        custom.create_namespaced_custom_object,
+        *gadgets,
+        {"metadata": {"name": "g"}, "status": {"observedGeneration": 7}},
+    )
+    written = await kube.call(
+        custom.patch_namespaced_custom_object_status, *gadgets, "g", {"status": {"observedGeneration": 1}}
+    )
+    gizmo = await kube.call(
+        custom.create_namespaced_custom_object, "example.com", "v1", NS, "gizmos", {"metadata": {"name": "z"}}
+    )
+
+    assert created["status"] == {"observedGeneration": 0}
+    assert written["status"] == {"observedGeneration": 1}
+    assert "status" not in gizmo  # no default in its schema: no status until one is written
 
 
 async def test_both_event_apis_are_served(kube: EmulatedCluster, core: kubernetes.client.CoreV1Api) -> None:

@@ -10,7 +10,11 @@ kubectl's strict field validation reports them).
 Defaults are kept, including object defaults such as ``rollout: {}``: the API
 server then fills them in, so ``kubectl get -o yaml`` shows the values the
 operator really uses, and the CEL rules see the same defaulted object the
-pydantic models see. Status carries no defaults: only the operator writes it.
+pydantic models see. Status carries one default, on ``status`` itself:
+``{observedGeneration: 0}`` (:data:`UNOBSERVED_STATUS`). The API server gives it to a policy
+the operator has not written yet, so kstatus (Flux, Helm v4 ``--wait=watcher``, kpt) reads
+"generation 1, observed 0": InProgress, where an object with no status at all would be Current,
+a false green. Everything else in status is written by the operator alone.
 """
 
 from __future__ import annotations
@@ -25,6 +29,9 @@ from pydantic_core import core_schema
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PLURAL
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus
+
+UNOBSERVED_STATUS: dict[str, Any] = {"observedGeneration": 0}
+"""The status of a policy the operator has not acted on yet: no generation observed."""
 
 SINGULAR = "kvoffloadpolicy"
 SHORT_NAMES = ["kvop"]
@@ -141,7 +148,7 @@ def _convert(node: dict[str, Any], defs: dict[str, Any], defaults: bool) -> dict
 def openapi_schema() -> dict[str, Any]:
     """The whole object's ``openAPIV3Schema``: spec and status from the models."""
     spec = structural(KVOffloadPolicySpec)
-    status = structural(KVOffloadPolicyStatus, defaults=False)
+    status = {**structural(KVOffloadPolicyStatus, defaults=False), "default": UNOBSERVED_STATUS}
     return {
         "type": "object",
         "description": "Rolls out vLLM KV-cache offloading tier by tier, and rolls the newest tier back on SLO breach.",

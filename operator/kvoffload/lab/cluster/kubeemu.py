@@ -8,14 +8,18 @@ operator rely on and that kmock 0.8 lacks:
   status changes), apiVersion/kind defaulting, generateName;
 - list with a real resourceVersion, label and field selectors; watch from a
   resourceVersion with no lost events (a change log, replayed then followed live),
-  selectors, ``timeoutSeconds``, ``sendInitialEvents``, 410 Gone for a pruned version;
+  selectors, ``timeoutSeconds``, ``sendInitialEvents``, 410 Gone for a pruned version,
+  served as ``application/json`` (client-go refuses a watch of another type);
 - PUT; merge, JSON and (approximate) strategic-merge patches; 422 when a JSON-patch
   ``test`` fails; 409 on a stale ``metadata.resourceVersion``; 415 for server-side
   apply, which is not emulated;
 - the status subresource changes only ``.status``, the main resource never does;
 - finalizers (deletionTimestamp while any remain), and the garbage collector:
   deleting an object deletes the dependents whose ownerReferences name its uid;
-- posting a CRD registers its resource.
+- posting a CRD registers its resource, and a default its schema gives ``status`` is what an
+  object without a status reads as (the API server defaults it on every read);
+- the core group's discovery names its version ``v1`` (kmock says ``/v1``, which client-go,
+  hence Helm, cannot map).
 
 A request that a user-defined kmock reaction answers does not change the state,
 unlike in kmock itself: the emulator's own handling lives in its fallback reactions.
@@ -347,6 +351,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _cond: asyncio.Condition = attrs.field(factory=asyncio.Condition, init=False)
     _faults: list[_Fault] = attrs.field(factory=list, init=False)
     _closing: bool = attrs.field(default=False, init=False)
+    _status_defaults: dict[kmock.resource, Obj] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -385,16 +390,19 @@ class KubeEmulator(kmock.KubernetesEmulator):
         registered = []
         for version in spec.get("versions", []):
             if version.get("served", True):
-                registered.append(
-                    self.register(
-                        f"{spec['group']}/{version['name']}/{names['plural']}",
-                        kind=names["kind"],
-                        namespaced=spec.get("scope", "Namespaced") == "Namespaced",
-                        subresources=set(version.get("subresources", {})),
-                        singular=names.get("singular"),
-                        shortnames=set(names.get("shortNames", [])),
-                    )
+                res = self.register(
+                    f"{spec['group']}/{version['name']}/{names['plural']}",
+                    kind=names["kind"],
+                    namespaced=spec.get("scope", "Namespaced") == "Namespaced",
+                    subresources=set(version.get("subresources", {})),
+                    singular=names.get("singular"),
+                    shortnames=set(names.get("shortNames", [])),
                 )
+                schema = (version.get("schema") or {}).get("openAPIV3Schema") or {}
+                status_default = ((schema.get("properties") or {}).get("status") or {}).get("default")
+                if isinstance(status_default, Mapping):
+                    self._status_defaults[res] = dict(status_default)
+                registered.append(res)
         return registered
 
     def fail_next(
@@ -482,6 +490,14 @@ class KubeEmulator(kmock.KubernetesEmulator):
         # writes happen in the fallback reactions below, so skip to the plain dispatcher.
         return await kmock.RawHandler._handle(self, request)
 
+    async def _serve_version(self, request: kmock.Request) -> Any:
+        # kmock names the core group's version "/v1"; client-go's REST mapper keys resources by
+        # that string and then finds no ConfigMap in "v1" (Helm: "no matches for kind").
+        body = await super()._serve_version(request)
+        if request.resource is not None and request.resource.group == "" and isinstance(body, dict):
+            body["groupVersion"] = request.resource.version
+        return body
+
     def _info(self, request: kmock.Request) -> kmock.ResourceInfo:
         res = request.resource
         if res is None or res.plural is None or res not in self.resources:
@@ -560,8 +576,13 @@ class KubeEmulator(kmock.KubernetesEmulator):
         async with self._cond:
             return copy.deepcopy(self._delete((request.resource, request.namespace, request.name), options))
 
-    async def _serve_watch(self, request: kmock.Request) -> AsyncIterator[Any]:
+    async def _serve_watch(self, request: kmock.Request) -> Response:  # type: ignore[override]  # kmock renders both
+        # A stream that says it is JSON: client-go (so Helm's status watcher) picks its decoder by
+        # the Content-Type and refuses aiohttp's default application/octet-stream.
         self._info(request)
+        return Response(headers={"Content-Type": "application/json"}, payload=self._watch_events(request))
+
+    async def _watch_events(self, request: kmock.Request) -> AsyncIterator[Any]:
         assert request.resource is not None
         selection = _Filter.of(request)
         params = request.params
@@ -673,6 +694,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
         obj = {**body, "apiVersion": api_version_of(res), "kind": info.kind, "metadata": meta}
         if "status" in info.subresources:
             obj.pop("status", None)  # set through the status subresource only
+        if "status" not in obj and res in self._status_defaults:
+            obj["status"] = copy.deepcopy(self._status_defaults[res])  # what every read would show
         created = self._commit("ADDED", key, obj, None)
         if res == CRDS:
             self.register_crd(created)
@@ -703,6 +726,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
             new = {k: v for k, v in old.items() if k != "status"}
             if proposed.get("status") is not None:
                 new["status"] = proposed["status"]
+            elif key[0] in self._status_defaults:
+                new["status"] = copy.deepcopy(self._status_defaults[key[0]])
         else:
             new = {k: v for k, v in proposed.items() if k != "status" or "status" not in info.subresources}
             if "status" in info.subresources and "status" in old:
