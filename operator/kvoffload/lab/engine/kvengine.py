@@ -106,6 +106,7 @@ class KVEngine:
             cpu_restored_tokens=cpu_tok,
             disk_restored_tokens=disk_tok,
             kv_bytes_per_token=cfg.kv_bytes_per_token,
+            gpu_hit_tokens=local,
         )
         return Admission(len(tokens), local, cpu_tok, disk_tok, computed, stored, cost)
 
