@@ -251,3 +251,13 @@ def test_without_a_class_gpu_memory_utilization_changes_nothing() -> None:
 def test_on_the_h200_a_restore_of_the_8b_beats_recomputing_it() -> None:
     cold, _, restored = seed_engine_prices_on([f"--gpu-class={H200}"], 1480, model="Qwen/Qwen3-8B")
     assert restored < cold
+
+
+def test_a_class_decode_itl_follows_its_batch_curve_unless_itl_is_given() -> None:
+    profile = shipped_profile(H200)
+    cost = parse_argv(["serve", MODEL, f"--gpu-class={H200}"])[0].cost
+    assert cost.itl_seconds(32) == pytest.approx(profile.decode_itl_seconds(MODEL, 32))
+    assert cost.itl_seconds(32) > cost.itl_seconds(1) == pytest.approx(cost.itl_s)
+    fixed = parse_argv(["serve", MODEL, f"--gpu-class={H200}", "--itl", "0.02"])[0].cost
+    assert fixed.itl_seconds(32) == fixed.itl_s == 0.02
+    assert parse_argv(["serve", MODEL])[0].cost.itl_seconds(32) == 0.010  # the laptop: one flat figure

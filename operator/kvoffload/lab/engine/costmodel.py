@@ -11,7 +11,8 @@ shipped profile (``kvoffload.economics.profile``) and the served model's curves 
   or V of one block): bytes / the bandwidth of vLLM's load path at that page size, plus the
   host's submit cost per page and a fixed cost; plus one engine step (the decode step at batch 1)
   that the request waits while the asynchronous load lands;
-- ITL: the profile's decode curve at batch 1 (the emulator has no batching yet);
+- ITL: the profile's decode curve at the batch of requests running when the request arrives
+  (``itl_s`` is the batch-1 figure);
 - stores: bytes / the device-to-host batched DMA rate at the page size.
 
 Tensor parallelism ``t``: every rank holds ``1/t`` of the KV heads and of the weights, and the
@@ -159,6 +160,8 @@ class CostModel:
     tensor_parallel_size: int = 1
     page_bytes: int = 0
     """Bytes of one page one rank moves (a class only)."""
+    itl_given: bool = False
+    """``--itl`` was given: it replaces the decode curve."""
 
     @property
     def name(self) -> str:
@@ -179,6 +182,15 @@ class CostModel:
             grow -= p.prefill_seconds(self.model, cached, PREFILL_MODE)
             whole = fixed + max(0.0, grow)
         return fixed + max(0.0, whole - fixed) / self.tensor_parallel_size
+
+    def itl_seconds(self, batch: int) -> float:
+        """Seconds between output tokens with ``batch`` sequences decoding.
+
+        A class: its decode curve at that batch, divided by TP. The laptop (or ``--itl``): one flat figure.
+        """
+        if self.profile is None or self.itl_given:
+            return self.itl_s
+        return self.profile.decode_itl_seconds(self.model, max(1, batch)) / self.tensor_parallel_size
 
     def cpu_restore_seconds(self, nbytes: int) -> float:
         """Seconds to load ``nbytes`` (all ranks together) from the CPU tier, without the engine step."""

@@ -44,7 +44,7 @@ def engine_cost(gpu_class: str | None, model: str, *, tensor_parallel_size: int,
 
 def with_itl(cost: CostModel, itl: float | None) -> CostModel:
     """``cost`` with ``--itl`` in place of the profile's ITL, when given."""
-    return cost if itl is None else dataclasses.replace(cost, itl_s=itl)
+    return cost if itl is None else dataclasses.replace(cost, itl_s=itl, itl_given=True)
 
 
 def gpu_kv_blocks(
