@@ -261,3 +261,12 @@ def test_a_class_decode_itl_follows_its_batch_curve_unless_itl_is_given() -> Non
     fixed = parse_argv(["serve", MODEL, f"--gpu-class={H200}", "--itl", "0.02"])[0].cost
     assert fixed.itl_seconds(32) == fixed.itl_s == 0.02
     assert parse_argv(["serve", MODEL])[0].cost.itl_seconds(32) == 0.010  # the laptop: one flat figure
+
+
+def test_the_laptop_prices_tensor_parallelism_and_the_model_shape() -> None:
+    one = parse_argv(["serve", "Qwen/Qwen3-8B"])[0].cost
+    two = parse_argv(["serve", "Qwen/Qwen3-8B", "-tp", "2"])[0].cost
+    assert two.compute_seconds(1480, 0) == pytest.approx(one.compute_seconds(1480, 0) / 2)
+    assert two.cpu_restore_seconds(10**9) == pytest.approx(one.cpu_restore_seconds(10**9) / 2)
+    small = parse_argv(["serve", MODEL])[0].cost
+    assert one.compute_seconds(1480, 0) > 10 * small.compute_seconds(1480, 0)  # 8B against 0.6B: by FLOPs

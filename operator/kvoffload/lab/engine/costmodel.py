@@ -36,10 +36,12 @@ Measured (seed): 12.6 GB/s. Fitted, on the 1,480-token figures only (``fit_lapto
 ``restore_step_s`` from the CPU-restore figure (35.1 ms). The 3,200-token figures (174.7 ms cold,
 18.9 ms GPU hit) are held out: ``tests/lab/test_emulator.py`` checks the prediction against them.
 A model whose shape no shipped profile records is priced with Qwen3-0.6B's shape (logged).
+Tensor parallelism on the laptop divides the FLOPs and the restored bytes by ``t`` (each rank its own link).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 from typing import Final
@@ -173,7 +175,7 @@ class CostModel:
             return 0.0
         p = self.profile
         if p is None:
-            return self.flops.flops(computed, cached) / self.prefill_flops_per_s
+            return self.flops.flops(computed, cached) / (self.prefill_flops_per_s * self.tensor_parallel_size)
         fixed = p.prefill_seconds(self.model, 1, PREFILL_MODE)
         if cached == 0:
             whole = p.prefill_seconds(self.model, computed, PREFILL_MODE)
@@ -197,19 +199,20 @@ class CostModel:
         if nbytes <= 0:
             return 0.0
         if self.profile is None:
-            return nbytes / self.cpu_restore_bytes_per_s
+            return nbytes / (self.cpu_restore_bytes_per_s * self.tensor_parallel_size)
         return self.profile.restore_seconds(-(-nbytes // self.tensor_parallel_size), self.page_bytes)
 
 
-def laptop_cost(model: str) -> CostModel:
+def laptop_cost(model: str, tensor_parallel_size: int = 1) -> CostModel:
     """The seed's laptop, pricing ``model`` by its shape (from any shipped profile; else Qwen3-0.6B's)."""
     shape = _shape_of(model)
     if shape is None:
         log.info("no shipped profile records the shape of %s: the laptop prices it as Qwen3-0.6B", model)
         shape = QWEN3_0_6B
-    return CostModel(flops=PrefillFlops.of(shape))
+    return CostModel(flops=PrefillFlops.of(shape), tensor_parallel_size=tensor_parallel_size)
 
 
+@functools.cache
 def _shape_of(model: str) -> ModelShape | None:
     names = {model.strip().lower(), _canonical(model).lower()}
     for gpu_class in shipped_profile_names():

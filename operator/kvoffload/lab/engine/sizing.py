@@ -35,7 +35,7 @@ class SizingError(ValueError):
 def engine_cost(gpu_class: str | None, model: str, *, tensor_parallel_size: int, block_size: int) -> CostModel:
     """The price list: the class's profile for ``model``, or the seed's laptop without a class."""
     if gpu_class is None:
-        return laptop_cost(model)
+        return laptop_cost(model, tensor_parallel_size)
     try:
         return class_cost(gpu_class, model, tensor_parallel_size=tensor_parallel_size, block_size=block_size)
     except ProfileError as exc:
