@@ -191,6 +191,7 @@ def test_tensor_parallelism_splits_compute_and_bytes_per_rank() -> None:
 def test_a_model_the_profile_lacks_is_an_error_naming_the_class_and_its_models() -> None:
     with pytest.raises(ConfigError, match=r"^--gpu-class: profile nvidia-h200-141gb has no eager prefill curve") as e:
         parse_argv(["serve", "meta-llama/Llama-3.1-8B-Instruct", f"--gpu-class={H200}"])
+    assert "'meta-llama/Llama-3.1-8B-Instruct'" in str(e.value)
     assert "Qwen/Qwen3-32B" in str(e.value)
 
 

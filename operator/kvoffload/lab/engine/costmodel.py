@@ -232,12 +232,13 @@ def _canonical(model: str) -> str:
 def class_cost(gpu_class: str, model: str, *, tensor_parallel_size: int = 1, block_size: int = 16) -> CostModel:
     """The costs of ``model`` on ``gpu_class``'s shipped profile; ProfileError naming what it has when it cannot."""
     profile = shipped_profile(gpu_class)
-    name = model
     try:
         curve = profile.prefill_curve(model, PREFILL_MODE)
-    except ProfileError:
-        name = _canonical(model)
-        curve = profile.prefill_curve(name, PREFILL_MODE)
+    except ProfileError as exc:
+        try:  # a catalog alias of a model the profile has
+            curve = profile.prefill_curve(_canonical(model), PREFILL_MODE)
+        except ProfileError:
+            raise exc from None
     name = curve.model
     tp = tensor_parallel_size
     shape = curve.shape
