@@ -91,7 +91,9 @@ class KVEngine:
         self.gpu.insert(reversed(hashes))
         stored = 0
         if self.cpu is not None:
-            self.cpu.touch(hashes[n_local : n_local + n_cpu])
+            # vLLM's offloading scheduler touches every block of the request on lookup, GPU hits included,
+            # in reverse, so a prefix outlives its tail in the CPU tier too.
+            self.cpu.touch(list(reversed(hashes)))
             for cache, blocks in disk_hits:
                 cache.touch(blocks)
             new = [h for h in hashes if h not in self.cpu]
