@@ -276,3 +276,10 @@ def test_the_laptop_prices_tensor_parallelism_and_the_model_shape() -> None:
     assert two.cpu_restore_seconds(10**9) == pytest.approx(one.cpu_restore_seconds(10**9) / 2)
     small = parse_argv(["serve", MODEL])[0].cost
     assert one.compute_seconds(1480, 0) > 10 * small.compute_seconds(1480, 0)  # 8B against 0.6B: by FLOPs
+
+
+def test_an_fp8_kv_cache_halves_the_page_a_class_moves() -> None:
+    bf16 = parse_argv(["serve", MODEL, f"--gpu-class={H200}"])[0]
+    fp8 = parse_argv(["serve", MODEL, f"--gpu-class={H200}", "--kv-cache-dtype", "fp8"])[0]
+    assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
+    assert fp8.cost.page_bytes * 2 == bf16.cost.page_bytes == 32_768

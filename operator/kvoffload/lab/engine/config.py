@@ -217,7 +217,11 @@ def config_from_options(
     cfg.num_gpu_blocks_override = num_gpu_blocks_override
     try:
         cost = sizing.engine_cost(
-            gpu_class, cfg.model, tensor_parallel_size=cfg.tensor_parallel_size, block_size=cfg.block_size
+            gpu_class,
+            cfg.model,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            block_size=cfg.block_size,
+            kv_bytes_per_token=cfg.kv_bytes_per_token,
         )
         cfg.cost = sizing.with_itl(cost, itl)
         cfg.gpu_kv_blocks = sizing.gpu_kv_blocks(

@@ -233,7 +233,14 @@ def _canonical(model: str) -> str:
     return entry.name if entry is not None else model
 
 
-def class_cost(gpu_class: str, model: str, *, tensor_parallel_size: int = 1, block_size: int = 16) -> CostModel:
+def class_cost(
+    gpu_class: str,
+    model: str,
+    *,
+    tensor_parallel_size: int = 1,
+    block_size: int = 16,
+    kv_bytes_per_token: int | None = None,
+) -> CostModel:
     """The costs of ``model`` on ``gpu_class``'s shipped profile; ProfileError naming what it has when it cannot."""
     profile = shipped_profile(gpu_class)
     try:
@@ -247,7 +254,8 @@ def class_cost(gpu_class: str, model: str, *, tensor_parallel_size: int = 1, blo
     tp = tensor_parallel_size
     shape = curve.shape
     # vLLM moves one layer's K or V of one block per page; a rank holds kv_heads / tp of the heads.
-    page = max(1, block_size * shape.kv_bytes_per_token // (2 * shape.layers * tp))
+    kv = kv_bytes_per_token or shape.kv_bytes_per_token  # the engine's (an fp8 KV cache halves it)
+    page = max(1, block_size * kv // (2 * shape.layers * tp))
     step = profile.decode_itl_seconds(name, 1) / tp
     restore_rate = profile.bandwidth("h2d", profile.load_path(page, 64), page) * tp
     return CostModel(

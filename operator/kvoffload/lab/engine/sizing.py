@@ -32,12 +32,20 @@ class SizingError(ValueError):
     """A class or cache-sizing flag the engine cannot honour; the message starts with the flag."""
 
 
-def engine_cost(gpu_class: str | None, model: str, *, tensor_parallel_size: int, block_size: int) -> CostModel:
+def engine_cost(
+    gpu_class: str | None, model: str, *, tensor_parallel_size: int, block_size: int, kv_bytes_per_token: int
+) -> CostModel:
     """The price list: the class's profile for ``model``, or the seed's laptop without a class."""
     if gpu_class is None:
         return laptop_cost(model, tensor_parallel_size)
     try:
-        return class_cost(gpu_class, model, tensor_parallel_size=tensor_parallel_size, block_size=block_size)
+        return class_cost(
+            gpu_class,
+            model,
+            tensor_parallel_size=tensor_parallel_size,
+            block_size=block_size,
+            kv_bytes_per_token=kv_bytes_per_token,
+        )
     except ProfileError as exc:
         raise SizingError(f"--gpu-class: {exc}") from exc
 
