@@ -56,6 +56,9 @@ def emulate(args: tuple[str, ...], port: int, host: str, **options: Any) -> None
         sys.exit(EXIT_BAD_INPUT)
     if ignored:
         click.echo(f"warning: ignoring arguments the emulator does not model: {' '.join(ignored)}", err=True)
+    logging.getLogger("kvoffload.emulate").info(
+        "priced by %s; GPU KV cache %d blocks of %d tokens", config.cost.name, config.gpu_kv_blocks, config.block_size
+    )
     run(Emulator(config, faults), host, port)
 
 

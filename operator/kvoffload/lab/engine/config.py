@@ -11,6 +11,7 @@ from typing import Final
 
 from kvoffload.analysis import dialects
 from kvoffload.api.quantity import GIB
+from kvoffload.lab.engine import sizing
 from kvoffload.lab.engine.costmodel import CostModel
 
 log = logging.getLogger("kvoffload.emulate")
@@ -51,6 +52,10 @@ class EngineConfig:
     vllm_version: str = DEFAULT_VLLM_VERSION
     startup_delay_s: float = 0.0
     cost: CostModel = field(default_factory=CostModel)
+    # Issue 11, part 2: the GPU class's profile prices the engine; vLLM's cache-sizing flags bound the GPU cache.
+    gpu_class: str | None = None
+    kv_cache_memory_bytes: int | None = None
+    num_gpu_blocks_override: int | None = None
 
     @property
     def name(self) -> str:
@@ -148,6 +153,9 @@ def config_from_options(
     vllm_version: str | None = None,
     startup_delay: float | None = None,
     itl: float | None = None,
+    gpu_class: str | None = None,
+    kv_cache_memory_bytes: int | None = None,
+    num_gpu_blocks_override: int | None = None,
 ) -> tuple[EngineConfig, list[str]]:
     """An engine config from ``vllm serve``-style options; also the arguments it ignores.
 
@@ -201,10 +209,37 @@ def config_from_options(
         if startup_delay < 0:
             raise ConfigError(f"--startup-delay: must be >= 0, got {startup_delay}")
         cfg.startup_delay_s = startup_delay
-    if itl is not None:
-        if itl < 0:
-            raise ConfigError(f"--itl: must be >= 0, got {itl}")
-        cfg.cost = CostModel(itl_s=itl)
+    if itl is not None and itl < 0:
+        raise ConfigError(f"--itl: must be >= 0, got {itl}")
+    # Issue 11, part 2: price from the class's profile (or the seed's laptop); size the GPU cache as vLLM does.
+    cfg.gpu_class = gpu_class
+    cfg.kv_cache_memory_bytes = kv_cache_memory_bytes
+    cfg.num_gpu_blocks_override = num_gpu_blocks_override
+    try:
+        cost = sizing.engine_cost(
+            gpu_class,
+            cfg.model,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            block_size=cfg.block_size,
+            kv_bytes_per_token=cfg.kv_bytes_per_token,
+        )
+        cfg.cost = sizing.with_itl(cost, itl)
+        cfg.gpu_kv_blocks = sizing.gpu_kv_blocks(
+            default_blocks=cfg.gpu_kv_blocks,
+            gpu_kv_blocks=gpu_kv_blocks,
+            num_gpu_blocks_override=num_gpu_blocks_override,
+            kv_cache_memory_bytes=kv_cache_memory_bytes,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            utilization_given=gpu_memory_utilization is not None,
+            gpu_class=gpu_class,
+            model=cfg.model,
+            block_bytes=cfg.block_bytes,
+            block_size=cfg.block_size,
+            tensor_parallel_size=cfg.tensor_parallel_size,
+            max_model_len=cfg.max_model_len,
+        )
+    except sizing.SizingError as exc:
+        raise ConfigError(str(exc)) from exc
     if kv_offloading_size is not None:
         if kv_offloading_size <= 0:
             raise ConfigError(f"--kv-offloading-size: must be positive GiB, got {kv_offloading_size}")

@@ -1,41 +1,274 @@
-"""What a request's prefill costs, by where its prompt blocks come from.
+"""What a request's prefill costs, by where its prompt blocks come from: the seed's laptop, or a GPU class's profile.
 
-Default constants reproduce the seed measurement (docs/design.md, "Seed figures") (Qwen3-0.6B, 114,688 KV
-bytes per token, vLLM 0.31 on a laptop Ada GPU, 1,480-token prompt):
+**With a GPU class** (``kvoffload emulate --gpu-class NAME``) every cost comes from the class's
+shipped profile (``kvoffload.economics.profile``) and the served model's curves in it:
 
-- cold: 77.3 ms = fixed overhead + 1,480 tokens at ~23,000 tokens/s;
-- GPU prefix hit: ~14 ms, the fixed overhead plus the few tokens past the last full block;
-- restored from the CPU tier: 35.1 ms = fixed overhead + 170 MB at ~12.6 GB/s
-  (13.5 ms) + one extra scheduler step while the asynchronous load lands,
-  + the remainder's compute.
+- compute: the profile's prefill curve (``eager``, the mode ``kvoffload plan``'s break-even
+  uses) over prompt length. A miss of ``n`` tokens costs ``prefill(n)``; ``c`` tokens computed
+  after ``h`` cached ones cost ``prefill(1) + prefill(h + c) - prefill(h)``: the forward's fixed
+  cost plus the curve's growth over the whole context, so attention over the cached part counts;
+- a restore from the CPU tier: ``Profile.restore_seconds`` at the page vLLM moves (one layer's K
+  or V of one block): bytes / the bandwidth of vLLM's load path at that page size, plus the
+  host's submit cost per page and a fixed cost; plus one engine step (the decode step at batch 1)
+  that the request waits while the asynchronous load lands;
+- ITL: the profile's decode curve at the batch of requests running when the request arrives
+  (``itl_s`` is the batch-1 figure);
+- stores: bytes / the device-to-host batched DMA rate at the page size;
+- no fixed cost per request beyond the curve's own (the API server's overhead is not priced),
+  and the filesystem tier keeps the laptop's 3 GB/s (no profile measures it).
 
-The fixed overhead (13 ms) and the restore step (8.5 ms) are not measured;
-they are what the three measured figures leave once the stated rates are taken out.
+Tensor parallelism ``t``: every rank holds ``1/t`` of the KV heads and of the weights, and the
+ranks work at once. The compute above the forward's fixed cost ``prefill(1)`` is divided by ``t``
+(the fixed launch cost is not); a restore moves ``1/t`` of the bytes per rank in pages ``1/t``
+the size, each rank over its own link; ITL is divided by ``t`` (a decode step reads the weights).
+The all-reduces between ranks are not priced, so TP > 1 is optimistic.
+
+**Without a class** the seed's laptop (docs/design.md, "Seed figures": Qwen3-0.6B, vLLM 0.31 on a
+laptop Ada GPU) prices it:
+
+- compute: the FLOPs of the model's shape at one effective rate ``prefill_flops_per_s``:
+  ``2 × non-embedding params`` per token plus ``4 × layers × query heads × head_dim`` per
+  (query, key) pair of causal attention, the cached context included;
+- a fixed cost per request ``base_s`` (scheduling, the API server, sampling);
+- a restore: bytes at the measured 12.6 GB/s plus ``restore_step_s``, the engine step the
+  request waits for the asynchronous load.
+
+Measured (seed): 12.6 GB/s. Fitted, on the 1,480-token figures only (``fit_laptop``):
+``prefill_flops_per_s`` and ``base_s`` from the cold (77.3 ms) and GPU-hit (14 ms) figures,
+``restore_step_s`` from the CPU-restore figure (35.1 ms). The 3,200-token figures (174.7 ms cold,
+18.9 ms GPU hit) are held out: ``tests/lab/test_emulator_pricing.py`` checks the prediction against
+them (cold 177.2 ms, +1.4%; GPU hit 13.7 ms, -28%, missed: nothing fitted on one prompt length
+can grow the hit with the cached length). ITL stays the seed emulator's flat 10 ms (not a seed figure).
+A model whose shape no shipped profile records is priced with Qwen3-0.6B's shape (logged).
+Tensor parallelism on the laptop divides the FLOPs and the restored bytes by ``t`` (each rank its own link).
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 from dataclasses import dataclass
+from typing import Final
+
+from kvoffload.economics.profile import ModelShape, Profile, ProfileError, shipped_profile, shipped_profile_names
+
+log = logging.getLogger("kvoffload.emulate")
+
+QWEN3_0_6B: Final = ModelShape(
+    layers=28, hidden=1024, intermediate=3072, heads=16, kv_heads=8, head_dim=128, vocab=151_936
+)
+"""The seed's model (Hugging Face Qwen/Qwen3-0.6B config.json)."""
+
+PREFILL_MODE: Final = "eager"
+"""The profile curve a class prices prefill with: the one ``kvoffload plan``'s break-even uses."""
+
+
+@dataclass(frozen=True)
+class PrefillFlops:
+    """FLOPs of a dense decoder's prefill: a linear part per token, and attention per (query, key) pair."""
+
+    linear_per_token: float
+    attention_per_pair: float
+
+    @classmethod
+    def of(cls, shape: ModelShape) -> PrefillFlops:
+        non_embedding = shape.params - shape.vocab * shape.hidden
+        return cls(2.0 * non_embedding, 4.0 * shape.layers * shape.heads * shape.head_dim)
+
+    def flops(self, computed: int, cached: int) -> float:
+        """FLOPs of computing ``computed`` tokens after ``cached`` ones (causal attention over all of them)."""
+        pairs = computed * cached + computed * (computed + 1) / 2
+        return self.linear_per_token * computed + self.attention_per_pair * pairs
+
+
+@dataclass(frozen=True)
+class SeedFigures:
+    """The seed's measured figures at one prompt length (docs/design.md, "Seed figures")."""
+
+    prompt_tokens: int
+    cold_s: float
+    gpu_hit_s: float
+    cpu_restore_s: float | None = None
+
+
+SEED_FIT: Final = SeedFigures(1480, cold_s=0.0773, gpu_hit_s=0.014, cpu_restore_s=0.0351)
+"""What the laptop profile is fitted on."""
+SEED_HELD_OUT: Final = SeedFigures(3200, cold_s=0.1747, gpu_hit_s=0.0189)
+"""What it is checked against, never fitted on."""
+SEED_KV_BYTES_PER_TOKEN: Final = 114_688
+SEED_CPU_RESTORE_BYTES_PER_S: Final = 12.6e9
+SEED_BLOCK_SIZE: Final = 16
+
+
+def split_hit(prompt_tokens: int, cached_blocks: int, block_size: int) -> tuple[int, int]:
+    """(cached, computed) tokens of a prompt whose ``cached_blocks`` leading blocks hit: a full hit recomputes one."""
+    cached = min(cached_blocks * block_size, prompt_tokens)
+    if cached >= prompt_tokens > 0:
+        cached -= 1
+    return cached, prompt_tokens - cached
+
+
+@dataclass(frozen=True)
+class LaptopFit:
+    """The laptop's free constants, fitted on the seed's 1,480-token figures."""
+
+    prefill_flops_per_s: float
+    base_s: float
+    restore_step_s: float
+
+
+def fit_laptop(flops: PrefillFlops | None = None, seed: SeedFigures = SEED_FIT) -> LaptopFit:
+    """Solve the cold, GPU-hit and CPU-restore figures of ``seed`` for the three free constants.
+
+    cold = base + F(n, 0) / rate; hit = base + F(c, h) / rate, with (h, c) the GPU hit's split of
+    the prompt in 16-token blocks; restore = hit + h × KV bytes / 12.6 GB/s + step.
+    """
+    f = flops or PrefillFlops.of(QWEN3_0_6B)
+    n = seed.prompt_tokens
+    cached, computed = split_hit(n, n // SEED_BLOCK_SIZE, SEED_BLOCK_SIZE)
+    cold_flops, hit_flops = f.flops(n, 0), f.flops(computed, cached)
+    rate = (cold_flops - hit_flops) / (seed.cold_s - seed.gpu_hit_s)
+    base = seed.cold_s - cold_flops / rate
+    if seed.cpu_restore_s is None:
+        raise ValueError("fit_laptop needs the CPU-restore figure")
+    step = seed.cpu_restore_s - seed.gpu_hit_s - cached * SEED_KV_BYTES_PER_TOKEN / SEED_CPU_RESTORE_BYTES_PER_S
+    return LaptopFit(rate, base, step)
+
+
+_LAPTOP: Final = fit_laptop()
+_SEED_FLOPS: Final = PrefillFlops.of(QWEN3_0_6B)
 
 
 @dataclass(frozen=True)
 class CostModel:
-    """Rates and fixed costs of one engine (seconds, bytes, tokens)."""
+    """Rates and fixed costs of one engine (seconds, bytes, tokens): the laptop's, or a class profile's."""
 
-    prefill_tokens_per_s: float = 23_000.0
-    """Recompute (prefill) throughput."""
-    base_s: float = 0.013
-    """Fixed per-request cost to the first token: scheduling, one forward pass, sampling."""
-    cpu_restore_bytes_per_s: float = 12.6e9
-    """Pinned host -> GPU transfer rate."""
+    prefill_flops_per_s: float = _LAPTOP.prefill_flops_per_s
+    """Laptop: effective prefill rate (fitted)."""
+    flops: PrefillFlops = _SEED_FLOPS
+    """Laptop: the served model's prefill FLOPs."""
+    base_s: float = _LAPTOP.base_s
+    """Fixed per-request cost to the first token (laptop: fitted; a class: 0, the curve holds the forward's own)."""
+    cpu_restore_bytes_per_s: float = SEED_CPU_RESTORE_BYTES_PER_S
+    """Pinned host -> GPU transfer rate (laptop: measured; a class: its load path at the page size, all ranks)."""
     disk_restore_bytes_per_s: float = 3.0e9
     """Filesystem tier -> GPU rate (an NVMe read through the CPU tier)."""
-    restore_step_s: float = 0.0085
-    """Extra scheduler step a request waits for an asynchronous offload load."""
-    store_bytes_per_s: float = 12.6e9
+    restore_step_s: float = _LAPTOP.restore_step_s
+    """Extra engine step a request waits for an asynchronous offload load (laptop: fitted; a class: ITL)."""
+    store_bytes_per_s: float = SEED_CPU_RESTORE_BYTES_PER_S
     """GPU -> host store rate (stores run asynchronously; they do not delay the first token)."""
     itl_s: float = 0.010
     """Time between output tokens."""
+    profile: Profile | None = None
+    """The GPU class's profile; None prices as the seed's laptop."""
+    model: str = ""
+    """The model's name in ``profile``."""
+    tensor_parallel_size: int = 1
+    page_bytes: int = 0
+    """Bytes of one page one rank moves (a class only)."""
+    itl_given: bool = False
+    """``--itl`` was given: it replaces the decode curve."""
+
+    @property
+    def name(self) -> str:
+        return "laptop (seed)" if self.profile is None else f"{self.profile.gpu_class} ({self.profile.kind})"
+
+    def compute_seconds(self, computed: int, cached: int) -> float:
+        """Seconds to compute ``computed`` prompt tokens after ``cached`` ones, beyond ``base_s``."""
+        if computed <= 0:
+            return 0.0
+        p = self.profile
+        if p is None:
+            return self.flops.flops(computed, cached) / (self.prefill_flops_per_s * self.tensor_parallel_size)
+        fixed = p.prefill_seconds(self.model, 1, PREFILL_MODE)
+        if cached == 0:
+            whole = p.prefill_seconds(self.model, computed, PREFILL_MODE)
+        else:
+            grow = p.prefill_seconds(self.model, cached + computed, PREFILL_MODE)
+            grow -= p.prefill_seconds(self.model, cached, PREFILL_MODE)
+            whole = fixed + max(0.0, grow)
+        return fixed + max(0.0, whole - fixed) / self.tensor_parallel_size
+
+    def itl_seconds(self, batch: int) -> float:
+        """Seconds between output tokens with ``batch`` sequences decoding.
+
+        A class: its decode curve at that batch, divided by TP. The laptop (or ``--itl``): one flat figure.
+        """
+        if self.profile is None or self.itl_given:
+            return self.itl_s
+        return self.profile.decode_itl_seconds(self.model, max(1, batch)) / self.tensor_parallel_size
+
+    def cpu_restore_seconds(self, nbytes: int) -> float:
+        """Seconds to load ``nbytes`` (all ranks together) from the CPU tier, without the engine step."""
+        if nbytes <= 0:
+            return 0.0
+        if self.profile is None:
+            return nbytes / (self.cpu_restore_bytes_per_s * self.tensor_parallel_size)
+        return self.profile.restore_seconds(-(-nbytes // self.tensor_parallel_size), self.page_bytes)
+
+
+def laptop_cost(model: str, tensor_parallel_size: int = 1) -> CostModel:
+    """The seed's laptop, pricing ``model`` by its shape (from any shipped profile; else Qwen3-0.6B's)."""
+    shape = _shape_of(model)
+    if shape is None:
+        log.info("no shipped profile records the shape of %s: the laptop prices it as Qwen3-0.6B", model)
+        shape = QWEN3_0_6B
+    return CostModel(flops=PrefillFlops.of(shape), tensor_parallel_size=tensor_parallel_size)
+
+
+@functools.cache
+def _shape_of(model: str) -> ModelShape | None:
+    names = {model.strip().lower(), _canonical(model).lower()}
+    for gpu_class in shipped_profile_names():
+        for curve in shipped_profile(gpu_class).prefill:
+            if curve.model.lower() in names:
+                return curve.shape
+    return None
+
+
+def _canonical(model: str) -> str:
+    from kvoffload.policy.catalog import find_model
+
+    entry = find_model(model)
+    return entry.name if entry is not None else model
+
+
+def class_cost(
+    gpu_class: str,
+    model: str,
+    *,
+    tensor_parallel_size: int = 1,
+    block_size: int = 16,
+    kv_bytes_per_token: int | None = None,
+) -> CostModel:
+    """The costs of ``model`` on ``gpu_class``'s shipped profile; ProfileError naming what it has when it cannot."""
+    profile = shipped_profile(gpu_class)
+    try:
+        curve = profile.prefill_curve(model, PREFILL_MODE)
+    except ProfileError as exc:
+        try:  # a catalog alias of a model the profile has
+            curve = profile.prefill_curve(_canonical(model), PREFILL_MODE)
+        except ProfileError:
+            raise exc from None
+    name = curve.model
+    tp = tensor_parallel_size
+    shape = curve.shape
+    # vLLM moves one layer's K or V of one block per page; a rank holds kv_heads / tp of the heads.
+    kv = kv_bytes_per_token or shape.kv_bytes_per_token  # the engine's (an fp8 KV cache halves it)
+    page = max(1, block_size * kv // (2 * shape.layers * tp))
+    step = profile.decode_itl_seconds(name, 1) / tp
+    restore_rate = profile.bandwidth("h2d", profile.load_path(page, 64), page) * tp
+    return CostModel(
+        base_s=0.0,
+        cpu_restore_bytes_per_s=restore_rate,
+        restore_step_s=step,
+        store_bytes_per_s=profile.bandwidth("d2h", "batched_dma", page) * tp,
+        itl_s=step,
+        profile=profile,
+        model=name,
+        tensor_parallel_size=tp,
+        page_bytes=page,
+    )
 
 
 @dataclass(frozen=True)
@@ -60,17 +293,19 @@ def price(
     cpu_restored_tokens: int,
     disk_restored_tokens: int,
     kv_bytes_per_token: int,
+    gpu_hit_tokens: int = 0,
 ) -> Price:
     """Price a prefill that computes ``computed_tokens`` and restores the rest from the tiers.
 
-    Tokens hit in the GPU cache cost nothing beyond the fixed overhead.
+    Tokens hit in the GPU cache cost no transfer; the computed tokens attend over every cached one.
     """
-    if min(computed_tokens, cpu_restored_tokens, disk_restored_tokens) < 0:
+    if min(computed_tokens, cpu_restored_tokens, disk_restored_tokens, gpu_hit_tokens) < 0:
         raise ValueError("token counts must be >= 0")
-    compute_s = computed_tokens / model.prefill_tokens_per_s
+    cached = gpu_hit_tokens + cpu_restored_tokens + disk_restored_tokens
+    compute_s = model.compute_seconds(computed_tokens, cached)
     cpu_bytes = cpu_restored_tokens * kv_bytes_per_token
     disk_bytes = disk_restored_tokens * kv_bytes_per_token
-    cpu_s = cpu_bytes / model.cpu_restore_bytes_per_s
+    cpu_s = model.cpu_restore_seconds(cpu_bytes)
     disk_s = disk_bytes / model.disk_restore_bytes_per_s
     restore_s = cpu_s + disk_s + (model.restore_step_s if cpu_bytes or disk_bytes else 0.0)
     return Price(

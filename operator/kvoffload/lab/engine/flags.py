@@ -52,6 +52,14 @@ OPTIONS: Final[tuple[Callable[[Any], Any], ...]] = (
         help="GPU KV cache capacity in blocks (default 4096).",
     ),
     click.option(
+        "--gpu-class",
+        default=None,
+        envvar=_env("GPU_CLASS"),
+        help="Price from this GPU class's shipped profile (default: the seed's laptop). Not a vLLM flag.",
+    ),
+    click.option("--kv-cache-memory-bytes", type=int, default=None, help="GPU KV cache per GPU, bytes (vLLM's flag)."),
+    click.option("--num-gpu-blocks-override", type=int, default=None, help="GPU KV cache in blocks (vLLM's flag)."),
+    click.option(
         "--vllm-version", default=None, envvar=_env("VLLM_VERSION"), help="Metric dialect to speak (default 0.32.0)."
     ),
     click.option(

@@ -91,7 +91,9 @@ class KVEngine:
         self.gpu.insert(reversed(hashes))
         stored = 0
         if self.cpu is not None:
-            self.cpu.touch(hashes[n_local : n_local + n_cpu])
+            # vLLM's offloading scheduler touches every block of the request on lookup, GPU hits included,
+            # in reverse, so a prefix outlives its tail in the CPU tier too.
+            self.cpu.touch(list(reversed(hashes)))
             for cache, blocks in disk_hits:
                 cache.touch(blocks)
             new = [h for h in hashes if h not in self.cpu]
@@ -106,6 +108,7 @@ class KVEngine:
             cpu_restored_tokens=cpu_tok,
             disk_restored_tokens=disk_tok,
             kv_bytes_per_token=cfg.kv_bytes_per_token,
+            gpu_hit_tokens=local,
         )
         return Admission(len(tokens), local, cpu_tok, disk_tok, computed, stored, cost)
 

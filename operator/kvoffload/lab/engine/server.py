@@ -133,7 +133,7 @@ class Emulator:
         self.metrics.record_admission(adm, max_tokens)
         faults = self.faults
         ttft_target = adm.price.ttft_s * faults.ttft_factor(arrived) + faults.added_latency_s
-        itl_target = self.config.cost.itl_s * faults.itl_factor(arrived)
+        itl_target = self.config.cost.itl_seconds(self.running + 1) * faults.itl_factor(arrived)
         blocks = math.ceil((len(tokens) + max_tokens) / self.config.block_size)
         self.running += 1
         self.used_blocks += blocks
