@@ -32,10 +32,14 @@ import vllm
 from vllm.config import CacheConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.engine.arg_utils import AsyncEngineArgs
-from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
 from vllm.v1.kv_offload.factory import OffloadingSpecFactory
 from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+try:  # 0.33 moved the serve parser to entrypoints/common
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+except ImportError:  # 0.32
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser  # type: ignore[no-redef]
 
 VLLM_DIR = Path(vllm.__file__).parent
 # Where vLLM's native offloading reads kv_connector_extra_config.
@@ -138,7 +142,7 @@ def main() -> None:
     requests = json.load(sys.stdin)
     known_keys = known_extra_config_keys()
     for request in requests:
-        out = {"id": request["id"], **check(list(request["args"]), known_keys)}
+        out = {"id": request["id"], "vllm_version": vllm.__version__, **check(list(request["args"]), known_keys)}
         sys.stdout.write(json.dumps(out, default=str) + "\n")
     sys.stdout.flush()
 

@@ -324,3 +324,101 @@ def test_a_breach_is_not_sustained_while_the_latest_verdict_is_not_fail() -> Non
     assert not sustained(run(FAIL, FAIL, INCONCLUSIVE), "30s", T0 + timedelta(minutes=5))
     assert not sustained(run(FAIL, FAIL, PASS), "30s", T0 + timedelta(minutes=5))
     assert not sustained(None, "30s", T0)
+
+
+# --- vLLM 0.33: the CPU tier as allocated (vllm:kv_offload_config_info) -----------------------------
+
+CHUNK = 3 * 786_432  # an aligned chunk of a few GPU blocks, bytes; 32 GiB is not a multiple of it
+
+
+def allocated(size: int, chunks: int, *, pod: str = "chat-canary-0", tier: str = "") -> dict[str, str]:
+    return {"pod": pod, "tier": tier, "cpu_kv_cache_size_bytes": str(size), "cpu_num_chunks": str(chunks)}
+
+
+def test_an_engine_that_allocated_the_rendered_size_to_within_a_chunk_matches() -> None:
+    chunks = 32 * GIB // CHUNK
+    canary = replace(HEALTHY, offload_allocated=(allocated(chunks * CHUNK, chunks),))
+    result = judge(canary)
+    live = result.metric(LIVE_CONFIG)
+    assert live is not None
+    assert live.passed is True
+    assert live.canary == chunks * CHUNK
+    assert live.threshold == 32 * GIB
+    assert result.verdict is Verdict.PASS, result.message
+
+
+@pytest.mark.parametrize(
+    ("size", "chunks"),
+    [
+        pytest.param(16 * GIB // CHUNK * CHUNK, 16 * GIB // CHUNK, id="half"),
+        pytest.param((32 * GIB // CHUNK - 1) * CHUNK, 32 * GIB // CHUNK - 1, id="one-chunk-short"),
+        pytest.param(64 * GIB, 64 * GIB // (8 * 1024 * 1024), id="more-than-rendered"),
+        pytest.param(0, 0, id="nothing"),
+    ],
+)
+def test_an_engine_that_allocated_another_size_fails_the_live_config_with_its_figures(size: int, chunks: int) -> None:
+    canary = replace(HEALTHY, offload_allocated=(allocated(size, chunks),))
+    result = judge(canary)
+    live = result.metric(LIVE_CONFIG)
+    assert live is not None
+    assert live.passed is False
+    assert result.verdict is Verdict.FAIL
+    assert "ALLOCATED SIZE MISMATCH" in result.message
+    assert f"allocated {size} B ({chunks} chunks" in live.message
+    assert f"rendered {32 * GIB} B (32 GiB) at level cpu" in live.message
+    assert "chat-canary-0" in live.message
+
+
+def test_under_tiering_only_the_primary_tier_series_is_the_cpu_tier() -> None:
+    chunks = 32 * GIB // CHUNK
+    canary = replace(
+        HEALTHY,
+        offload_allocated=(
+            allocated(chunks * CHUNK, chunks, tier="0:primary"),
+            {"pod": "chat-canary-0", "tier": "1:fs", "cpu_kv_cache_size_bytes": "", "cpu_num_chunks": ""},
+        ),
+    )
+    assert passed(judge(canary, level=NVME), LIVE_CONFIG) is True
+
+
+def test_without_kv_offload_config_info_the_live_config_is_only_reported() -> None:
+    result = judge(HEALTHY)
+    assert passed(result, LIVE_CONFIG) is None
+    assert result.verdict is Verdict.PASS
+
+
+# --- tiering: per-tier chunk hit shares gate the fs tier ---------------------------------------------
+
+
+def tiered(fs_hits: float, fs_queries: float = 800.0, *, disk: float = 1200.0) -> VariantSample:
+    return replace(
+        HEALTHY,
+        tier_hits={"host": 9000.0, "disk": disk},
+        tier_chunk_queries={"0:primary": 1000.0, "1:fs": fs_queries},
+        tier_chunk_hits={"0:primary": 200.0, "1:fs": fs_hits},
+    )
+
+
+def test_under_tiering_the_fs_tier_is_gated_on_its_chunk_hits_not_the_lumped_disk_source() -> None:
+    result = judge(tiered(fs_hits=200.0, disk=0.0), level=NVME)
+    assert result.verdict is Verdict.PASS, result.message
+    fs = result.metric("tierHitShare.1:fs")
+    assert fs is not None
+    assert (fs.passed, fs.canary) == (True, 0.25)
+    assert "hit 200 of 800 chunk lookups (25.0%)" in fs.message
+    primary = result.metric("tierHitShare.0:primary")
+    assert primary is not None
+    assert (primary.passed, primary.canary) == (None, 0.2)
+    assert passed(result, "tierHits.disk") is None  # reported only
+
+
+def test_under_tiering_an_fs_tier_never_hit_fails_even_when_the_disk_source_counted_tokens() -> None:
+    result = judge(tiered(fs_hits=0.0, disk=1200.0), level=NVME)
+    assert result.verdict is Verdict.FAIL
+    assert "secondary tier 1:fs (nvme) was never hit on the canary (800 chunk lookups)" in result.message
+
+
+def test_the_fs_tier_hit_share_waits_for_warm_up() -> None:
+    result = judge(tiered(fs_hits=0.0), level=NVME, warmed_up=False)
+    assert passed(result, "tierHitShare.1:fs") is None
+    assert result.verdict is not Verdict.FAIL

@@ -104,8 +104,50 @@ def test_dialect_for_each_version(
 
 
 def test_unknown_version_speaks_the_newest_dialect() -> None:
-    assert dialect_for(None) == dialects.NEWEST == dialect_for("0.32.0")
+    assert dialect_for(None) == dialects.NEWEST == dialect_for("0.33.0")
+    assert dialect_for("0.32.0") != dialects.NEWEST
     assert dialect_for("9.0.0") == dialects.NEWEST
+
+
+@pytest.mark.parametrize(
+    ("version", "chunks", "config_info"),
+    [("0.31.0", False, False), ("0.32.0", True, False), ("0.33.0", True, True), ("0.33.1", True, True)],
+)
+def test_tiering_counters_from_032_and_the_allocated_config_from_033(
+    version: str, chunks: bool, config_info: bool
+) -> None:
+    d = dialect_for(version)
+    assert (d.tiering_chunk_hits, d.tiering_chunk_queries) == (
+        ("vllm:kv_offload_tiering_chunk_hits_total", "vllm:kv_offload_tiering_chunk_queries_total")
+        if chunks
+        else (None, None)
+    )
+    assert d.offload_config_info == ("vllm:kv_offload_config_info" if config_info else None)
+    assert d.tiering_promotion_latency == ("vllm:kv_offload_tiering_promotion_latency_seconds" if config_info else None)
+    assert (d.offload_config_info in d.offload_families()) is config_info
+    # Nothing offload-related renamed or removed in 0.33.
+    older = dialect_for("0.32.0")
+    if config_info:
+        assert (d.offload, d.offload_cpu_usage, d.required_families()) == (
+            older.offload,
+            older.offload_cpu_usage,
+            older.required_families(),
+        )
+
+
+def test_confirm_adds_the_033_families_wherever_prometheus_holds_them() -> None:
+    present = fixture_series_names() | {
+        "vllm:kv_offload_config_info",
+        "vllm:kv_offload_tiering_chunk_hits_total",
+        "vllm:kv_offload_tiering_promotion_latency_seconds_bucket",
+    }
+    d = confirm_dialect(dialect_for("0.31.0"), present)
+    assert d.offload_config_info == "vllm:kv_offload_config_info"
+    assert d.tiering_chunk_hits == "vllm:kv_offload_tiering_chunk_hits_total"
+    assert d.tiering_chunk_queries is None  # not seen: no evidence
+    assert d.tiering_promotion_latency == "vllm:kv_offload_tiering_promotion_latency_seconds"
+    # Absent from Prometheus (no connector, no tiering yet) is no evidence against the table.
+    assert confirm_dialect(dialect_for("0.33.0"), fixture_series_names()) == dialect_for("0.33.0")
 
 
 def test_legacy_offload_series_carry_the_double_total_and_a_transfer_type() -> None:
@@ -181,6 +223,6 @@ def test_confirm_changes_nothing_without_vllm_series() -> None:
 
 def test_every_table_row_names_its_evidence() -> None:
     for change in dialects.DIALECT_CHANGES:
-        assert "PR" in change.evidence or "capture" in change.evidence
+        assert any(word in change.evidence for word in ("PR", "capture", "wheel"))
     rows = [since for since, _ in dialects.DIALECTS]
     assert rows == sorted(rows)

@@ -55,12 +55,15 @@ def test_every_query_selects_all_policies_and_groups_by_policy_and_variant() -> 
         "config",
         "external_share",
         "tier_hits",
+        "tier_chunk_queries",
+        "tier_chunk_hits",
+        "offload_allocated",
         "load_bytes_per_second",
     ]
     for query in queries:
         assert 'kvoffload_io_policy!=""' in query.expr
         assert "namespace, kvoffload_io_policy, kvoffload_io_variant" in query.expr
-        assert "[120s]" in query.expr or query.field == "config"
+        assert "[120s]" in query.expr or query.field in ("config", "offload_allocated")
     ttft = next(q for q in queries if q.field == "ttft_p99").expr
     assert ttft == (
         "histogram_quantile(0.99, sum by (le, namespace, kvoffload_io_policy, kvoffload_io_variant) "
@@ -118,7 +121,7 @@ def test_every_series_the_queries_read_exists_in_a_real_vllm_capture() -> None:
     for family in text_string_to_metric_families(CAPTURE.read_text()):
         present.update(sample.name for sample in family.samples)
     # Offload series exist only with offloading on, which vLLM for CPU refuses: checked against the dialect instead.
-    offload = set(NEWEST.offload.families()) if NEWEST.offload else set()
+    offload = {*NEWEST.offload_families(), *NEWEST.tiering_families()}
     for query in build_queries("2m", NEWEST, workload=True):
         for name in re.findall(r"(vllm:[a-z_:]+)\{", query.expr):
             assert name in present or name in offload, f"{name} ({query.field}) is not in the vLLM 0.32 capture"

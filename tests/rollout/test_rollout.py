@@ -33,7 +33,7 @@ from kvoffload.api.conventions import (
     STALLED,
     Reason,
 )
-from kvoffload.api.quantity import parse_duration
+from kvoffload.api.quantity import GIB, parse_duration
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, MetricResult, Mode, Phase, Verdict
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.sizing import progress_deadline_seconds
@@ -620,6 +620,38 @@ def test_a_failing_canary_pod_rolls_back_on_the_next_decision(fault, reason):
     assert world.events[-1].reason == reason
     assert "canary-0" in world.events[-1].message
     assert world.events[-1].type == "Warning"
+
+
+def _allocated(size: int, chunks: int) -> VariantSample:
+    labels = {"pod": "canary-0", "tier": "", "cpu_kv_cache_size_bytes": str(size), "cpu_num_chunks": str(chunks)}
+    return replace(HEALTHY, offload_allocated=(labels,))
+
+
+def test_a_canary_engine_that_allocated_another_cpu_tier_rolls_back_at_once_with_the_figures():
+    world = _at_cpu_canary()
+    chunk = 2 * 1024 * 1024
+    world.tick(Traffic(canary=_allocated(16 * GIB, 16 * GIB // chunk)))
+
+    assert world.phase is Phase.ROLLED_BACK  # one cycle, not sustainedFor: a hard failure like an OOM kill
+    assert world.fleet == (("gpu-only", 4), None)
+    event = world.events[-1]
+    assert (event.type, event.reason) == ("Warning", "CanaryAllocationMismatch")
+    assert f"canary pod canary-0 allocated {16 * GIB} B (8192 chunks of {chunk} B)" in event.message
+    assert f"rendered {32 * GIB} B (32 GiB) at level cpu" in event.message
+
+
+def test_a_canary_engine_that_allocated_the_rendered_cpu_tier_goes_on():
+    world = _at_cpu_canary()
+    chunk = 2 * 1024 * 1024
+    world.run_for("2m", Traffic(canary=_allocated(32 * GIB, 32 * GIB // chunk)))
+    assert world.phase is Phase.CANARY
+    assert "CanaryAllocationMismatch" not in world.reasons()
+
+
+def test_an_allocation_seen_while_an_older_canary_pod_lingers_is_not_judged():
+    world = _at_cpu_canary()
+    world.tick(Traffic(canary=_allocated(4 * GIB, 2048)), canary_fault={"config_hash": "cpu-pilot-old", "ready": False})
+    assert world.phase is Phase.CANARY
 
 
 def test_a_fault_on_a_pod_of_an_older_canary_config_is_not_held_against_the_new_one():

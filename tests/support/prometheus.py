@@ -142,6 +142,10 @@ class SyntheticEngine:
     preemptions_per_s: float = 0.0
     kv_usage_peak: float | None = None
     """When set, KV usage shows this instead of ``kv_usage`` during every odd second (a gauge that moves)."""
+    tier_chunks: tuple[tuple[str, float, float], ...] = ()
+    """Under tiering: (tier label, chunk lookups per second, hits per second) per tier (``0:primary``, ``1:fs``)."""
+    allocated: tuple[tuple[str, int, int], ...] = ()
+    """vLLM 0.33's vllm:kv_offload_config_info: (tier label or "", CPU bytes, chunks) per series."""
 
 
 def _series(engine: SyntheticEngine, dialect: Dialect) -> list[tuple[str, float]]:
@@ -189,6 +193,10 @@ def _series(engine: SyntheticEngine, dialect: Dialect) -> list[tuple[str, float]
         }
         for source, per_s in cached.items():
             rows.append((f'{dialect.prompt_tokens_cached_by_source}{{{base},source="{source}"}}', per_s))
+    if dialect.tiering_chunk_queries and dialect.tiering_chunk_hits:
+        for tier, queries_per_s, hits_per_s in engine.tier_chunks:
+            rows.append((f'{dialect.tiering_chunk_queries}{{{base},tier="{tier}"}}', queries_per_s))
+            rows.append((f'{dialect.tiering_chunk_hits}{{{base},tier="{tier}"}}', hits_per_s))
     if dialect.offload is not None and engine.load_bytes_per_s > 0:
         rows.append((f"{dialect.offload.load_bytes}{{{base}}}", engine.load_bytes_per_s))
         rows.append((f"{dialect.offload.load_time}{{{base}}}", engine.load_bytes_per_s / engine.load_throughput))
@@ -224,6 +232,13 @@ class SyntheticFleet:
                 f'{dialect.cache_config_info}{{engine="0",{labels},kv_offloading_backend="{engine.offloading_backend}",'
                 f'kv_offloading_size="{engine.offloading_size}"}} 1.0'
             )
+            if dialect.offload_config_info:
+                for tier, size, chunks in engine.allocated:
+                    info = (
+                        f'cpu_blocks_per_chunk="1",cpu_kv_cache_size_bytes="{size}",'
+                        f'cpu_kv_cache_size_tokens="None",cpu_num_chunks="{chunks}",tier="{tier}"'
+                    )
+                    gauges.append(f'{dialect.offload_config_info}{{engine="0",{labels},{info}}} 1.0')
         self._gauges = "\n".join(gauges) + "\n"
         fleet = self
 

@@ -13,11 +13,19 @@ absolute budgets only.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from kvoffload.analysis.dialects import CACHED_SOURCE_DISK, CACHED_SOURCE_HOST
+from kvoffload.analysis.dialects import (
+    CACHED_SOURCE_DISK,
+    CACHED_SOURCE_HOST,
+    LABEL_CPU_NUM_CHUNKS,
+    LABEL_CPU_SIZE_BYTES,
+    LABEL_TIER,
+    TIER_PRIMARY,
+    secondary_tier_label,
+)
 from kvoffload.api.quantity import GIB, parse_duration
 from kvoffload.api.types import (
     AnalysisSpec,
@@ -40,9 +48,14 @@ ITL_VS_BASELINE = "itlP99VsBaseline"
 EXTERNAL_SHARE = "externalShare"
 TIER_HITS = "tierHits"
 """Prefix ``tierHits.<source>``: prompt tokens served from that cache source (``host``, ``disk``)."""
+TIER_HIT_SHARE = "tierHitShare"
+"""Prefix ``tierHitShare.<tier>``: chunk lookups that hit that tier under tiering (``0:primary``, ``1:fs``)."""
 KV_USAGE = "kvUsage"
 LOAD_THROUGHPUT = "offloadLoadThroughput"
 LIVE_CONFIG = "liveConfig"
+"""What the engines run: ``vllm:cache_config_info`` (reported), and where ``vllm:kv_offload_config_info``
+exists (vLLM 0.33 on) the CPU tier as allocated, compared with the rendered size: ``passed`` False on a
+mismatch, which ``decide()`` treats as a canary's hard failure."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +115,15 @@ class VariantSample:
     """Prompt tokens served per cache source over the window (``host``, ``disk``...).
 
     Empty when the engine does not export per-source counters at all."""
+    tier_chunk_queries: Mapping[str, float] = field(default_factory=dict)
+    """Chunk lookups per tier over the window under tiering, by tier label (``0:primary``, ``1:fs``).
+
+    Empty when no tiering runs or the engine lacks ``vllm:kv_offload_tiering_chunk_queries``."""
+    tier_chunk_hits: Mapping[str, float] = field(default_factory=dict)
+    """Chunk lookups that hit, per tier, over the window (``vllm:kv_offload_tiering_chunk_hits``)."""
+    offload_allocated: tuple[Mapping[str, str], ...] = ()
+    """One label set per series of ``vllm:kv_offload_config_info`` now (vLLM 0.33 on): ``pod``, ``tier``,
+    ``cpu_kv_cache_size_bytes``, ``cpu_num_chunks``. Empty where the engine does not export it."""
     kv_usage: float | None = None
     """GPU KV cache usage, 0..1."""
     load_bytes_per_second: float | None = None
@@ -330,15 +352,19 @@ def assess(
         gated=share_gated,
     )
 
-    # Per tier: a secondary tier that is never hit does not pay for itself.
+    # Per tier: a secondary tier that is never hit does not pay for itself. Under tiering, vLLM counts chunk
+    # lookups and hits per tier: those gate each secondary tier, and the per-source counter is only reported.
     has_secondary = bool(level.secondary_tiers)
+    per_tier = has_secondary and bool(subject.tier_chunk_queries)
+    _tier_hit_shares(add, subject, c, stable, level, who, warmed_up=warmed_up, enough=enough)
     for source in (CACHED_SOURCE_HOST, CACHED_SOURCE_DISK):
         hits = subject.tier_hits.get(source)
         name = f"{TIER_HITS}.{source}"
         c_hits, s_hits = _num(c.tier_hits.get(source)), _num(stable.tier_hits.get(source))
-        if source != CACHED_SOURCE_DISK or not has_secondary:
+        if source != CACHED_SOURCE_DISK or not has_secondary or per_tier:
             if hits is not None or c_hits is not None or s_hits is not None:
-                add(name, c_hits, s_hits, None, None, f"tokens served from {source} (reported)", gated=False)
+                note = "; the tiers are gated on their chunk hits" if per_tier else ""
+                add(name, c_hits, s_hits, None, None, f"tokens served from {source} (reported{note})", gated=False)
             continue
         tiers = ", ".join(t.name for t in level.secondary_tiers)
         if not subject.tier_hits:
@@ -374,9 +400,112 @@ def assess(
         gated=False,
     )
     add(KV_USAGE, _num(c.kv_usage), _num(stable.kv_usage), None, None, "GPU KV cache usage (reported)", gated=False)
-    add(LIVE_CONFIG, None, None, None, None, _live_config_message(subject, level, who), gated=False)
+    live = _live_config_message(subject, level, who)
+    allocated = _allocated_check(subject, level, who)
+    if allocated is None:
+        add(LIVE_CONFIG, None, None, None, None, live, gated=False)
+    else:
+        ok, figure, text = allocated
+        rendered = None if level.cpu_bytes is None else float(level.cpu_bytes)
+        c_value, s_value = (figure, _allocated_bytes(stable)) if canary is not None else (None, figure)
+        # A mismatch is gated (the verdict says so) and, on a canary, a hard failure in decide().
+        add(LIVE_CONFIG, c_value, s_value, rendered, ok, f"{live}; {text}", gated=not ok)
 
     return _verdict(rows, error_free_subject=subject_requests is not None, enough=enough, req_msg=req_msg)
+
+
+def _tier_hit_shares(
+    add: Callable[..., None],
+    subject: VariantSample,
+    c: VariantSample,
+    stable: VariantSample,
+    level: Level,
+    who: str,
+    *,
+    warmed_up: bool,
+    enough: bool,
+) -> None:
+    """``tierHitShare.<tier>`` rows from the tiering chunk counters; each secondary tier of the level is gated."""
+    if not (subject.tier_chunk_queries or c.tier_chunk_queries or stable.tier_chunk_queries):
+        return
+    secondary = {secondary_tier_label(i, t.type.value): t.name for i, t in enumerate(level.secondary_tiers)}
+    seen = set(subject.tier_chunk_queries) | set(c.tier_chunk_queries) | set(stable.tier_chunk_queries)
+    labels = [TIER_PRIMARY, *secondary, *sorted(seen - {TIER_PRIMARY, *secondary})]
+
+    def share(sample: VariantSample, label: str) -> float | None:
+        return _ratio(_num(sample.tier_chunk_hits.get(label, 0.0)), _num(sample.tier_chunk_queries.get(label)))
+
+    for label in labels:
+        name = f"{TIER_HIT_SHARE}.{label}"
+        c_share, s_share = share(c, label), share(stable, label)
+        if label not in secondary or not subject.tier_chunk_queries:
+            if label in seen:
+                add(name, c_share, s_share, None, None, f"chunk lookups that hit tier {label} (reported)", gated=False)
+            continue
+        if not warmed_up:
+            add(name, c_share, s_share, 0.0, None, "warming up: gated after the first half of the step", gated=False)
+            continue
+        hits = _num(subject.tier_chunk_hits.get(label)) or 0.0
+        looked_up = _num(subject.tier_chunk_queries.get(label)) or 0.0
+        ok = hits > 0
+        tier = f"tier {label} ({secondary[label]})"
+        msg = (
+            f"{who}: {tier} hit {hits:.0f} of {looked_up:.0f} chunk lookups ({hits / looked_up:.1%})"
+            if ok
+            else f"secondary {tier} was never hit on the {who} ({looked_up:.0f} chunk lookups): it does not pay"
+        )
+        add(name, c_share, s_share, 0.0, ok if enough else None, msg, gated=True)
+
+
+def _cpu_series(sample: VariantSample) -> list[tuple[str, int, int]]:
+    """(pod, allocated bytes, chunks) of each CPU-tier series of ``vllm:kv_offload_config_info``.
+
+    Under tiering every tier has a series; only the primary one (``0:primary``) fills the CPU labels.
+    """
+    out = []
+    for labels in sample.offload_allocated:
+        if labels.get(LABEL_TIER, "") not in ("", TIER_PRIMARY):
+            continue
+        try:
+            size, chunks = int(labels.get(LABEL_CPU_SIZE_BYTES, "")), int(labels.get(LABEL_CPU_NUM_CHUNKS, ""))
+        except ValueError:
+            continue
+        out.append((labels.get("pod", ""), size, chunks))
+    return out
+
+
+def _allocated_bytes(sample: VariantSample) -> float | None:
+    series = _cpu_series(sample)
+    return float(min(size for _, size, _ in series)) if series else None
+
+
+def _allocated_check(subject: VariantSample, level: Level, who: str) -> tuple[bool, float, str] | None:
+    """Whether every engine allocated the rendered CPU tier: (ok, the figure reported, the message).
+
+    vLLM 0.33 allocates ``cpu_bytes_to_use // chunk`` whole chunks (``CPUOffloadingSpec``), so an engine
+    that honours the rendered size shows at most that size and less than one chunk under it. None where
+    the subject shows no ``vllm:kv_offload_config_info`` (before 0.33, or no connector running).
+    """
+    series = _cpu_series(subject)
+    if not series:
+        return None
+    rendered = level.cpu_bytes
+    wrong: list[str] = []
+    for pod, size, chunks in series:
+        chunk = size // chunks if chunks > 0 else 0
+        where = f"{who} pod {pod}" if pod else who
+        if rendered is None:
+            wrong.append(f"{where} allocated a {size} B CPU tier, but level {level.name} has none")
+        elif size > rendered or chunks <= 0 or rendered - size >= chunk:
+            wrong.append(
+                f"{where} allocated {size} B ({chunks} chunks of {chunk} B) for the CPU tier, "
+                f"rendered {rendered} B ({rendered / GIB:g} GiB) at level {level.name}"
+            )
+    if wrong:
+        return False, float(series[0][1]), "ALLOCATED SIZE MISMATCH: " + "; ".join(wrong)
+    sizes = sorted({size for _, size, _ in series})
+    text = f"allocated CPU tier {', '.join(map(str, sizes))} B matches the rendered {rendered} B (to within a chunk)"
+    return True, float(sizes[0]), text
 
 
 def _live_config_message(subject: VariantSample, level: Level, who: str) -> str:
@@ -462,7 +591,7 @@ def format_metric_value(name: str, value: float | None) -> str:
         return f"{value * 1000:.1f}ms"
     if name in (TTFT_RATIO, ITL_RATIO, TTFT_VS_BASELINE, ITL_VS_BASELINE):
         return f"{value:.2f}x"
-    if name in (EXTERNAL_SHARE, KV_USAGE):
+    if name in (EXTERNAL_SHARE, KV_USAGE) or name.startswith(TIER_HIT_SHARE):
         return f"{value:.1%}"
     if name == LOAD_THROUGHPUT:
         return f"{value / 1e9:.1f} GB/s"
@@ -475,6 +604,10 @@ def format_threshold(name: str, threshold: float | None) -> str:
         return "-"
     if name in (REQUESTS, EXTERNAL_SHARE):
         return f">= {format_metric_value(name, threshold)}"
+    if name.startswith(TIER_HIT_SHARE):
+        return "> 0 hits"
+    if name == LIVE_CONFIG:
+        return f"= {threshold:.0f} B (within a chunk)"
     if name.startswith(TIER_HITS):
         return f"> {threshold:.0f}"
     return f"<= {format_metric_value(name, threshold)}"

@@ -31,6 +31,22 @@ Evidence for each change (see also ``DIALECT_CHANGES``):
 - ``vllm:prompt_tokens_cached_by_source_total{source}`` with sources
   device/host/p2p/disk/external_unspecified (vLLM PR 56318; present in the
   0.32.0 capture ``shared/fixtures/vllm-0.32.0-cpu-metrics.txt``).
+- Per-tier chunk lookups under tiering (``TieringOffloadingSpec``),
+  ``vllm:kv_offload_tiering_chunk_{queries,hits}_total{tier}`` with tier
+  ``0:primary`` (the CPU tier) and ``<i+1>:<type>`` per secondary tier (``1:fs``):
+  in the 0.32.0 source (``v1/kv_offload/tiering/base.py`` lines 51-52,
+  ``tiering/metrics.py`` line 21) and in 0.33.0 (``tiering/base.py`` lines 54-55);
+  older releases not checked, so the row says 0.32 and ``confirm_dialect`` adds
+  them wherever Prometheus holds them.
+- 0.33.0 (read from the ``vllm==0.33.0`` wheel) adds ``vllm:kv_offload_config_info``
+  (gauge, value 1; ``distributed/kv_transfer/kv_connector/v1/offloading/metrics.py``
+  line 27), labelled by ``CPUOffloadingInfo`` (``v1/kv_offload/cpu/common.py`` lines
+  34-45: ``cpu_num_chunks``, ``cpu_blocks_per_chunk``, ``cpu_kv_cache_size_bytes``
+  = chunks x aligned chunk bytes, ``cpu_kv_cache_size_tokens``) plus ``tier`` under
+  tiering (``tiering/manager.py`` line 1240), and the histogram
+  ``vllm:kv_offload_tiering_promotion_latency_seconds{tier,result}``
+  (``tiering/base.py`` line 68, ``tiering/spec.py`` lines 250-259). Neither is in
+  the 0.32.0 source. Nothing offload-related is renamed or removed.
 
 The baseline's workload figures read ``vllm:request_prompt_tokens`` (histogram),
 ``vllm:e2e_request_latency_seconds`` (histogram), ``vllm:num_requests_running``
@@ -75,6 +91,30 @@ TRANSFER_STORE: Final = "GPU_to_CPU"
 # Labels of vllm:cache_config_info that show the live offload level.
 LABEL_OFFLOADING_SIZE: Final = "kv_offloading_size"
 LABEL_OFFLOADING_BACKEND: Final = "kv_offloading_backend"
+
+# Labels of vllm:kv_offload_config_info (0.33): the CPU tier as the engine allocated it.
+LABEL_CPU_SIZE_BYTES: Final = "cpu_kv_cache_size_bytes"
+LABEL_CPU_SIZE_TOKENS: Final = "cpu_kv_cache_size_tokens"
+LABEL_CPU_NUM_CHUNKS: Final = "cpu_num_chunks"
+LABEL_CPU_BLOCKS_PER_CHUNK: Final = "cpu_blocks_per_chunk"
+CPU_CONFIG_LABELS: Final = (
+    LABEL_CPU_NUM_CHUNKS,
+    LABEL_CPU_BLOCKS_PER_CHUNK,
+    LABEL_CPU_SIZE_BYTES,
+    LABEL_CPU_SIZE_TOKENS,
+)
+"""In CPUOffloadingInfo's field order."""
+
+# The tier label of the tiering metrics (and of kv_offload_config_info under tiering).
+LABEL_TIER: Final = "tier"
+TIER_PRIMARY: Final = "0:primary"
+"""The CPU tier under tiering; secondary tier i (from 0) is ``f"{i + 1}:{type}"``."""
+
+
+def secondary_tier_label(index: int, tier_type: str) -> str:
+    """The tier label vLLM gives the secondary tier at ``index`` (from 0): ``1:fs`` for the first fs tier."""
+    return f"{index + 1}:{tier_type}"
+
 
 HISTOGRAM_SUFFIXES: Final = ("_bucket", "_count", "_sum")
 
@@ -156,6 +196,14 @@ class Dialect:
     """Offload transfer counters; only emitted when an offloading connector runs."""
     offload_cpu_usage: str | None = "vllm:kv_offload_cpu_cache_usage_perc"
     """Gauge; only emitted with the native CPU offloading spec."""
+    tiering_chunk_queries: str | None = "vllm:kv_offload_tiering_chunk_queries_total"
+    """Counter, label ``tier``; only emitted under tiering (secondary tiers configured)."""
+    tiering_chunk_hits: str | None = "vllm:kv_offload_tiering_chunk_hits_total"
+    """Counter, label ``tier``; only emitted under tiering."""
+    offload_config_info: str | None = "vllm:kv_offload_config_info"
+    """Info gauge of the allocated offload tiers (``CPU_CONFIG_LABELS``, ``tier``); only with a connector."""
+    tiering_promotion_latency: str | None = "vllm:kv_offload_tiering_promotion_latency_seconds"
+    """Histogram base name, labels ``tier``, ``result``; only emitted under tiering."""
 
     @property
     def ttft_bucket(self) -> str:
@@ -202,7 +250,14 @@ class Dialect:
         names = list(self.offload.families()) if self.offload else []
         if self.offload_cpu_usage:
             names.append(self.offload_cpu_usage)
+        if self.offload_config_info:
+            names.append(self.offload_config_info)
         return tuple(names)
+
+    def tiering_families(self) -> tuple[str, ...]:
+        """The series only an engine with secondary tiers shows (histograms by base name)."""
+        names = (self.tiering_chunk_queries, self.tiering_chunk_hits, self.tiering_promotion_latency)
+        return tuple(n for n in names if n is not None)
 
     def histograms(self) -> tuple[str, ...]:
         """Base names of the histogram families."""
@@ -229,6 +284,10 @@ _BASE: Final = Dialect(
     config_offload_labels=False,
     offload=None,
     offload_cpu_usage=None,
+    tiering_chunk_queries=None,
+    tiering_chunk_hits=None,
+    offload_config_info=None,
+    tiering_promotion_latency=None,
 )
 
 DIALECT_CHANGES: Final[tuple[DialectChange, ...]] = (
@@ -265,8 +324,23 @@ DIALECT_CHANGES: Final[tuple[DialectChange, ...]] = (
     ),
     DialectChange(
         (0, 32),
-        {"prompt_tokens_cached_by_source": "vllm:prompt_tokens_cached_by_source_total"},
-        "vLLM PR 56318; present in the vllm-0.32.0 capture",
+        {
+            "prompt_tokens_cached_by_source": "vllm:prompt_tokens_cached_by_source_total",
+            "tiering_chunk_queries": "vllm:kv_offload_tiering_chunk_queries_total",
+            "tiering_chunk_hits": "vllm:kv_offload_tiering_chunk_hits_total",
+        },
+        "vLLM PR 56318; present in the vllm-0.32.0 capture. Tiering chunk counters: vllm 0.32.0 "
+        "v1/kv_offload/tiering/base.py lines 51-52 (CHUNK_QUERIES, CHUNK_HITS); older releases not checked",
+    ),
+    DialectChange(
+        (0, 33),
+        {
+            "offload_config_info": "vllm:kv_offload_config_info",
+            "tiering_promotion_latency": "vllm:kv_offload_tiering_promotion_latency_seconds",
+        },
+        "vllm 0.33.0 wheel: distributed/kv_transfer/kv_connector/v1/offloading/metrics.py line 27 "
+        "(KV_OFFLOAD_CONFIG_INFO), v1/kv_offload/cpu/common.py lines 34-45 (CPUOffloadingInfo labels), "
+        "v1/kv_offload/tiering/base.py line 68 (PROMOTION_LATENCY); absent from the 0.32.0 source",
     ),
 )
 
@@ -394,6 +468,15 @@ def confirm_dialect(dialect: Dialect, present: set[str] | frozenset[str]) -> Dia
         changes["offload"] = LEGACY_OFFLOAD
     if dialect.offload_cpu_usage is None and "vllm:kv_offload_cpu_cache_usage_perc" in present:
         changes["offload_cpu_usage"] = "vllm:kv_offload_cpu_cache_usage_perc"
+    # Newer offload families: added on evidence (a release boundary may be off by one), never dropped.
+    for field, canonical in (
+        ("tiering_chunk_queries", "vllm:kv_offload_tiering_chunk_queries_total"),
+        ("tiering_chunk_hits", "vllm:kv_offload_tiering_chunk_hits_total"),
+        ("offload_config_info", "vllm:kv_offload_config_info"),
+        ("tiering_promotion_latency", "vllm:kv_offload_tiering_promotion_latency_seconds"),
+    ):
+        if getattr(dialect, field) is None and has_family(canonical, present):
+            changes[field] = canonical
 
     changes = {k: v for k, v in changes.items() if getattr(dialect, k) != v}
     return replace(dialect, **changes) if changes else dialect  # type: ignore[arg-type]

@@ -37,8 +37,11 @@ from kvoffload.analysis.assess import WORKLOAD_QUANTILES, Measurements, Percenti
 from kvoffload.analysis.dialects import (
     CACHED_SOURCE_DISK,
     CACHED_SOURCE_HOST,
+    LABEL_CPU_NUM_CHUNKS,
+    LABEL_CPU_SIZE_BYTES,
     LABEL_OFFLOADING_BACKEND,
     LABEL_OFFLOADING_SIZE,
+    LABEL_TIER,
     NEWEST,
     SOURCE_EXTERNAL_KV_TRANSFER,
     Dialect,
@@ -124,6 +127,9 @@ HISTOGRAM_FIELDS = ("workload.prompt_tokens", "workload.ttft", "workload.itl", "
 WORKLOAD_QUERIES = 8
 """Queries a group adds when a target in it asks for the workload figures."""
 
+ALLOCATED_LABELS = ("pod", LABEL_TIER, LABEL_CPU_SIZE_BYTES, LABEL_CPU_NUM_CHUNKS)
+"""The labels of vllm:kv_offload_config_info read into ``VariantSample.offload_allocated``."""
+
 
 def build_queries(
     window: str,
@@ -168,6 +174,17 @@ def build_queries(
     if dialect.prompt_tokens_cached_by_source:
         sources = f'source=~"{CACHED_SOURCE_HOST}|{CACHED_SOURCE_DISK}"'
         queries.append(Query("tier_hits", increase(dialect.prompt_tokens_cached_by_source, sources, f"{by}, source")))
+    if dialect.tiering_chunk_queries and dialect.tiering_chunk_hits:
+        queries.append(Query("tier_chunk_queries", increase(dialect.tiering_chunk_queries, "", f"{by}, {LABEL_TIER}")))
+        queries.append(Query("tier_chunk_hits", increase(dialect.tiering_chunk_hits, "", f"{by}, {LABEL_TIER}")))
+    if dialect.offload_config_info:
+        # An instant selector, not last_over_time: a pod that left (an older level) must not speak for the variant.
+        queries.append(
+            Query(
+                "offload_allocated",
+                f"group by ({by}, {', '.join(ALLOCATED_LABELS)}) ({dialect.offload_config_info}{s()})",
+            )
+        )
     if dialect.offload is not None:
         off = dialect.offload
         queries.append(
@@ -207,6 +224,9 @@ class _Collected:
 
     values: dict[str, float | None] = field(default_factory=dict)
     tier_hits: dict[str, float] = field(default_factory=dict)
+    tier_chunk_queries: dict[str, float] = field(default_factory=dict)
+    tier_chunk_hits: dict[str, float] = field(default_factory=dict)
+    allocated: list[dict[str, str]] = field(default_factory=list)
     config: dict[str, set[str]] = field(default_factory=dict)
     buckets: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
     """Per histogram field: (upper bound, rate) of each bucket."""
@@ -308,6 +328,17 @@ class PrometheusProvider:
                     number = _value(item)
                     if number is not None:
                         entry.tier_hits[metric.get("source", "")] = number
+                elif query.field in ("tier_chunk_queries", "tier_chunk_hits"):
+                    number = _value(item)
+                    if number is not None:
+                        getattr(entry, query.field)[metric.get(LABEL_TIER, "")] = number
+                elif query.field == "offload_allocated":
+                    entry.allocated.append(
+                        {
+                            k: str(metric.get(k, ""))
+                            for k in ("pod", LABEL_TIER, LABEL_CPU_SIZE_BYTES, LABEL_CPU_NUM_CHUNKS)
+                        }
+                    )
                 elif query.field == "config":
                     for name in (LABEL_OFFLOADING_SIZE, LABEL_OFFLOADING_BACKEND):
                         entry.config.setdefault(name, set()).add(metric.get(name, "None"))
@@ -347,6 +378,9 @@ def _sample(entry: _Collected | None, window_s: float, workload: bool = False) -
         itl_p99=v.get("itl_p99"),
         external_share=v.get("external_share"),
         tier_hits=dict(entry.tier_hits),
+        tier_chunk_queries=dict(entry.tier_chunk_queries),
+        tier_chunk_hits=dict(entry.tier_chunk_hits),
+        offload_allocated=tuple(sorted((dict(a) for a in entry.allocated), key=lambda a: sorted(a.items()))),
         kv_usage=v.get("kv_usage"),
         load_bytes_per_second=v.get("load_bytes_per_second"),
         config=config,

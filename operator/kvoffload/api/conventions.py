@@ -112,6 +112,7 @@ class Reason(StrEnum):
     ANALYSIS_FAILED = "AnalysisFailed"
     GUARD_BREACH = "GuardBreach"
     CANARY_OOM_KILLED = "CanaryOOMKilled"
+    CANARY_ALLOCATION_MISMATCH = "CanaryAllocationMismatch"
     CANARY_CRASH_LOOPING = "CanaryCrashLoopBackOff"
     CANARY_RESTARTED = "CanaryRestarted"
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"

@@ -35,6 +35,8 @@ The rules (docs/design.md, "The ladder" and "Analysis"):
   full CPU level while the stable side stays where it is.
 - **Rollback.** A Fail that has held for ``sustainedFor`` (``analysis.sustained``)
   or a hard failure (a canary pod OOMKilled, restarted or in CrashLoopBackOff,
+  a canary engine that allocated another CPU tier than the level rendered, as
+  ``vllm:kv_offload_config_info`` shows from vLLM 0.33 on (``liveConfig`` failed),
   or canaries not Ready within the progress deadline from the step start;
   ``sizing.progress_deadline_seconds`` stretches it with the pinned pool)
   removes the canary; the stable level stays exactly as it was (index and
@@ -78,6 +80,7 @@ from kvoffload.analysis import assess
 from kvoffload.analysis.assess import (
     EXTERNAL_SHARE,
     ITL_P99,
+    LIVE_CONFIG,
     TTFT_P99,
     Assessment,
     Measurements,
@@ -496,6 +499,8 @@ def _hard_failure(ctx: _Ctx) -> tuple[Reason, str] | None:
     for pod in pods:
         if pod.oom_killed:
             return Reason.CANARY_OOM_KILLED, f"canary pod {pod.name} was OOMKilled {where}"
+    if (mismatch := _allocation_mismatch(ctx, pods)) is not None:
+        return Reason.CANARY_ALLOCATION_MISMATCH, f"{mismatch} {where}"
     for pod in pods:
         if pod.crash_looping:
             return Reason.CANARY_CRASH_LOOPING, f"canary pod {pod.name} is in CrashLoopBackOff {where}"
@@ -511,6 +516,24 @@ def _hard_failure(ctx: _Ctx) -> tuple[Reason, str] | None:
             f"started (progress deadline {format_duration(deadline)}) {where}",
         )
     return None
+
+
+def _allocation_mismatch(ctx: _Ctx, pods: list[PodObservation]) -> str | None:
+    """The figures, when this cycle's analysis of the canary found an engine that allocated another CPU tier.
+
+    Judged only while every canary pod runs the current config: a pod of an older level that has not
+    gone yet would otherwise speak for the new one.
+    """
+    assessment = ctx.obs.assessment
+    measurements = ctx.obs.measurements
+    if assessment is None or measurements is None or measurements.canary is None:
+        return None
+    if not pods or len(pods) != len(ctx.obs.canary.pods):
+        return None
+    live = assessment.metric(LIVE_CONFIG)
+    if live is None or live.passed is not False:
+        return None
+    return live.message or "the canary engine allocated another CPU tier than rendered"
 
 
 def _next_manual(ctx: _Ctx) -> str | None:

@@ -27,6 +27,22 @@ class Tier:
     name: str
     capacity_blocks: int
     restore_bytes_per_s: float
+    type: str = "fs"
+    """The secondary tier's vLLM type (its tier label is ``<index + 1>:<type>``)."""
+
+
+CHUNK_ALIGNMENT: Final = 4096
+"""vLLM 0.33 rounds each CPU chunk up to the page size (``SharedOffloadRegion.BLOCK_SIZE_ALIGNMENT``)."""
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """The CPU tier as vLLM 0.33's ``CPUOffloadingInfo`` reports it (``vllm:kv_offload_config_info``)."""
+
+    num_chunks: int
+    blocks_per_chunk: int
+    size_bytes: int
+    size_tokens: int
 
 
 @dataclass
@@ -51,6 +67,8 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     vllm_version: str = DEFAULT_VLLM_VERSION
     startup_delay_s: float = 0.0
+    allocate_cpu_bytes: int | None = None
+    """Fault: the CPU tier the engine allocates instead of ``cpu_bytes`` (as kv_offload_config_info shows)."""
     cost: CostModel = field(default_factory=CostModel)
     # Issue 11, part 2: the GPU class's profile prices the engine; vLLM's cache-sizing flags bound the GPU cache.
     gpu_class: str | None = None
@@ -66,9 +84,20 @@ class EngineConfig:
         return self.block_size * self.kv_bytes_per_token
 
     def cpu_tier(self) -> Tier | None:
-        if self.cpu_bytes is None:
+        allocation = self.cpu_allocation()
+        if allocation is None:
             return None
-        return Tier("cpu", self.cpu_bytes // self.block_bytes, self.cost.cpu_restore_bytes_per_s)
+        return Tier("cpu", allocation.num_chunks * allocation.blocks_per_chunk, self.cost.cpu_restore_bytes_per_s)
+
+    def cpu_allocation(self) -> Allocation | None:
+        """Whole page-aligned chunks of one block each within the CPU bytes, as vLLM 0.33's CPUOffloadingSpec."""
+        target = self.allocate_cpu_bytes if self.allocate_cpu_bytes is not None else self.cpu_bytes
+        if target is None:
+            return None
+        chunk = -(-self.block_bytes // CHUNK_ALIGNMENT) * CHUNK_ALIGNMENT
+        chunks = target // chunk
+        chunks_per_request = -(-self.max_model_len // self.block_size)
+        return Allocation(chunks, 1, chunks * chunk, chunks * self.max_model_len // chunks_per_request)
 
 
 class ConfigError(ValueError):
@@ -131,7 +160,9 @@ def parse_transfer_config(raw: str | None, config: EngineConfig) -> None:
         # vLLM's fs tier has no size; the volume bounds it. Take one if given, else ~unbounded.
         size = tier.get("size_bytes", tier.get("size"))
         capacity = int(size) // config.block_bytes if size is not None else 10_000_000
-        parsed.append(Tier(str(tier.get("name", tier["type"])), capacity, config.cost.disk_restore_bytes_per_s))
+        parsed.append(
+            Tier(str(tier.get("name", tier["type"])), capacity, config.cost.disk_restore_bytes_per_s, str(tier["type"]))
+        )
     config.secondary_tiers = tuple(parsed)
 
 
@@ -156,6 +187,7 @@ def config_from_options(
     gpu_class: str | None = None,
     kv_cache_memory_bytes: int | None = None,
     num_gpu_blocks_override: int | None = None,
+    allocate_cpu_gib: float | None = None,
 ) -> tuple[EngineConfig, list[str]]:
     """An engine config from ``vllm serve``-style options; also the arguments it ignores.
 
@@ -248,6 +280,10 @@ def config_from_options(
         cfg.offload_backend = kv_offloading_backend or "native"  # vLLM PR 32421: native by default
     elif kv_offloading_backend is not None:
         log.warning("--kv-offloading-backend without --kv-offloading-size: offloading stays off (as in vLLM)")
+    if allocate_cpu_gib is not None:
+        if allocate_cpu_gib < 0:
+            raise ConfigError(f"--allocate-cpu-gib: must be >= 0, got {allocate_cpu_gib}")
+        cfg.allocate_cpu_bytes = int(allocate_cpu_gib * GIB)
     parse_transfer_config(kv_transfer_config, cfg)
     if cfg.offload_backend is not None and cfg.cpu_bytes is None:
         raise ConfigError(

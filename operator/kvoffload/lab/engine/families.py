@@ -237,6 +237,24 @@ VLLM_FAMILIES: Final[tuple[Family, ...]] = (
 # vLLM 0.32 offloading/metrics.py: TRANSFER_SIZE_BUCKETS.
 TRANSFER_SIZE_BUCKETS: Final = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)
 
+# vLLM 0.33 v1/kv_offload/tiering/spec.py: the promotion latency histogram's buckets.
+PROMOTION_LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+# vLLM 0.32/0.33 v1/kv_offload/tiering/spec.py: documentation of the tiering families the emulator models.
+CHUNK_QUERIES_DOC: Final = "Number of chunk lookup queries sent to a tier, labeled by tier."
+CHUNK_HITS_DOC: Final = "Number of chunk lookup hits in a tier, labeled by tier."
+PROMOTION_LATENCY_DOC: Final = (
+    "Histogram of per-job latency for secondary-tier promotion attempts, measured from job creation until the "
+    "tiering manager observes completion so that tier queueing is included, labeled by tier and result, in "
+    "seconds. Includes failed attempts."
+)
+# vLLM 0.33 kv_connector/v1/offloading/metrics.py: _INFO_METRIC_HELP.
+OFFLOAD_CONFIG_INFO_DOC: Final = (
+    "Static configuration of the KV offload managers of this engine instance. The configured offloading spec "
+    "declares the label names, and each manager fills the values, so a series appears from the first scheduler "
+    "step of its engine. A manager reports one series for each configuration it holds, and a label of its own "
+    "tells the series apart. Each engine reports its own configuration, not the instance total."
+)
+
 # vllm:cache_config_info labels of the capture, with its values as defaults; the
 # ones the flags set are overwritten per engine.
 CACHE_CONFIG_DEFAULTS: Final[Mapping[str, str]] = {

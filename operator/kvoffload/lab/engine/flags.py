@@ -71,6 +71,13 @@ OPTIONS: Final[tuple[Callable[[Any], Any], ...]] = (
     ),
     click.option("--itl", type=float, default=None, envvar=_env("ITL"), help="Seconds between output tokens (0.010)."),
     click.option(
+        "--allocate-cpu-gib",
+        type=float,
+        default=None,
+        envvar=_env("ALLOCATE_CPU_GIB"),
+        help="Fault: allocate this CPU tier (GiB) instead of the configured size; kv_offload_config_info shows it.",
+    ),
+    click.option(
         "--added-latency", type=float, default=0.0, envvar=_env("ADDED_LATENCY"), help="Seconds added to every TTFT."
     ),
     click.option("--ttft-multiplier", type=float, default=1.0, envvar=_env("TTFT_MULTIPLIER")),

@@ -20,6 +20,11 @@ from kvoffload.analysis import dialects
 from kvoffload.lab.engine.config import EngineConfig
 from kvoffload.lab.engine.families import (
     CACHE_CONFIG_DEFAULTS,
+    CHUNK_HITS_DOC,
+    CHUNK_QUERIES_DOC,
+    OFFLOAD_CONFIG_INFO_DOC,
+    PROMOTION_LATENCY_BUCKETS,
+    PROMOTION_LATENCY_DOC,
     TRANSFER_SIZE_BUCKETS,
     VLLM_FAMILIES,
     Family,
@@ -188,6 +193,77 @@ class EngineMetrics:
             )
             self.metrics["cpu_usage"].labels(self.engine, self.model).set(0)
 
+        self._register_tiering()
+
+    def tier_labels(self) -> list[str]:
+        """vLLM's tier labels under tiering: ``0:primary`` (the CPU tier), then ``<i + 1>:<type>``."""
+        tiers = self.config.secondary_tiers
+        return [dialects.TIER_PRIMARY, *(dialects.secondary_tier_label(i, t.type) for i, t in enumerate(tiers))]
+
+    def _register_tiering(self) -> None:
+        """vLLM 0.33's kv_offload_config_info; under tiering the chunk counters (0.32 on) and promotion latency."""
+        reg, d = self.registry, self.dialect
+        tiering = bool(self.config.secondary_tiers)
+        allocation = self.config.cpu_allocation()
+        if d.offload_config_info and allocation is not None:
+            names = [*dialects.CPU_CONFIG_LABELS, *([dialects.LABEL_TIER] if tiering else [])]
+            info = Gauge(
+                d.offload_config_info, OFFLOAD_CONFIG_INFO_DOC, sorted(["engine", "model_name", *names]), registry=reg
+            )
+            cpu = {
+                dialects.LABEL_CPU_NUM_CHUNKS: str(allocation.num_chunks),
+                dialects.LABEL_CPU_BLOCKS_PER_CHUNK: str(allocation.blocks_per_chunk),
+                dialects.LABEL_CPU_SIZE_BYTES: str(allocation.size_bytes),
+                dialects.LABEL_CPU_SIZE_TOKENS: str(allocation.size_tokens),
+            }
+            series = [cpu]
+            if tiering:  # one series per tier; a secondary tier fills none of the CPU labels
+                labels = self.tier_labels()
+                series = [{**cpu, dialects.LABEL_TIER: labels[0]}]
+                series += [{**dict.fromkeys(cpu, ""), dialects.LABEL_TIER: label} for label in labels[1:]]
+            for labels_of in series:
+                info.labels(engine=self.engine, model_name=self.model, **labels_of).set(1)
+            self.metrics["offload_config_info"] = info
+        if not tiering:
+            return
+        by_tier = ["engine", "model_name", dialects.LABEL_TIER]
+        if d.tiering_chunk_queries and d.tiering_chunk_hits:
+            for key, name, doc in (
+                ("chunk_queries", d.tiering_chunk_queries, CHUNK_QUERIES_DOC),
+                ("chunk_hits", d.tiering_chunk_hits, CHUNK_HITS_DOC),
+            ):
+                # Registered without "_total"; prometheus_client adds it, as it does for vLLM.
+                self.metrics[key] = Counter(name.removesuffix("_total"), doc, by_tier, registry=reg)
+                for label in self.tier_labels():
+                    self.metrics[key].labels(self.engine, self.model, label)
+        if d.tiering_promotion_latency:
+            self.metrics["promotion_latency"] = Histogram(
+                d.tiering_promotion_latency,
+                PROMOTION_LATENCY_DOC,
+                [*by_tier, "result"],
+                buckets=PROMOTION_LATENCY_BUCKETS,
+                registry=reg,
+            )
+
+    def _record_tiering(self, adm: Admission) -> None:
+        """Chunk lookups per tier (one block per chunk): the primary tier is asked for every block past the GPU hit,
+        the first secondary tier for the ones the primary missed."""
+        if "chunk_queries" not in self.metrics and "promotion_latency" not in self.metrics:
+            return
+        block = self.config.block_size
+        primary, fs = self.tier_labels()[:2]
+        asked = -(-(adm.prompt_tokens - adm.local_hit_tokens) // block)
+        primary_hits = adm.cpu_hit_tokens // block
+        fs_hits = min(-(-adm.disk_hit_tokens // block), asked - primary_hits)
+        if "chunk_queries" in self.metrics:
+            for label, queries, hits in ((primary, asked, primary_hits), (fs, asked - primary_hits, fs_hits)):
+                if queries > 0:
+                    self._m("chunk_queries", tier=label).inc(queries)
+                if hits > 0:
+                    self._m("chunk_hits", tier=label).inc(hits)
+        if "promotion_latency" in self.metrics and fs_hits > 0:
+            self._m("promotion_latency", tier=fs, result="success").observe(adm.price.disk_restore_s)
+
     def _m(self, name: str, **labels: str) -> Any:
         fam = self.metrics[name]
         return fam.labels(engine=self.engine, model_name=self.model, **labels)
@@ -225,6 +301,7 @@ class EngineMetrics:
         self._m("vllm:iteration_tokens_total").observe(adm.computed_tokens + 1)
         if self.config.offload_backend == "native":
             self._record_transfers(adm)
+            self._record_tiering(adm)
 
     def _record_transfers(self, adm: Admission) -> None:
         p = adm.price
