@@ -4,6 +4,7 @@ pytest_plugins = [
     "tests.support.prometheus",
     "tests.support.vllm",
     "tests.support.kube",
+    "tests.support.controlplane",
     "tests.support.engines",
     "tests.support.cluster",
     "tests.support.traces",

@@ -23,6 +23,7 @@ from tests.support.crd_admission import admit
 
 INVALID = paths.DATA / "invalid"
 
+UNKNOWN_FIELD = "spec.offload.cpuSize"
 SCHEMA_MISTAKES = {
     "spec.model.image",  # missing
     "spec.gpu.memoryUtilization",  # 1.5 > 0.99
@@ -57,7 +58,9 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     ),
     "architecture-gqa-and-mla.yaml": ({"spec.model.architecture"}, {"spec.model.architecture"}),
     "architecture-and-configmap.yaml": ({"spec"}, {"spec.model.configMap"}),
-    "schema-mistakes.yaml": (SCHEMA_MISTAKES, SCHEMA_MISTAKES),
+    # With strict field validation (kubectl's default) the API server refuses an unknown field at
+    # decoding and reports nothing else; test_unknown_fields_are_pruned_without_strict_validation.
+    "schema-mistakes.yaml": (SCHEMA_MISTAKES, {UNKNOWN_FIELD}),
     "preflight-out-of-range.yaml": (
         {"spec.rollout.preflight.kvPressure", "spec.rollout.preflight.minPrefixReuse"},
         {"spec.rollout.preflight.kvPressure", "spec.rollout.preflight.minPrefixReuse"},
@@ -98,6 +101,21 @@ def test_models_name_every_offending_path(name: str) -> None:
 def test_api_server_names_every_offending_path(name: str) -> None:
     _, problems = admit(yaml.safe_load((INVALID / name).read_text()))
     assert {p.path for p in problems} == EXPECTED[name][1]
+
+
+def test_unknown_fields_are_pruned_without_strict_validation() -> None:
+    """``kubectl apply --validate=warn``: the unknown field is pruned (a warning) and the rest is named."""
+    obj = yaml.safe_load((INVALID / "schema-mistakes.yaml").read_text())
+    stored, problems = admit(obj, strict=False)
+    assert {p.path for p in problems} == SCHEMA_MISTAKES - {UNKNOWN_FIELD}
+    assert "cpuSize" not in stored["spec"]["offload"]
+
+
+def test_cel_rules_are_not_run_on_an_object_that_fails_its_schema() -> None:
+    obj = yaml.safe_load((INVALID / "pilot-cpu-not-smaller.yaml").read_text())
+    obj["spec"]["gpu"]["memoryUtilization"] = 1.5
+    _, problems = admit(obj)
+    assert [(p.source, p.path) for p in problems] == [("schema", "spec.gpu.memoryUtilization")]
 
 
 @pytest.mark.parametrize("command", ["plan", "render"])

@@ -21,7 +21,7 @@ import pytest
 from kvoffload.analysis.assess import Measurements, Percentiles, VariantSample, WorkloadSample
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import PolicyKey, Target
-from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, LABEL_CONFIG_HASH, LABEL_LEVEL, RETRY
+from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, LABEL_CONFIG_HASH, LABEL_LEVEL, PLURAL, RETRY
 from kvoffload.controller.reconcile import Controller, ReconcileError
 from tests.support.kube import EmulatedCluster, policy_manifest
 
@@ -227,12 +227,11 @@ async def test_a_new_policy_gets_its_stable_deployment_service_and_podmonitor_an
 
     plan = await controller.reconcile(body)
 
-    created = writes(kube)
-    assert sorted((method, plural) for method, plural, _ in created if method == "POST" and plural != "events") == [
-        ("POST", "deployments"),
-        ("POST", "podmonitors"),
-        ("POST", "services"),
-    ]
+    children = [(method, plural) for method, plural, _ in writes(kube) if plural not in ("events", PLURAL)]
+    assert sorted(children) == [("PATCH", "deployments"), ("PATCH", "podmonitors"), ("PATCH", "services")]
+    applies = [r for r in kube.emulator if r.method == "PATCH" and r.resource and r.resource.plural != PLURAL]
+    assert {r.headers["Content-Type"] for r in applies} == {"application/apply-patch+yaml"}  # server-side apply
+    assert {r.params["fieldManager"] for r in applies} == {"kvoffload"}
     stable = deployment(kube, "chat-stable")
     assert stable is not None
     assert deployment(kube, "chat-canary") is None
@@ -281,7 +280,7 @@ async def test_after_a_passing_baseline_the_canary_starts_and_stable_shrinks_fir
     assert stable["metadata"]["labels"][LABEL_CONFIG_HASH] == baseline_hash
     # the shrinking Deployment is written before the growing one: never 5 GPUs at once
     deployment_writes = [(m, n) for m, _, n in writes(kube, "deployments")]
-    assert deployment_writes[-2:] == [("PUT", "chat-stable"), ("POST", None)]
+    assert deployment_writes[-2:] == [("PATCH", "chat-stable"), ("PATCH", "chat-canary")]
     status = status_of(kube)
     assert status["phase"] == "Canary"
     assert status["canary"]["replicas"] == 1

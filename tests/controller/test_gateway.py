@@ -148,17 +148,20 @@ async def test_apply_retries_a_conflict_and_succeeds(
     kube: EmulatedCluster, gateway: KubernetesGateway, policy: PolicyRef
 ) -> None:
     await gateway.apply(engine("chat-stable", "chat"), policy)
-    kube.emulator.fail_next(409, method="PUT", plural="deployments")
+    before = requests_of(kube, "PATCH", "deployments")
+    kube.emulator.fail_next(409, method="PATCH", plural="deployments")
 
     updated = await gateway.apply(engine("chat-stable", "chat", replicas=4), policy)
 
     assert updated["spec"]["replicas"] == 4
-    assert requests_of(kube, "PUT", "deployments") == 2
+    assert requests_of(kube, "PATCH", "deployments") - before == 2
 
 
 async def test_apply_retries_a_real_stale_write(kube: EmulatedCluster, policy: PolicyRef) -> None:
-    """Someone changes the object between the gateway's read and its write: the PUT's resourceVersion is stale."""
+    """Someone changes the object between the gateway's read and its apply: the precondition's resourceVersion
+    is stale."""
     await kube.gateway().apply(engine("chat-stable", "chat"), policy)
+    before = requests_of(kube, "PATCH", "deployments")
     meddled = False
 
     async def no_wait(_: float) -> None:
@@ -167,7 +170,7 @@ async def test_apply_retries_a_real_stale_write(kube: EmulatedCluster, policy: P
     class MeddlingGateway(KubernetesGateway):
         async def _call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
             nonlocal meddled
-            if method == "PUT" and not meddled:
+            if method == "PATCH" and not meddled:
                 meddled = True
                 await kube.emulator.patch_object(
                     "apps/v1", "Deployment", NS, "chat-stable", {"metadata": {"labels": {"x": "y"}}}
@@ -179,15 +182,15 @@ async def test_apply_retries_a_real_stale_write(kube: EmulatedCluster, policy: P
 
     assert updated["spec"]["replicas"] == 6
     assert updated["metadata"]["labels"]["x"] == "y"  # the other writer's change survives
-    assert requests_of(kube, "PUT", "deployments") == 2
+    assert requests_of(kube, "PATCH", "deployments") - before == 2
 
 
 async def test_retries_are_bounded(kube: EmulatedCluster, policy: PolicyRef) -> None:
     gateway = kube.gateway(RetryPolicy(attempts=3, base_delay=0.001))
-    kube.emulator.fail_next(503, method="POST", plural="deployments", times=10)
+    kube.emulator.fail_next(503, method="PATCH", plural="deployments", times=10)
     with pytest.raises(ApiUnavailableError, match="gave up after 3 attempts"):
         await gateway.apply(engine("chat-stable", "chat"), policy)
-    assert requests_of(kube, "POST", "deployments") == 3
+    assert requests_of(kube, "PATCH", "deployments") == 3
 
 
 async def test_backoff_grows_exponentially_with_full_jitter_and_a_cap(kube: EmulatedCluster, policy: PolicyRef) -> None:
@@ -212,11 +215,11 @@ async def test_backoff_grows_exponentially_with_full_jitter_and_a_cap(kube: Emul
 async def test_a_rejected_request_is_not_retried(
     kube: EmulatedCluster, gateway: KubernetesGateway, policy: PolicyRef
 ) -> None:
-    kube.emulator.fail_next(422, method="POST", plural="deployments", times=5)
+    kube.emulator.fail_next(422, method="PATCH", plural="deployments", times=5)
     with pytest.raises(ApiRejectedError) as exc:
         await gateway.apply(engine("chat-stable", "chat"), policy)
     assert exc.value.status == 422
-    assert requests_of(kube, "POST", "deployments") == 1
+    assert requests_of(kube, "PATCH", "deployments") == 1
 
 
 async def test_an_unreachable_api_server_is_reported_not_raised_raw(policy: PolicyRef) -> None:

@@ -162,7 +162,7 @@ async def test_api_errors_are_retried_until_the_deployment_is_written(kube: Emul
     settings = ControllerSettings(retry_delay_seconds=0.2)
     controller = Controller(kube.gateway(), MeasurementHub(HealthyProvider(), gather_window=0.01), settings)
     register(registry, controller)
-    kube.emulator.fail_next(403, method="POST", plural="deployments", times=2, message="denied by a test webhook")
+    kube.emulator.fail_next(403, method="PATCH", plural="deployments", times=2, message="denied by a test webhook")
 
     async with running_kopf(kube, registry=registry):
         await kube.emulator.create_object(policy_manifest("chat", NS, spec=quick_spec()))

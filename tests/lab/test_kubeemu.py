@@ -19,6 +19,7 @@ NS = "llm"
 MERGE = "application/merge-patch+json"
 STRATEGIC = "application/strategic-merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
+APPLY = "application/apply-patch+yaml"
 
 
 @pytest.fixture
@@ -357,7 +358,7 @@ async def test_a_failed_json_patch_test_is_422_and_changes_nothing(
     assert patched.data == {"k": "v", "x": "1"}
 
 
-async def test_strategic_merge_patch_merges_containers_by_name_and_apply_patch_is_refused(
+async def test_strategic_merge_patch_merges_containers_by_name(
     kube: EmulatedCluster, apps: kubernetes.client.AppsV1Api
 ) -> None:
     await kube.call(apps.create_namespaced_deployment, NS, deployment("d"))
@@ -366,15 +367,41 @@ async def test_strategic_merge_patch_merges_containers_by_name_and_apply_patch_i
     assert [c.name for c in patched.spec.template.spec.containers] == ["engine", "sidecar"]
     assert patched.metadata.generation == 2
 
-    with pytest.raises(ApiException) as exc:
-        await kube.call(
-            apps.patch_namespaced_deployment,
-            "d",
-            NS,
-            {"spec": {"replicas": 3}},
-            _content_type="application/apply-patch+yaml",
+
+async def test_server_side_apply_upserts_merges_and_removes_what_the_manager_stopped_applying(
+    kube: EmulatedCluster, apps: kubernetes.client.AppsV1Api
+) -> None:
+    """The same steps as tests/lab/test_kubeemu_apply.py runs against the real server too; here without it."""
+    manifest = deployment("d")
+    manifest["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}, {"name": "B"}]
+    manifest["metadata"]["labels"] = {"ours": "1"}
+
+    def apply(body: dict[str, Any]) -> Any:
+        return apps.patch_namespaced_deployment(
+            "d", NS, body, field_manager="kvoffload", force=True, _content_type=APPLY
         )
-    assert exc.value.status == 415
+
+    created = await kube.call(apply, manifest)
+    assert created.metadata.generation == 1
+    sidecar = {
+        "metadata": {"labels": {"theirs": "1"}},
+        "spec": {"template": {"spec": {"containers": [{"name": "sidecar", "image": "busybox"}]}}},
+    }
+    await kube.call(apps.patch_namespaced_deployment, "d", NS, sidecar, _content_type=STRATEGIC)
+    del manifest["metadata"]["labels"]
+    manifest["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "2"}]
+
+    updated = await kube.call(apply, manifest)
+
+    assert updated.metadata.labels == {"theirs": "1"}
+    containers = {c.name: c for c in updated.spec.template.spec.containers}
+    assert sorted(containers) == ["engine", "sidecar"]
+    assert [(e.name, e.value) for e in containers["engine"].env] == [("A", "2")]
+    again = await kube.call(apply, manifest)
+    assert again.metadata.resource_version == updated.metadata.resource_version  # a no-op writes nothing
+    with pytest.raises(ApiException) as exc:
+        await kube.call(apps.patch_namespaced_deployment, "d", NS, manifest, _content_type=APPLY)
+    assert exc.value.status == 422  # no field manager
 
 
 # --- deletion -------------------------------------------------------------------------------

@@ -12,9 +12,11 @@ from hypothesis import strategies as st
 from kvoffload.api.errors import PolicyError
 from kvoffload.api.quantity import GIB, MIB
 from kvoffload.api.types import Architecture, KVOffloadPolicy, KVOffloadPolicySpec
+from kvoffload.policy.catalog import GPU_CLASSES, MODELS, find_gpu_class
 from kvoffload.policy.ladder import build_ladder, find_level
 from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.sizing import (
+    MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS,
     PIN_SECONDS_PER_GIB,
     PROGRESS_DEADLINE_MARGIN_SECONDS,
     SizingError,
@@ -245,7 +247,87 @@ def test_progress_deadline_stretches_past_a_short_one_for_a_big_pool() -> None:
     assert WarningCode.PROGRESS_DEADLINE_STRETCHED in codes(spec)
 
 
+def test_the_stretch_has_a_cap_and_a_longer_deadline_the_spec_sets_is_kept() -> None:
+    # 8 TiB: no node holds it (check_policy refuses it), but the sizing functions still must not run away.
+    spec = make_spec(offload={"cpu": "8Ti"}, rollout={"progressDeadline": "5m"})
+    cpu = level(spec, "cpu")
+    assert startup_seconds(spec, cpu) + PROGRESS_DEADLINE_MARGIN_SECONDS > MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS
+    assert progress_deadline_seconds(spec, cpu) == MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS == 7200
+    [warning] = [w for w in plan_spec(spec).warnings if w.code == WarningCode.PROGRESS_DEADLINE_STRETCHED]
+    assert "the stretch stops at 2h" in warning.message
+    longer = make_spec(offload={"cpu": "8Ti"}, rollout={"progressDeadline": "3h"})
+    assert progress_deadline_seconds(longer, level(longer, "cpu")) == 3 * 3600
+
+
+@pytest.mark.parametrize("gpu", GPU_CLASSES, ids=lambda g: g.name)
+def test_the_cap_is_above_every_budget_a_policy_that_fits_the_node_can_need(gpu: Any) -> None:
+    # The largest pool that passes check_policy (the whole node, less base and headroom) with the
+    # heaviest catalog model on one GPU: the cap must not cut such a budget short.
+    heaviest = max(MODELS, key=lambda m: m.weight_bytes)
+    node_mib = gpu.host_ram_per_node_bytes // MIB
+    raw = make_policy(
+        model={"name": heaviest.name},
+        gpu={"class": gpu.name, "count": 1},
+        resources={"baseMemory": "1Mi", "headroom": "0"},
+        offload={"cpu": f"{node_mib - 1}Mi"},
+    )
+    policy = parse_policy(raw)
+    top = build_ladder(policy.spec)[-1]
+    assert (
+        startup_seconds(policy.spec, top) + PROGRESS_DEADLINE_MARGIN_SECONDS < MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS
+    )
+
+
 # --- checks (errors) ----------------------------------------------------------------------------
+
+
+def test_the_new_user_case_a_cpu_tier_larger_than_the_whole_node_is_an_error_naming_the_field() -> None:
+    """offload.cpu 99999999Ti on an H100: it used to render with two warnings, a memory request of
+    104857598955008Mi and a progress deadline of 45,511,110 hours."""
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(make_policy(offload={"cpu": "99999999Ti"}))
+    [error] = caught.value.errors
+    assert error.path == "spec.offload.cpu"
+    assert "larger than a whole nvidia-h100-80gb node's host memory, 2.0 TiB" in error.message
+    assert "NVIDIA DGX H100" in error.message
+
+
+def test_the_overhead_factor_counts_in_the_tier_that_must_fit() -> None:
+    gpu = find_gpu_class("nvidia-l4")
+    assert gpu is not None
+    node_gib = gpu.host_ram_per_node_bytes // GIB  # 768 GiB
+    fits = make_policy(gpu={"class": "nvidia-l4"}, resources={"baseMemory": "1Gi", "headroom": "0"})
+    fits["spec"]["offload"] = {"cpu": f"{node_gib // 2}Gi", "overheadFactor": 1.5}
+    assert check_policy(KVOffloadPolicy.model_validate(fits)) == []
+    fits["spec"]["offload"]["overheadFactor"] = 2.5
+    [error] = check_policy(KVOffloadPolicy.model_validate(fits))
+    assert error.path == "spec.offload.cpu"
+    assert "with overheadFactor 2.5" in error.message
+
+
+def test_a_memory_backed_tier_larger_than_the_node_is_an_error_at_its_size() -> None:
+    tier = {"name": "ram", "size": "3Ti", "path": "/mnt/ram", "volume": {"emptyDir": {"medium": "Memory"}}}
+    policy = KVOffloadPolicy.model_validate(make_policy(offload={"secondaryTiers": [tier]}))
+    [error] = check_policy(policy)
+    assert error.path == "spec.offload.secondaryTiers[0].size"
+    disk = {**tier, "volume": {"emptyDir": {}}}  # on disk: not host memory
+    assert check_policy(KVOffloadPolicy.model_validate(make_policy(offload={"secondaryTiers": [disk]}))) == []
+
+
+def test_a_request_that_no_node_can_schedule_names_its_biggest_part() -> None:
+    # Each part fits a 2 TiB node; together they do not.
+    policy = KVOffloadPolicy.model_validate(
+        make_policy(resources={"baseMemory": "1200Gi", "headroom": "4Gi"}, offload={"cpu": "1000Gi"})
+    )
+    [error] = check_policy(policy)
+    assert error.path == "spec.resources.baseMemory"
+    assert "no node can schedule it" in error.message
+    assert "baseMemory 1.2 TiB + pinned pool 1000.0 GiB + headroom 4.0 GiB" in error.message
+
+
+def test_more_gpus_per_engine_than_a_node_has_is_an_error() -> None:
+    policy = KVOffloadPolicy.model_validate(make_policy(gpu={"count": 16}, model={"tensorParallelSize": 16}))
+    assert [e.path for e in check_policy(policy)] == ["spec.gpu.count"]
 
 
 def test_an_unknown_gpu_class_is_refused_at_its_path_listing_the_known_ones() -> None:

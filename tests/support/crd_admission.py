@@ -1,10 +1,18 @@
 """What the API server does with a KVOffloadPolicy against our generated CRD, offline.
 
-The steps, in the API server's order: drop nulls, apply the schema defaults,
-check the OpenAPI schema (``jsonschema``; unknown fields refused as kubectl's
-default strict field validation does), then run the CEL rules
-(:mod:`tests.support.cel_k8s`). Every problem comes back as a field path such
-as ``spec.offload.cpu``, like the API server's ``field.Error`` list.
+The steps, in the API server's order, each stopping where the server stops (checked
+against kube-apiserver v1.37 in tests/api/test_server_admission.py):
+
+1. decoding: with strict field validation (kubectl's default) an unknown field refuses
+   the object, and nothing else is reported; with ``strict=False`` (``kubectl apply
+   --validate=warn``) unknown fields are pruned (the server warns);
+2. drop nulls, apply the schema defaults;
+3. the OpenAPI schema (``jsonschema``); an object that fails it is refused without its
+   CEL rules being run;
+4. the CEL rules (:mod:`tests.support.cel_k8s`).
+
+Every problem comes back as a field path such as ``spec.offload.cpu``, like the API
+server's ``field.Error`` list.
 """
 
 from __future__ import annotations
@@ -111,10 +119,53 @@ def schema_problems(obj: dict[str, Any]) -> list[Problem]:
     return found
 
 
-def admit(obj: dict[str, Any]) -> tuple[dict[str, Any], list[Problem]]:
-    """The object as the API server would store it, and every problem that would refuse it."""
+def unknown_fields(obj: Any, schema: dict[str, Any] | None = None, loc: tuple[str | int, ...] = ()) -> list[str]:
+    """The paths of the fields the schema does not declare (where it lists properties)."""
+    schema = openapi_schema() if schema is None else schema
+    found: list[str] = []
+    if isinstance(obj, dict) and "properties" in schema:
+        for key, value in obj.items():
+            if key in schema["properties"]:
+                found += unknown_fields(value, schema["properties"][key], (*loc, key))
+            elif not (loc == () and key in ("apiVersion", "kind", "metadata", "status")):
+                found.append(format_loc((*loc, key)))
+    elif isinstance(obj, dict) and isinstance(schema.get("additionalProperties"), dict):
+        for key, value in obj.items():
+            found += unknown_fields(value, schema["additionalProperties"], (*loc, key))
+    elif isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        for i, item in enumerate(obj):
+            found += unknown_fields(item, schema["items"], (*loc, i))
+    return found
+
+
+def prune(obj: Any, schema: dict[str, Any] | None = None) -> Any:
+    """``obj`` without the fields the schema does not declare, as the API server prunes them."""
+    schema = openapi_schema() if schema is None else schema
+    if isinstance(obj, dict) and "properties" in schema:
+        return {
+            k: prune(v, schema["properties"][k]) if k in schema["properties"] else v
+            for k, v in obj.items()
+            if k in schema["properties"] or k in ("apiVersion", "kind", "metadata", "status")
+        }
+    if isinstance(obj, dict) and isinstance(schema.get("additionalProperties"), dict):
+        return {k: prune(v, schema["additionalProperties"]) for k, v in obj.items()}
+    if isinstance(obj, list) and isinstance(schema.get("items"), dict):
+        return [prune(item, schema["items"]) for item in obj]
+    return obj
+
+
+def admit(obj: dict[str, Any], *, strict: bool = True) -> tuple[dict[str, Any], list[Problem]]:
+    """The object as the API server would store it, and the problems it would refuse it with.
+
+    ``strict``: kubectl's default strict field validation (an unknown field refuses the
+    object at decoding, alone); False prunes unknown fields, as ``--validate=warn`` does.
+    """
     schema = openapi_schema()
-    stored = apply_defaults(schema, drop_nulls(obj))
+    unknown = unknown_fields(obj)
+    if unknown and strict:
+        return obj, [Problem(path, "unknown field", "decode") for path in unknown]
+    stored = apply_defaults(schema, drop_nulls(prune(obj)))
     problems = schema_problems(stored)
-    problems += [Problem(f.path, f.message, "cel") for f in rule_failures(schema, stored)]
-    return stored, problems
+    if problems:
+        return stored, problems  # the server does not run the CEL rules on an object that fails its schema
+    return stored, [Problem(f.path, f.message, "cel") for f in rule_failures(schema, stored)]

@@ -56,9 +56,9 @@ kvoffload
 {{/*
 The rules the operator needs in each namespace it serves, exact verbs only:
 kopf watches the policies and patches their finalizer and annotations, and posts Events;
-kvoffload.gateway reads, creates, replaces and deletes the owned children, lists the policy's pods,
-reads the ConfigMaps and Secrets a policy refers to, patches the policy's status, and creates or
-bumps its Events.
+kvoffload.gateway reads, server-side applies (patch; create when the apply creates) and deletes the
+owned children, lists the policy's pods, reads the ConfigMaps and Secrets a policy refers to,
+patches the policy's status, and creates or bumps its Events.
 */}}
 {{- define "kvoffload.rules" -}}
 - apiGroups: ["kvoffload.io"]
@@ -69,13 +69,13 @@ bumps its Events.
   verbs: ["patch"]
 - apiGroups: ["apps"]
   resources: ["deployments"]
-  verbs: ["get", "list", "create", "update", "delete"]
+  verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "update", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["get", "create", "update", "delete"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]

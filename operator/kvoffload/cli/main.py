@@ -453,6 +453,22 @@ def status(name: str, namespace: str | None, kubeconfig: Path | None, output: st
     envvar="KVOFFLOAD_PROMETHEUS_URL",
     help="Query this Prometheus for every policy instead of each spec.prometheus.url.",
 )
+@click.option(
+    "--webhook-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Serve the validating admission webhook over HTTPS on this port (needs --webhook-cert and "
+    "--webhook-key); 0: no webhook.",
+)
+@click.option("--webhook-address", default="0.0.0.0", show_default=True, help="Where the webhook listens.")
+@click.option(
+    "--webhook-cert",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The webhook's TLS certificate (PEM); re-read when it changes.",
+)
+@click.option("--webhook-key", type=click.Path(dir_okay=False), default=None, help="Its private key (PEM).")
 @click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level (kopf's and the operator's).")
 def run(
     namespaces: tuple[str, ...],
@@ -462,6 +478,10 @@ def run(
     policy_label: str,
     variant_label: str,
     prometheus_url: str | None,
+    webhook_port: int,
+    webhook_address: str,
+    webhook_cert: str | None,
+    webhook_key: str | None,
     verbose: bool,
 ) -> None:
     """Run the operator: watch KVOffloadPolicies and roll each one up its ladder, stage by measured stage.
@@ -473,12 +493,18 @@ def run(
 
     import kopf
 
-    from kvoffload.controller.handlers import run_operator
+    from kvoffload.controller.handlers import WebhookSettings, run_operator
     from kvoffload.controller.reconcile import ControllerSettings
 
     if bool(namespaces) == all_namespaces:
         click.echo("give -n NAMESPACE (one or more) or -A, not both and not neither", err=True)
         sys.exit(EXIT_BAD_INPUT)
+    webhook = None
+    if webhook_port:
+        if not (webhook_cert and webhook_key):
+            click.echo("--webhook-port needs --webhook-cert and --webhook-key", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        webhook = WebhookSettings(webhook_port, webhook_cert, webhook_key, webhook_address)
     import kubernetes.config
 
     kopf.configure(verbose=verbose)
@@ -492,6 +518,7 @@ def run(
                 controller_settings=ControllerSettings(prometheus_url=prometheus_url),
                 policy_label=policy_label,
                 variant_label=variant_label,
+                webhook=webhook,
             )
         )
     except kubernetes.config.ConfigException as exc:

@@ -7,11 +7,20 @@ method is a coroutine that runs the blocking call in a worker thread, retries
 conflicts and transient failures with bounded, jittered exponential backoff, and never
 changes or deletes an object that the policy does not own.
 
-Updates are whole-object replacements (PUT) carrying the resourceVersion that was read
-and checked for ownership, so a concurrent change, including a change of owner, makes
-the write fail with 409 and the next attempt reads and checks again. This is correct on
-a real API server (which also keeps a Service's allocated clusterIP on PUT); server-side
-apply is not used because the emulated API server cannot honour its field ownership.
+Children (Deployments, the Service, the PodMonitor) are written by server-side apply,
+as field manager ``kvoffload`` (:data:`FIELD_MANAGER`): the operator states the fields it
+renders, the API server merges them into the object and removes the ones it rendered
+before and renders no more, and every field another manager set (an annotation, a
+finalizer, a sidecar, the Deployment controller's revision) stays that manager's. An
+object is applied only after it was read and found owned by the policy, and the apply
+carries the resourceVersion that was read as a precondition, so a change in between,
+a change of owner included, fails with 409 and the next attempt reads and checks
+again. See :meth:`KubernetesGateway.apply` for ``force`` and for the one race that a
+precondition cannot close (a create).
+
+Every write names the field manager ``kvoffload``, so ``metadata.managedFields`` says
+which fields are the operator's. The policy's status is written by a merge patch of
+the status subresource (see :meth:`KubernetesGateway.patch_status` for why not apply).
 """
 
 from __future__ import annotations
@@ -66,6 +75,11 @@ CHILD_KINDS: dict[str, str] = {"Deployment": "apps/v1", "Service": "v1", "PodMon
 
 RETRIABLE_STATUSES = frozenset({0, 409, 429, 500, 502, 503, 504})
 
+FIELD_MANAGER = COMPONENT
+"""The field manager of every write, as ``metadata.managedFields`` records it."""
+APPLY_PATCH = "application/apply-patch+yaml"
+MERGE_PATCH = "application/merge-patch+json"
+
 
 class GatewayError(Exception):
     """An API operation the operator asked for did not happen; ``reason`` names it for an Event."""
@@ -93,6 +107,12 @@ class ApiRejectedError(GatewayError):
     def __init__(self, message: str, status: int) -> None:
         super().__init__(message)
         self.status = status
+
+
+class FieldConflictError(ApiRejectedError):
+    """A server-side apply that was not forced touched fields another field manager owns."""
+
+    reason = "FieldConflict"
 
 
 class ApiUnavailableError(GatewayError):
@@ -227,6 +247,12 @@ def resource_path(
     return "/".join(parts)
 
 
+# Metadata the API server keeps: never part of an applied configuration.
+_SERVER_METADATA = frozenset(
+    {"uid", "resourceVersion", "generation", "creationTimestamp", "deletionTimestamp", "managedFields", "selfLink"}
+)
+
+
 def _controller_of(obj: Mapping[str, Any]) -> Mapping[str, Any] | None:
     refs = obj.get("metadata", {}).get("ownerReferences") or []
     return next((ref for ref in refs if ref.get("controller")), None)
@@ -306,13 +332,29 @@ class KubernetesGateway:
 
     # --- children --------------------------------------------------------------------
 
-    async def apply(self, obj: Mapping[str, Any], owner: PolicyRef) -> Obj:
-        """Create or update a child (Deployment, Service, PodMonitor) owned by the policy.
+    async def apply(self, obj: Mapping[str, Any], owner: PolicyRef, *, force: bool = True) -> Obj:
+        """Create or update a child (Deployment, Service, PodMonitor) owned by the policy, by server-side apply.
 
-        The child gets the policy as its controller ownerReference. An existing object
-        of that name is updated only if the policy already owns it; labels, annotations
-        and finalizers that others set on it are kept. Returns the object as stored.
-        Raises NotOwnedError for an object owned by someone else (or by no one).
+        The child gets the policy as its controller ownerReference. An existing object of
+        that name is applied to only if the policy already owns it (NotOwnedError for an
+        object owned by someone else, or by no one), with the resourceVersion that was read
+        as a precondition. Fields other managers set on it stay theirs and stay put; the
+        fields this operator applied before and no longer renders are removed. Returns the
+        object as stored.
+
+        ``force`` (default True) takes over a field that another manager changed since the
+        operator last applied it, e.g. ``spec.replicas`` after a ``kubectl scale``, and sets
+        it back. That is right for these objects: the policy is their controller (checked
+        just before), the rendered fields are the ladder's plan, and nobody could resolve a
+        conflict if the operator stopped at it; Kubernetes asks controllers to force for
+        this reason. With ``force=False`` such a conflict raises FieldConflictError naming
+        the fields and managers, and is not retried.
+
+        A create cannot carry a "must not exist" precondition: server-side apply creates
+        what is missing, ignores a resourceVersion when it creates, and refuses any uid
+        for a missing object. So an object that someone else creates in the moment between
+        the read that found nothing and the apply gets the applied fields merged into it;
+        if it already has a controller, the API server refuses the second one (422).
         """
         api_version, kind = obj["apiVersion"], obj["kind"]
         plural = self._child_plural(api_version, kind)
@@ -322,29 +364,26 @@ class KubernetesGateway:
             raise GatewayError(f"{kind} {namespace}/{name}: children must live in the policy's namespace")
         desired = copy.deepcopy(dict(obj))
         desired.pop("status", None)
-        desired["metadata"] = {
-            **desired["metadata"],
-            "namespace": namespace,
-            "ownerReferences": [owner.owner_reference()],
-        }
+        meta = {k: v for k, v in desired["metadata"].items() if k not in _SERVER_METADATA}
+        desired["metadata"] = {**meta, "namespace": namespace, "ownerReferences": [owner.owner_reference()]}
+        path = resource_path(api_version, plural, namespace, name)
+        query = {"fieldManager": FIELD_MANAGER, **({"force": "true"} if force else {})}
 
         async def attempt() -> Obj:
-            current = await self._get(resource_path(api_version, plural, namespace, name))
-            if current is None:
-                try:
-                    return await self._call("POST", resource_path(api_version, plural, namespace), body=desired)
-                except ApiException as exc:
-                    if exc.status == 409:  # created meanwhile: read it and check its owner
-                        raise _Again from exc
-                    raise
-            self._require_owned(current, owner, kind)
+            current = await self._get(path)
+            config = desired
+            if current is not None:
+                self._require_owned(current, owner, kind)
+                version = current["metadata"]["resourceVersion"]
+                config = {**desired, "metadata": {**desired["metadata"], "resourceVersion": version}}
             try:
-                return await self._call(
-                    "PUT", resource_path(api_version, plural, namespace, name), body=self._replacement(current, desired)
-                )
+                return await self._call("PATCH", path, body=config, query=query, content_type=APPLY_PATCH)
             except ApiException as exc:
-                if exc.status == 404:  # deleted meanwhile: create it again
-                    raise _Again from exc
+                conflicts = _field_conflicts(exc)
+                if conflicts:
+                    raise FieldConflictError(
+                        f"apply {kind} {namespace}/{name}: fields another manager owns: {'; '.join(conflicts)}", 409
+                    ) from exc
                 raise
 
         return await self._retrying(attempt, f"apply {kind} {namespace}/{name}")
@@ -400,11 +439,20 @@ class KubernetesGateway:
     # --- the policy itself -----------------------------------------------------------
 
     async def patch_status(self, policy: PolicyRef, status: Mapping[str, Any]) -> Obj:
-        """Merge-patch the policy's status subresource (``None`` values remove keys)."""
+        """Merge-patch the policy's status subresource (``None`` values remove keys), as field manager kvoffload.
+
+        A merge patch, not an apply: the operator is the status's only writer and writes it
+        whole, and the nulls remove what the new status no longer has whoever wrote it
+        last. An apply would remove only the fields that the ``kvoffload`` manager owns, so
+        a key written under another manager (an earlier operator version's writes, which
+        the API server recorded under the client's default manager name, or a
+        ``kubectl edit --subresource=status``) would stay in the status for good.
+        """
         path = resource_path(policy.api_version, PLURAL, policy.namespace, policy.name, "status")
         body = {"status": dict(status)}
+        query = {"fieldManager": FIELD_MANAGER}
         return await self._retrying(
-            lambda: self._call("PATCH", path, body=body, content_type="application/merge-patch+json"),
+            lambda: self._call("PATCH", path, body=body, query=query, content_type=MERGE_PATCH),
             f"patch the status of {policy}",
         )
 
@@ -441,9 +489,11 @@ class KubernetesGateway:
             "reportingComponent": COMPONENT,
         }
 
+        query = {"fieldManager": FIELD_MANAGER}
+
         async def attempt() -> None:
             try:
-                await self._call("POST", collection, body=event)
+                await self._call("POST", collection, body=event, query=query)
                 return
             except ApiException as exc:
                 if exc.status != 409:
@@ -456,7 +506,7 @@ class KubernetesGateway:
                 "count": int(existing.get("count") or 1) + 1,
                 "lastTimestamp": now,
             }
-            await self._call("PATCH", f"{collection}/{name}", body=bump, content_type="application/merge-patch+json")
+            await self._call("PATCH", f"{collection}/{name}", body=bump, query=query, content_type=MERGE_PATCH)
 
         try:
             await self._retrying(attempt, f"record event {reason} on {policy}")
@@ -508,22 +558,6 @@ class KubernetesGateway:
             f"{kind} {meta.get('namespace')}/{meta['name']} already exists and is {holder}; "
             f"{owner} will not adopt or change it"
         )
-
-    @staticmethod
-    def _replacement(current: Mapping[str, Any], desired: Mapping[str, Any]) -> Obj:
-        """The PUT body: the desired object on top of what others keep in the current metadata."""
-        meta, wanted = current["metadata"], desired["metadata"]
-        ours = {ref["uid"] for ref in wanted["ownerReferences"]}
-        refs = [ref for ref in meta.get("ownerReferences") or [] if ref.get("uid") not in ours]
-        body = {key: value for key, value in desired.items() if key != "metadata"}
-        merged = {
-            **{key: meta[key] for key in ("name", "namespace", "uid", "resourceVersion", "finalizers") if key in meta},
-            "labels": {**(meta.get("labels") or {}), **(wanted.get("labels") or {})},
-            "annotations": {**(meta.get("annotations") or {}), **(wanted.get("annotations") or {})},
-            "ownerReferences": [*wanted["ownerReferences"], *refs],
-        }
-        body["metadata"] = {key: value for key, value in merged.items() if value not in ({}, [])}
-        return body
 
     async def _retrying(self, attempt: Callable[[], Awaitable[T]], what: str) -> T:
         """Run an attempt; on a conflict or transient failure, back off and run it again."""
@@ -578,6 +612,22 @@ class KubernetesGateway:
         response.read()  # type: ignore[no-untyped-call]
         data = self._api.response_deserialize(response, {"2XX": "object"}).data
         return data if isinstance(data, dict) else {}
+
+
+def _field_conflicts(exc: ApiException) -> list[str]:
+    """The fields of a server-side apply conflict (409 with FieldManagerConflict causes), as
+    ``.spec.replicas (someone)``; empty for any other error, a stale resourceVersion included."""
+    if exc.status != 409:
+        return []
+    try:
+        causes = json.loads(exc.body or "")["details"]["causes"]
+    except (ValueError, KeyError, TypeError):
+        return []
+    return [
+        f"{cause.get('field', '?')} ({cause.get('message', '')})"
+        for cause in causes
+        if isinstance(cause, dict) and cause.get("reason") == "FieldManagerConflict"
+    ]
 
 
 def _message(exc: ApiException) -> str:

@@ -177,6 +177,16 @@ class PolicyRuntime:
         return min(self.loop.max_interval, max(self.loop.min_interval, delay))
 
 
+@dataclass(frozen=True)
+class WebhookSettings:
+    """Where the validating admission webhook listens, and its TLS certificate and key (PEM files)."""
+
+    port: int
+    certfile: str
+    keyfile: str
+    address: str = "0.0.0.0"
+
+
 def configure_settings(settings: kopf.OperatorSettings) -> None:
     """kopf settings of the operator: its own finalizer and annotation prefix, quiet Events, sane timeouts."""
     settings.persistence.finalizer = FINALIZER
@@ -232,9 +242,11 @@ async def run_operator(
     variant_label: str = "kvoffload_io_variant",
     stop_flag: Any = None,
     ready_flag: Any = None,
+    webhook: WebhookSettings | None = None,
 ) -> None:
     """Run the operator until stopped (SIGINT/SIGTERM, or ``stop_flag``): kopf, the Controller built
-    from the in-cluster service account or $KUBECONFIG, and the metrics endpoint (0: none).
+    from the in-cluster service account or $KUBECONFIG, the metrics endpoint (0: none), and, with
+    ``webhook``, the validating admission webhook (``controller/admission.py``).
 
     Raises ``kubernetes.config.ConfigException`` when there is no cluster configuration.
     """
@@ -256,7 +268,20 @@ async def run_operator(
     register(registry, controller, metrics=metrics)
     # A registry of our own gets none of kopf's fallback logins: log in as the gateway does.
     kopf.on.login(registry=registry)(kopf.login_via_client)
-    server = metrics.serve(metrics_port) if metrics_port else None
+    if webhook is not None:
+        from kvoffload.controller import admission
+
+        admission.register(registry)
+        server = admission.webhook_server(
+            address=webhook.address, port=webhook.port, certfile=webhook.certfile, keyfile=webhook.keyfile
+        )
+
+        @kopf.on.startup(registry=registry)
+        def serve_admission(settings: kopf.OperatorSettings, **_: Any) -> None:
+            settings.admission.server = server
+            settings.admission.managed = None  # registered by the chart or `kvoffload cluster`, not by kopf
+
+    metrics_server = metrics.serve(metrics_port) if metrics_port else None
     try:
         await kopf.operator(
             registry=registry,
@@ -267,8 +292,8 @@ async def run_operator(
             ready_flag=ready_flag,
         )
     finally:
-        if server is not None:
-            server.shutdown()
+        if metrics_server is not None:
+            metrics_server.shutdown()
 
 
 def _uid(body: Mapping[str, Any]) -> str:

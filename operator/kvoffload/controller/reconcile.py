@@ -276,22 +276,7 @@ class Controller:
             except ConfigError as exc:
                 raise PolicyError([FieldError(path, f"ConfigMap {ref.name!r} key {ref.key!r}: {exc}")]) from None
             policy = policy.model_copy(update={"spec": with_architecture(spec, arch)})
-        problems = check_renderable(policy)
-        if problems:
-            raise PolicyError(problems)
-        version = policy.spec.model.vllm_version
-        try:
-            dialect = dialect_for(version or version_from_image(policy.spec.model.image))
-        except ValueError as exc:
-            raise PolicyError([FieldError("spec.model.vllmVersion", str(exc))]) from None
-        try:
-            for level in build_ladder(policy.spec):
-                config_hash(policy, level)
-                host_memory(policy.spec, level)
-                tier_capacity_tokens(policy.spec, level)
-        except SizingError as exc:
-            raise PolicyError([FieldError(exc.path, str(exc).removeprefix(f"{exc.path}: "))]) from None
-        return policy, dialect
+        return policy, judge_resolved(policy)
 
     def _analysis_due(self, policy: KVOffloadPolicy, ctx: _Reconcile, generation: int | None) -> bool:
         status = ctx.status
@@ -413,6 +398,29 @@ class Controller:
                 await self.gateway.emit_event(ref, "Warning", exc.reason, str(exc))
             log.warning("%s: %s failed: %s", ref, operation, exc)
             raise ReconcileError(str(exc), operation=operation, delay=self.settings.retry_delay_seconds) from exc
+
+
+def judge_resolved(policy: KVOffloadPolicy) -> Dialect:
+    """What is left to judge of a parsed policy (``parse_policy``: the models and ``check_policy``)
+    once its ``model.configMap`` is read: that it renders, its vLLM version, and that every level
+    can be sized. Returns the metric dialect; raises PolicyError naming the fields. No I/O: the
+    admission webhook runs it too."""
+    problems = check_renderable(policy)
+    if problems:
+        raise PolicyError(problems)
+    version = policy.spec.model.vllm_version
+    try:
+        dialect = dialect_for(version or version_from_image(policy.spec.model.image))
+    except ValueError as exc:
+        raise PolicyError([FieldError("spec.model.vllmVersion", str(exc))]) from None
+    try:
+        for level in build_ladder(policy.spec):
+            config_hash(policy, level)
+            host_memory(policy.spec, level)
+            tier_capacity_tokens(policy.spec, level)
+    except SizingError as exc:
+        raise PolicyError([FieldError(exc.path, str(exc).removeprefix(f"{exc.path}: "))]) from None
+    return dialect
 
 
 # --- observations --------------------------------------------------------------------------
@@ -548,6 +556,7 @@ __all__ = [
     "Controller",
     "ControllerSettings",
     "ReconcileError",
+    "judge_resolved",
     "utc_now",
     "with_digest",
 ]

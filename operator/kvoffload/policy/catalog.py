@@ -321,6 +321,13 @@ class GPUClass:
     host_ram_source: str
     """The node shape the host RAM figure comes from."""
     tolerations: tuple[Toleration, ...] = field(default=(_NVIDIA_TAINT,))
+    gpus_per_node: int = 8
+    """GPUs in a node of that shape (every source above names 8)."""
+
+    @property
+    def host_ram_per_node_bytes(self) -> int:
+        """Host RAM of the whole node: what no single pod can exceed."""
+        return self.host_ram_per_gpu_bytes * self.gpus_per_node
 
 
 GPU_CLASSES: tuple[GPUClass, ...] = (

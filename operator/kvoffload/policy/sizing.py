@@ -21,6 +21,7 @@ from kvoffload.api.types import Architecture, Backend, KVCacheDtype, KVOffloadPo
 from kvoffload.policy.catalog import (
     MODELS,
     ConfigError,
+    GPUClass,
     architecture_from_configmap_data,
     find_gpu_class,
     find_model,
@@ -45,6 +46,12 @@ WEIGHT_LOAD_SECONDS_PER_GIB = 1.0
 STARTUP_SAFETY_FACTOR = 2.0
 # Scheduling, image start and the first readiness probe, on top of the startup budget.
 PROGRESS_DEADLINE_MARGIN_SECONDS = 120.0
+# The stretch of rollout.progressDeadline stops here (docs/design.md, "Startup"). The largest
+# budget a policy that fits a catalog node can have: a pool of a whole 2 TiB node (1,638 s of
+# pinning) plus the 180 s base and a model's weights on one GPU (at most ~625 s, DeepSeek-V3),
+# doubled: about 81 minutes. Two hours is above every such budget, so it bites only where the
+# estimate has run away, and an unschedulable canary cannot hold the ladder for longer.
+MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS = 2 * 3600.0
 # /dev/shm holds the pool (vLLM PR 50094) plus room for NCCL and torch IPC
 # (docs/design.md, "The pinned pool and /dev/shm").
 SHM_EXTRA_BYTES = 1 * GIB
@@ -250,11 +257,13 @@ def startup_seconds(spec: KVOffloadPolicySpec, level: Level) -> int:
 
 
 def progress_deadline_seconds(spec: KVOffloadPolicySpec, level: Level) -> float:
-    """rollout.progressDeadline, stretched to the startup budget plus a margin when that is longer."""
-    return max(
-        parse_duration(spec.rollout.progress_deadline),
-        startup_seconds(spec, level) + PROGRESS_DEADLINE_MARGIN_SECONDS,
+    """rollout.progressDeadline, stretched to the startup budget plus a margin when that is longer,
+    but by no more than to ``MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS`` (a longer progressDeadline
+    that the spec sets itself is kept)."""
+    stretched = min(
+        startup_seconds(spec, level) + PROGRESS_DEADLINE_MARGIN_SECONDS, MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS
     )
+    return max(parse_duration(spec.rollout.progress_deadline), stretched)
 
 
 # --- checks ------------------------------------------------------------------------
@@ -268,20 +277,82 @@ def _not_in_catalog(name: str) -> str:
     )
 
 
+def check_fits_node(spec: KVOffloadPolicySpec, gpu: GPUClass) -> list[FieldError]:
+    """What can never be scheduled on a node of the GPU class: more GPUs than a node has, a tier
+    or a pod's memory request larger than the node's whole host memory. Each error names the field
+    to change; empty when every level fits.
+    """
+    errors: list[FieldError] = []
+    node = gpu.host_ram_per_node_bytes
+    where = f"a whole {gpu.name} node's host memory, {format_bytes(node)} ({gpu.host_ram_source})"
+    if spec.gpu.count > gpu.gpus_per_node:
+        errors.append(
+            FieldError(
+                "spec.gpu.count", f"{spec.gpu.count} GPUs per engine, but a {gpu.name} node has {gpu.gpus_per_node}"
+            )
+        )
+    top = build_ladder(spec)[-1]  # the levels only add tiers, so the top one needs the most
+    pool = pinned_pool_bytes(spec, top)
+    if pool > node:
+        factor = spec.offload.overhead_factor
+        pinned = f"{format_bytes(pool)} pinned" + (f" with overheadFactor {factor}" if factor != 1.0 else "")
+        errors.append(
+            FieldError("spec.offload.cpu", f"the CPU tier ({pinned}) is larger than {where}; no node can hold it")
+        )
+    for i, tier in enumerate(top.secondary_tiers):
+        size = quantity_bytes(tier.size)
+        if tier.volume.empty_dir is not None and tier.volume.empty_dir.medium == "Memory" and size > node:
+            errors.append(
+                FieldError(
+                    f"spec.offload.secondaryTiers[{i}].size",
+                    f"the memory-backed tier ({format_bytes(size)}) is larger than {where}; no node can hold it",
+                )
+            )
+    if errors:
+        return errors
+    request = host_memory(spec, top).request
+    if request > node:
+        parts = {
+            "spec.resources.baseMemory": quantity_bytes(spec.resources.base_memory),
+            "spec.offload.cpu": pool,
+            "spec.resources.headroom": quantity_bytes(spec.resources.headroom),
+        }
+        biggest = max(parts, key=lambda k: parts[k])
+        errors.append(
+            FieldError(
+                biggest,
+                f"the memory request of level {top.name}, {format_bytes(request)} per replica (baseMemory "
+                f"{format_bytes(parts['spec.resources.baseMemory'])} + pinned pool {format_bytes(pool)} + headroom "
+                f"{format_bytes(parts['spec.resources.headroom'])}"
+                + (
+                    f" + memory-backed tiers {format_bytes(memory_backed_tier_bytes(top))}"
+                    if memory_backed_tier_bytes(top)
+                    else ""
+                )
+                + f") is more than {where}; no node can schedule it",
+            )
+        )
+    return errors
+
+
 def check_policy(policy: KVOffloadPolicy) -> list[FieldError]:
-    """Problems the schema cannot see (unknown catalog entries); empty when the policy can be sized.
+    """Problems the schema cannot see (unknown catalog entries, what no node of the GPU class can
+    hold); empty when the policy can be sized and scheduled.
 
     Only hard errors: things that are merely unwise (a TP size that does not divide
     the KV heads, a small tier) are ``plan`` warnings.
     """
     spec = policy.spec
     errors: list[FieldError] = []
-    if find_gpu_class(spec.gpu.class_) is None:
+    gpu = find_gpu_class(spec.gpu.class_)
+    if gpu is None:
         errors.append(
             FieldError(
                 "spec.gpu.class", f"unknown GPU class {spec.gpu.class_!r}; known: {', '.join(gpu_class_names())}"
             )
         )
+    else:
+        errors += check_fits_node(spec, gpu)
     arch = spec.model.architecture
     if arch is None and spec.model.config_map is None and find_model(spec.model.name) is None:
         errors.append(FieldError("spec.model.name", _not_in_catalog(spec.model.name)))
@@ -477,11 +548,18 @@ def plan_spec(spec: KVOffloadPolicySpec, name: str = "", *, architecture_source:
         stretched = [
             lv.name for lv in levels if lv.progress_deadline_seconds > parse_duration(spec.rollout.progress_deadline)
         ]
+        capped = longest.startup_seconds + PROGRESS_DEADLINE_MARGIN_SECONDS > longest.progress_deadline_seconds
+        why = (
+            f"startup {format_duration(longest.startup_seconds)}, but the stretch stops at "
+            f"{format_duration(MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS)}"
+            if capped
+            else f"startup {format_duration(longest.startup_seconds)} + margin"
+        )
         warn(
             WarningCode.PROGRESS_DEADLINE_STRETCHED,
             f"rollout.progressDeadline {spec.rollout.progress_deadline} is shorter than the startup budget; "
             f"the operator waits up to {format_duration(longest.progress_deadline_seconds)} "
-            f"(startup {format_duration(longest.startup_seconds)} + margin) on levels {', '.join(stretched)}",
+            f"({why}) on levels {', '.join(stretched)}",
             longest.name,
         )
     cpu_bytes = quantity_bytes(spec.offload.cpu)

@@ -11,8 +11,10 @@ operator rely on and that kmock 0.8 lacks:
   selectors, ``timeoutSeconds``, ``sendInitialEvents``, 410 Gone for a pruned version,
   served as ``application/json`` (client-go refuses a watch of another type);
 - PUT; merge, JSON and (approximate) strategic-merge patches; 422 when a JSON-patch
-  ``test`` fails; 409 on a stale ``metadata.resourceVersion``; 415 for server-side
-  apply, which is not emulated;
+  ``test`` fails; 409 on a stale ``metadata.resourceVersion``;
+- a minimal server-side apply (:func:`apply_configuration`): upsert, the applied fields
+  merged in, and the fields a manager applied before but no longer applies removed; see
+  that function for what it does not do (field ownership, conflicts, ``force``);
 - the status subresource changes only ``.status``, the main resource never does;
 - finalizers (deletionTimestamp while any remain), and the garbage collector:
   deleting an object deletes the dependents whose ownerReferences name its uid;
@@ -46,6 +48,7 @@ from typing import Any
 import attrs
 import jsonpatch
 import kmock
+import yaml
 from kmock import Response  # type: ignore[attr-defined]  # exported, though not in __all__
 
 Obj = dict[str, Any]
@@ -295,7 +298,106 @@ def apply_patch(obj: Obj, patch: Any, content_type: str, *, builtin: bool) -> Ob
         if not builtin:
             raise api_error(415, "strategic merge patch is not supported for custom resources")
         return strategic_merge_patch(obj, patch)  # type: ignore[no-any-return]
-    raise api_error(415, f"the emulator does not serve patches of type {kind!r} (server-side apply is not emulated)")
+    raise api_error(415, f"the emulator does not serve patches of type {kind!r}")
+
+
+APPLY_PATCH = "application/apply-patch+yaml"
+
+
+def _drop_nulls(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {k: _drop_nulls(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_nulls(v) for v in value]
+    return value
+
+
+def _keyed(field: str | None, *lists: Any, builtin: bool) -> str | None:
+    """The merge key of a list field, when every item of ``lists`` has it (built-in types only)."""
+    key = _MERGE_KEYS.get(field or "") if builtin else None
+    if key and all(isinstance(item, Mapping) and key in item for items in lists for item in items):
+        return key
+    return None
+
+
+_ABSENT: Any = object()
+"""A field a configuration does not set, or a value of which nothing is left."""
+
+
+def _unapply(live: Any, previous: Any, config: Any, *, builtin: bool, field: str | None = None) -> Any:
+    """What is left of ``live`` once what ``previous`` (a manager's last applied configuration) set and
+    ``config`` (its new one; :data:`_ABSENT` when it does not set the field) no longer sets is removed:
+    map keys, items of keyed lists and of finalizers. :data:`_ABSENT` when nothing is left."""
+    if isinstance(previous, Mapping) and isinstance(live, Mapping):
+        wanted = config if isinstance(config, Mapping) else {}
+        out = dict(live)
+        for key, before in previous.items():
+            if key in out:
+                rest = _unapply(out[key], before, wanted.get(key, _ABSENT), builtin=builtin, field=key)
+                if rest is _ABSENT:
+                    del out[key]
+                else:
+                    out[key] = rest
+        return _ABSENT if config is _ABSENT and not out else out
+    if isinstance(previous, list) and isinstance(live, list):
+        wanted_items = config if isinstance(config, list) else []
+        key = _keyed(field, live, previous, wanted_items, builtin=builtin)
+        if builtin and field in _MERGE_SETS:
+            items = [item for item in live if item not in previous or item in wanted_items]
+        elif key is not None:
+            before_by_key = {item[key]: item for item in previous}
+            wanted_by_key = {item[key]: item for item in wanted_items}
+            items = []
+            for item in live:
+                if item[key] in before_by_key:
+                    if item[key] not in wanted_by_key:
+                        continue  # the whole item goes, whatever others set in it
+                    item = _unapply(item, before_by_key[item[key]], wanted_by_key[item[key]], builtin=builtin)
+                items.append(item)
+        else:
+            return _ABSENT if config is _ABSENT else live  # an atomic list: whole, or replaced by the config
+        return _ABSENT if config is _ABSENT and not items else items
+    return _ABSENT if config is _ABSENT else live
+
+
+def _apply_merge(live: Any, config: Any, *, builtin: bool, field: str | None = None) -> Any:
+    """The configuration merged into ``live``: maps key by key, keyed lists item by item, the rest replaced."""
+    if isinstance(config, Mapping):
+        out = dict(live) if isinstance(live, Mapping) else {}
+        for key, value in config.items():
+            out[key] = _apply_merge(out.get(key), value, builtin=builtin, field=key)
+        return out
+    if isinstance(config, list) and isinstance(live, list):
+        if builtin and field in _MERGE_SETS:
+            return list(live) + [item for item in config if item not in live]
+        key = _keyed(field, live, config, builtin=builtin)
+        if key is not None:
+            merged = {item[key]: item for item in live}
+            for item in config:
+                merged[item[key]] = _apply_merge(merged.get(item[key]), item, builtin=builtin)
+            return list(merged.values())
+    return copy.deepcopy(config)
+
+
+def apply_configuration(live: Obj, previous: Obj | None, config: Obj, *, builtin: bool) -> Obj:
+    """A minimal server-side apply: what ``live`` becomes when a field manager applies ``config``,
+    having applied ``previous`` (None: never) before.
+
+    What it does, as the API server does for one manager: the fields ``config`` sets are merged
+    into the object (maps key by key; for the built-in types the keyed lists of
+    :data:`_MERGE_KEYS` item by item and finalizers as a set; other lists replaced whole), and
+    the fields that ``previous`` set and ``config`` no longer sets are removed.
+
+    What it does not do: it keeps no per-field ownership (``metadata.managedFields`` is not
+    written), so it never reports a conflict with another manager, ``force`` changes nothing,
+    and a field that this manager stops applying is removed even when another manager set
+    the same value too (the API server would keep such a shared field). Nulls in ``config``
+    are ignored.
+    """
+    config = _drop_nulls(config)
+    base = _unapply(live, previous, config, builtin=builtin) if previous is not None else live
+    merged: Obj = _apply_merge({} if base is _ABSENT else base, config, builtin=builtin)
+    return merged
 
 
 # --- the emulator ------------------------------------------------------------------------
@@ -352,6 +454,8 @@ class KubeEmulator(kmock.KubernetesEmulator):
     _faults: list[_Fault] = attrs.field(factory=list, init=False)
     _closing: bool = attrs.field(default=False, init=False)
     _status_defaults: dict[kmock.resource, Obj] = attrs.field(factory=dict, init=False)
+    # uid -> field manager -> the configuration it last applied (server-side apply).
+    _applied: dict[str, dict[str, Obj]] = attrs.field(factory=dict, init=False)
 
     def __attrs_post_init__(self) -> None:
         super().__attrs_post_init__()
@@ -536,11 +640,15 @@ class KubeEmulator(kmock.KubernetesEmulator):
             created = self._create(request.resource, request.namespace, dict(request.data))
         return Response(status=201, payload=copy.deepcopy(created))
 
-    async def _serve_update(self, request: kmock.Request) -> Obj:
+    async def _serve_update(self, request: kmock.Request) -> Response:
+        # Always a Response with its status: kmock 0.8 keeps the status of a Response a reaction
+        # once returned (the 201 of an apply that created) for every later answer of that reaction.
         self._info(request)
         assert request.resource is not None
         assert request.name is not None
         content_type = {k.lower(): v for k, v in request.headers.items()}.get("content-type", "")
+        if content_type.split(";")[0].strip().lower() == APPLY_PATCH:
+            return await self._serve_apply(request)
         key = (request.resource, request.namespace, request.name)
         async with self._cond:
             old = self._existing(key)
@@ -549,7 +657,67 @@ class KubeEmulator(kmock.KubernetesEmulator):
             if isinstance(request.data, Mapping):
                 expected = (request.data.get("metadata") or {}).get("resourceVersion")
             updated = self._update(key, old, new, request.subresource, expected_rv=expected)
-        return copy.deepcopy(updated)
+        return Response(status=200, payload=copy.deepcopy(updated))
+
+    async def _serve_apply(self, request: kmock.Request) -> Response:
+        """Server-side apply (``PATCH`` with ``application/apply-patch+yaml``): see :func:`apply_configuration`."""
+        assert request.resource is not None
+        assert request.name is not None
+        info = self.resources[request.resource]
+        manager = request.params.get("fieldManager", "")
+        if not manager:
+            raise api_error(
+                422, 'PatchOptions.meta.k8s.io "" is invalid: fieldManager: Required value: is required for apply patch'
+            )
+        config = request.data
+        if config is None:  # YAML rather than JSON
+            try:
+                config = yaml.safe_load(request.text or "")
+            except yaml.YAMLError as exc:
+                raise api_error(400, f"error decoding YAML: {exc}") from exc
+        if not isinstance(config, Mapping):
+            raise api_error(400, "error decoding patch: an apply configuration must be an object")
+        config = dict(config)
+        if config.get("apiVersion") != api_version_of(request.resource) or config.get("kind") != info.kind:
+            raise api_error(400, f"invalid object type: {config.get('apiVersion', '/')}, Kind={config.get('kind', '')}")
+        meta = config.get("metadata") or {}
+        if meta.get("name") != request.name:
+            raise api_error(
+                400, f"the name of the object ({meta.get('name')}) does not match the name on the URL ({request.name})"
+            )
+        key = (request.resource, request.namespace, request.name)
+        builtin = request.resource.group in BUILTIN_GROUPS
+        async with self._cond:
+            old = self._current(key)
+            if old is None:
+                if request.subresource is not None:
+                    raise api_error(404, f'{request.resource.plural} "{request.name}" not found', name=request.name)
+                if meta.get("uid"):
+                    raise api_error(
+                        409,
+                        f'Operation cannot be fulfilled on {request.resource.plural} "{request.name}": uid mismatch: '
+                        f"the provided object specified uid {meta['uid']}, and no existing object was found",
+                    )
+                config = _without_preconditions(config)
+                created = self._create(
+                    request.resource, request.namespace, apply_configuration({}, None, config, builtin=builtin)
+                )
+                self._applied[created["metadata"]["uid"]] = {f"{manager}/": config}
+                return Response(status=201, payload=copy.deepcopy(created))
+            old_meta = old.get("metadata", {})
+            if meta.get("uid") not in (None, old_meta.get("uid")):
+                raise api_error(
+                    422,
+                    f'{info.kind} "{request.name}" is invalid: metadata.uid: Invalid value: "{meta["uid"]}": '
+                    "field is immutable",
+                )
+            applied = self._applied.setdefault(old_meta.get("uid", ""), {})
+            previous_key = f"{manager}/{request.subresource or ''}"
+            config = _without_preconditions(config)
+            new = apply_configuration(old, applied.get(previous_key), config, builtin=builtin)
+            updated = self._update(key, old, new, request.subresource, expected_rv=meta.get("resourceVersion"))
+            applied[previous_key] = config
+        return Response(status=200, payload=copy.deepcopy(updated))
 
     async def _serve_replace(self, request: kmock.Request) -> Obj:
         self._info(request)
@@ -769,6 +937,7 @@ class KubeEmulator(kmock.KubernetesEmulator):
         """Remove an object, then collect its dependents as Kubernetes' garbage collector does."""
         uid = current.get("metadata", {}).get("uid")
         removed = self._commit("DELETED", key, None, current)
+        self._applied.pop(uid or "", None)
         live_uids = {obj.get("metadata", {}).get("uid") for _, obj in self._live()}
         for dep_key in [k for k, _ in self._live()]:
             dep = self._current(dep_key)  # re-read: collecting one dependent may have changed another
@@ -830,6 +999,14 @@ def _drop_empty(meta: Obj) -> None:
     for key in ("labels", "annotations", "finalizers", "ownerReferences"):
         if key in meta and not meta[key]:
             del meta[key]
+
+
+def _without_preconditions(config: Obj) -> Obj:
+    """An apply configuration without the metadata that is a precondition (uid, resourceVersion) or the
+    server's, not a field to apply."""
+    meta = {k: v for k, v in (config.get("metadata") or {}).items() if k not in (*_SERVER_FIELDS, "managedFields")}
+    meta.update({k: config["metadata"][k] for k in ("name", "namespace") if k in (config.get("metadata") or {})})
+    return {**config, "metadata": meta}
 
 
 def _spec_of(obj: Obj) -> Obj:

