@@ -14,7 +14,8 @@
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
-dir=${1:-$root/.vllm-033}
+# Absolute, so the check below can compare it with the imported module's path.
+dir=$(realpath -m "${1:-$root/.vllm-033}")
 venv=${2:-$root/.venv-vllm}
 lock=$root/requirements/vllm-0.33.lock
 stamp=$dir/.kvoffload-setup
