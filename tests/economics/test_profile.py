@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import math
 from typing import Any
@@ -272,6 +273,29 @@ def test_pinning_is_linear_between_the_measured_sizes() -> None:
     assert p.pin_seconds_per_gib == pytest.approx(0.5)
     h200 = shipped_profile(H200)
     assert 0.2 < h200.pin_seconds_per_gib < 1.0
+
+
+def test_an_engine_start_is_priced_by_vllms_own_pinning_path_where_it_was_measured() -> None:
+    torch_only = synthetic()
+    both = dataclasses.replace(
+        torch_only,
+        pinning=(
+            *torch_only.pinning,
+            PinPoint(GIB, 0.25, "vllm_shm_register"),
+            PinPoint(5 * GIB, 1.25, "vllm_shm_register"),
+        ),
+    )
+    assert both.pin_seconds(3 * GIB) == pytest.approx(0.75)
+    assert torch_only.pin_seconds(3 * GIB) == pytest.approx(1.5)
+    assert loads_profile(both.dumps()) == both
+    # a file from before paths were recorded reads as torch's path
+    old = json.loads(torch_only.dumps())
+    for point in old["pinning"]:
+        del point["path"]
+    assert loads_profile(json.dumps(old)) == torch_only
+    h200 = shipped_profile(H200)
+    assert {p.path for p in h200.pinning} == {"torch_pin_memory", "vllm_shm_register"}
+    assert [p.path for p in h200.pin_points()] == ["vllm_shm_register"] * 3
 
 
 def test_model_shape_counts_kv_and_parameters() -> None:

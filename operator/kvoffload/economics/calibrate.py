@@ -11,7 +11,8 @@ so both are imported only when a measurement runs) and measures:
 - the host cost of submitting a restore (fixed, and per page descriptor);
 - end-to-end restores of whole prompts, submitted as vLLM does: the held-out check of
   the restore model, never used to fit it;
-- the pinning rate (``torch.empty(..., pin_memory=True)`` of 1, 4 and 16 GiB);
+- the pinning rate of 1, 4 and 16 GiB, as ``torch.empty(..., pin_memory=True)`` and as vLLM 0.32
+  pins its CPU tier (a shared mmap of /dev/shm, pre-faulted, then ``cudaHostRegister``);
 - prefill time of each model shape over prompt length with random bf16 weights (nothing
   is downloaded), plus held-out lengths the interpolation does not use;
 - decode ITL (one CUDA-graph step) at a few batch sizes.
@@ -116,6 +117,9 @@ REFERENCE: dict[str, float] = {
     "pin 1 GiB s": 0.61,
     "pin 4 GiB s": 2.8,
     "pin 16 GiB s": 12.6,
+    "pin 1 GiB s, vLLM's path": 0.61,
+    "pin 4 GiB s, vLLM's path": 2.8,
+    "pin 16 GiB s, vLLM's path": 12.6,
     "prefill Qwen/Qwen3-0.6B 1480 tok/s": 46e3,
     "prefill Qwen/Qwen3-0.6B 8192 tok/s": 149e3,
     "prefill Qwen/Qwen3-0.6B 32768 tok/s": 94e3,
@@ -720,6 +724,72 @@ def measure_pinning(run: Run, torch: Any) -> None:
         run.save()
 
 
+# vLLM 0.32's CPU tier (vllm/v1/kv_offload/cpu/shared_offload_region.py, gpu_worker.py): a file in
+# /dev/shm, mmap'd shared, pre-faulted with MADV_POPULATE_WRITE row by row, then registered with
+# cudaHostRegister. Not torch's cudaHostAlloc: the pages are shmem, faulted in before the driver pins them.
+MADV_POPULATE_WRITE = 23  # <linux/mman.h>; Python's mmap module names it only from 3.13
+SHM_ROW_BYTES = 2 * MIB  # about one block of all layers of a Qwen3-8B (16 × 147,456 B): vLLM's row
+
+
+def _shm_backing(nbytes: int) -> tuple[int, str]:
+    """A file descriptor of ``nbytes`` of shmem: in /dev/shm as vLLM does, else a memfd (also shmem)."""
+    stat = os.statvfs("/dev/shm") if os.path.isdir("/dev/shm") else None
+    if stat is not None and stat.f_bavail * stat.f_frsize > nbytes + GIB:
+        path = f"/dev/shm/kvoffload_calibrate_{os.getpid()}.mmap"
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        os.unlink(path)  # vLLM unlinks once every worker has mapped it; the pages stay until closed
+        backing = "/dev/shm"
+    else:
+        fd = os.memfd_create("kvoffload_calibrate")
+        backing = "memfd (/dev/shm too small)"
+    os.ftruncate(fd, nbytes)
+    return fd, backing
+
+
+def measure_pinning_vllm(run: Run, torch: Any) -> None:
+    """Seconds vLLM 0.32's path takes to pin 1, 4 and 16 GiB: mmap, pre-fault by rows, cudaHostRegister."""
+    import mmap
+
+    cudart = torch.cuda.cudart()
+    sizes = (1,) if run.tiny else PIN_SIZES_GIB
+    out: list[dict[str, Any]] = []
+    for gib in sizes:
+        nbytes = gib * GIB
+        t0 = time.perf_counter()
+        fd, backing = _shm_backing(nbytes)
+        mm = mmap.mmap(fd, nbytes, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+        t1 = time.perf_counter()
+        for offset in range(0, nbytes, SHM_ROW_BYTES):
+            mm.madvise(MADV_POPULATE_WRITE, offset, min(SHM_ROW_BYTES, nbytes - offset))
+        t2 = time.perf_counter()
+        anchor = ctypes.c_char.from_buffer(mm)
+        ptr = ctypes.addressof(anchor)
+        err = int(cudart.cudaHostRegister(ptr, nbytes, 0))
+        t3 = time.perf_counter()
+        if err != 0:
+            raise RuntimeError(f"cudaHostRegister of {gib} GiB failed with CUDA error {err}")
+        cudart.cudaHostUnregister(ptr)
+        del anchor
+        mm.close()
+        os.close(fd)
+        point = {
+            "bytes": nbytes,
+            "seconds": t3 - t0,
+            "mapSeconds": t1 - t0,
+            "populateSeconds": t2 - t1,
+            "registerSeconds": t3 - t2,
+            "backing": backing,
+            "rowBytes": SHM_ROW_BYTES,
+        }
+        out.append(point)
+        run.log(
+            f"   vLLM path {gib:>2} GiB ({backing}): {t3 - t0:.2f} s ({(t3 - t0) / gib:.2f} s/GiB): "
+            f"pre-fault {t2 - t1:.2f} s, cudaHostRegister {t3 - t2:.2f} s"
+        )
+        run.raw["pinningVllm"] = out
+        run.save()
+
+
 # --- the model forward ------------------------------------------------------------------------------
 
 
@@ -1078,7 +1148,16 @@ def build_profile(raw: dict[str, Any], gpu_class: str, command: str) -> Profile:
         },
         "transfers": transfers,
         "bidirectionalBytesPerSecond": bidi["bytes"] / bidi["seconds"] if bidi else 0,
-        "pinning": [{"bytes": p["bytes"], "seconds": p["seconds"]} for p in raw.get("pinning", [])],
+        "pinning": [
+            *(
+                {"bytes": p["bytes"], "seconds": p["seconds"], "path": "torch_pin_memory"}
+                for p in raw.get("pinning", [])
+            ),
+            *(
+                {"bytes": p["bytes"], "seconds": p["seconds"], "path": "vllm_shm_register"}
+                for p in raw.get("pinningVllm", [])
+            ),
+        ],
         "restore": {
             **raw.get("restore", {"fixedSeconds": 0, "submitSecondsPerPage": {}}),
             "zeroCopyMaxPageBytes": VLLM_ZERO_COPY_MAX_PAGE_BYTES,
@@ -1124,6 +1203,7 @@ def build_profile(raw: dict[str, Any], gpu_class: str, command: str) -> Profile:
                 if (exposed := [t for t in raw.get("transfers", []) if t.get("hostExposedReps")])
                 else []
             ),
+            *raw.get("provenance", []),
             *raw.get("assembly", []),
         ],
     }
@@ -1144,6 +1224,8 @@ def comparisons(raw: dict[str, Any]) -> list[tuple[str, float | None, float]]:
         got["both directions GB/s"] = _gbps(raw["bidirectional"]["bytes"], raw["bidirectional"]["seconds"])
     for p in raw.get("pinning", []):
         got[f"pin {p['bytes'] // GIB} GiB s"] = p["seconds"]
+    for p in raw.get("pinningVllm", []):
+        got[f"pin {p['bytes'] // GIB} GiB s, vLLM's path"] = p["seconds"]
     for c in raw.get("prefill", []):
         if c.get("mode", "eager") != "eager":  # the references were eager runs
             continue
@@ -1235,6 +1317,7 @@ def main(argv: Iterable[str] | None = None) -> int:
         log("SKIP transfers: no CUDA (pinned memory, DMA and the zero-copy kernel need a GPU)")
     if device == "cuda" and "pinning" not in args.skip:
         run.section("pinning", lambda: measure_pinning(run, torch), min_seconds=20)
+        run.section("pinning as vLLM pins", lambda: measure_pinning_vllm(run, torch), min_seconds=30)
     elif device == "cpu":
         log("SKIP pinning: no CUDA (pinned memory needs a GPU driver)")
     if "prefill" not in args.skip:

@@ -29,10 +29,14 @@ SCHEMA_VERSION = 1
 Kind = Literal["measured", "estimated"]
 Direction = Literal["h2d", "d2h"]
 TransferPath = Literal["contiguous", "batched_dma", "zero_copy_12sm", "zero_copy_all_sm", "memcpy_per_page"]
+# torch_pin_memory: cudaHostAlloc through torch. vllm_shm_register: vLLM 0.32's CPU tier, a shared mmap
+# of /dev/shm pre-faulted with MADV_POPULATE_WRITE, then cudaHostRegister (what an engine pays at start).
+PinPath = Literal["torch_pin_memory", "vllm_shm_register"]
 
 KINDS: tuple[str, ...] = get_args(Kind)
 DIRECTIONS: tuple[str, ...] = get_args(Direction)
 TRANSFER_PATHS: tuple[str, ...] = get_args(TransferPath)
+PIN_PATHS: tuple[str, ...] = get_args(PinPath)
 
 GIB = 1024**3
 
@@ -110,10 +114,11 @@ class TransferPoint:
 
 @dataclass(frozen=True)
 class PinPoint:
-    """Seconds ``torch.empty(..., pin_memory=True)`` took for ``bytes``."""
+    """Seconds pinning ``bytes`` of host memory took, by one path."""
 
     bytes: int
     seconds: float
+    path: PinPath = "torch_pin_memory"
 
 
 @dataclass(frozen=True)
@@ -312,11 +317,16 @@ class Profile:
         per_page = self.restore.submit_seconds_per_page.get("batched_dma", 0.0)
         return self.restore.fixed_seconds + pages * per_page + nbytes / self.bandwidth("d2h", "batched_dma", page_bytes)
 
+    def pin_points(self) -> list[PinPoint]:
+        """The pinning points an engine's start follows: vLLM's own path where measured, else torch's, by size."""
+        vllm = [p for p in self.pinning if p.path == "vllm_shm_register"]
+        return sorted(vllm or self.pinning, key=lambda p: p.bytes)
+
     def pin_seconds(self, nbytes: int) -> float:
         """Seconds to pin ``nbytes`` of host memory: linear through the measured points, extended past the ends."""
         if nbytes <= 0:
             return 0.0
-        points = sorted(self.pinning, key=lambda p: p.bytes)
+        points = self.pin_points()
         if not points:
             raise ProfileError(f"profile {self.gpu_class} has no pinning measurement")
         if len(points) == 1:
@@ -326,7 +336,7 @@ class Profile:
     @property
     def pin_seconds_per_gib(self) -> float:
         """The slope of pinning between the smallest and the largest measured size."""
-        points = sorted(self.pinning, key=lambda p: p.bytes)
+        points = self.pin_points()
         if len(points) < 2:
             return self.pin_seconds(GIB)
         lo, hi = points[0], points[-1]
@@ -362,7 +372,7 @@ class Profile:
                 for t in self.transfers
             ],
             "bidirectionalBytesPerSecond": self.bidirectional_bytes_per_second,
-            "pinning": [{"bytes": p.bytes, "seconds": p.seconds} for p in self.pinning],
+            "pinning": [{"bytes": p.bytes, "seconds": p.seconds, "path": p.path} for p in self.pinning],
             "restore": {
                 "fixedSeconds": self.restore.fixed_seconds,
                 "submitSecondsPerPage": dict(self.restore.submit_seconds_per_page),
@@ -632,7 +642,14 @@ def profile_from_json(data: object, origin: str = "profile") -> Profile:
         source=source,
         transfers=transfers,
         bidirectional_bytes_per_second=root.get_num("bidirectionalBytesPerSecond"),
-        pinning=tuple(PinPoint(o.get_int("bytes", 1), o.get_num("seconds")) for o in root.get_objs("pinning")),
+        pinning=tuple(
+            PinPoint(
+                o.get_int("bytes", 1),
+                o.get_num("seconds"),
+                cast(PinPath, o.get_choice("path", PIN_PATHS) if "path" in o.value else "torch_pin_memory"),
+            )
+            for o in root.get_objs("pinning")
+        ),
         restore=restore,
         prefill=tuple(prefill),
         decode=tuple(decode),
