@@ -1,0 +1,599 @@
+"""The chart's RBAC, enforced by the real authorizer (kube-apiserver v1.37.2, ``Node,RBAC``).
+
+The chart is installed into the session's real control plane with helm-python-sdk, and ``kvoffload run``
+runs here as a subprocess, with the arguments the chart gives its container and the credentials of the
+chart's ServiceAccount: a token from the TokenRequest API, never the admin's certificate. A scenario
+drives policies through every call the operator makes (create: finalizer, children applied, status,
+Events; a model ConfigMap; bearer tokens from a policy's Secret and from the operator's own; a manual
+promote that starts a canary and an abort that deletes it; a repeated Event; deletion through the
+finalizer) and the operator's log must hold no 403.
+
+Then each verb of each rule the chart grants is taken away in turn (the role patched as the admin, the
+authorizer asked until it agrees) and the same scenario must fail: a 403 for exactly that verb and
+resource in the operator's log, or a step that never completes. So no rule is unused.
+
+Secrets: the chart grants get on no Secret cluster-wide; a policy in a namespace the chart does not list
+that names its own token Secret gets the PrometheusTokenUnreadable condition naming the Secret, and the
+log says so once, not every cycle.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import http.server
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import helm_python as helm
+import pytest
+import yaml
+
+from kvoffload.api.conventions import ABORT, FINALIZER, PAUSE, PROMETHEUS_TOKEN_UNREADABLE, PROMOTE, Reason
+from kvoffload.lab.controlplane import free_port
+from tests.support import paths
+from tests.support.controlplane import Kube
+
+pytestmark = pytest.mark.kube
+
+CHART = paths.ROOT / "charts" / "kvoffload"
+RELEASE, NAMESPACE = "kvo", "kvoffload-system"
+ACCOUNT = f"{RELEASE}-kvoffload"
+"""The chart's ServiceAccount: its fully qualified name."""
+SERVICE_ACCOUNT = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
+TEAM = "rbac-team"
+"""The namespace the chart lists in prometheusAuth.policySecrets: its policies may name their own Secret."""
+OTHER = "rbac-other"
+"""A namespace the chart does not list: the operator reads no Secret there."""
+OPERATOR_TOKEN, TEAM_TOKEN, LOCKED_TOKEN = "operator-s3cret", "team-s3cret", "locked-s3cret"
+VALUES: dict[str, Any] = {
+    "replicas": 0,  # the operator runs here, as a subprocess: there is no kubelet to run its pod
+    "prometheusAuth": {
+        "tokenSecret": {"name": "prometheus-token", "key": "token"},
+        "policySecrets": [{"namespace": TEAM, "names": ["team-token"]}],
+    },
+}
+FORBIDDEN = re.compile(r"forbidden", re.IGNORECASE)
+MODEL_CONFIG = {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128}
+POD_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podmonitors.monitoring.coreos.com"},
+    "spec": {
+        "group": "monitoring.coreos.com",
+        "scope": "Namespaced",
+        "names": {
+            "kind": "PodMonitor",
+            "plural": "podmonitors",
+            "singular": "podmonitor",
+            "listKind": "PodMonitorList",
+        },
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
+            }
+        ],
+    },
+}
+"""The Prometheus Operator's PodMonitor kind, its schema left open: the operator applies one per policy."""
+
+
+# --- a Prometheus stand-in that records the tokens it is sent -------------------------------------
+
+
+class TokenRecorder:
+    """An HTTP server that answers every query 503 and remembers each Authorization header."""
+
+    def __init__(self) -> None:
+        self.tokens: set[str] = set()
+        recorder = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                recorder.tokens.add(self.headers.get("Authorization", ""))
+                self.send_response(503)
+                self.end_headers()
+
+            do_POST = do_GET
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def __enter__(self) -> TokenRecorder:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+# --- the installed chart and the operator's credentials --------------------------------------------
+
+
+def render() -> list[dict[str, Any]]:
+    with helm.Chart.load(CHART) as chart:
+        rendered = chart.render(VALUES, name=RELEASE, namespace=NAMESPACE)
+    return [
+        obj
+        for path, text in sorted(rendered.items())
+        if path.endswith(".yaml")
+        for obj in yaml.safe_load_all(text)
+        if obj
+    ]
+
+
+@dataclass
+class Installed:
+    kube: Kube
+    objects: list[dict[str, Any]]
+    kubeconfig: Path
+    """The ServiceAccount's kubeconfig: the API server, its CA and a TokenRequest token. No admin rights."""
+    args: list[str]
+    """The operator container's arguments, as the chart renders them."""
+    runs: int = 0
+
+    @property
+    def roles(self) -> list[dict[str, Any]]:
+        return [obj for obj in self.objects if obj["kind"] in ("ClusterRole", "Role")]
+
+
+def secret(name: str, namespace: str, value: str) -> dict[str, Any]:
+    data = {"token": base64.b64encode(value.encode()).decode()}
+    return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}, "data": data}
+
+
+@pytest.fixture(scope="module")
+def installed(kube_crd: Kube, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    kube = kube_crd
+    kube.kubectl("apply", "-f", "-", stdin=json.dumps(POD_MONITOR_CRD))
+    kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/podmonitors.monitoring.coreos.com")
+    with helm.Config(kubeconfig_path=str(kube.kubeconfig), namespace=NAMESPACE) as config:
+        config.install(str(CHART), RELEASE, VALUES, create_namespace=True)
+    for namespace in (TEAM, OTHER):
+        kube.ensure_namespace(namespace)
+    config_map = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "model-config", "namespace": TEAM},
+        "data": {"config.json": json.dumps(MODEL_CONFIG)},
+    }
+    for obj in (
+        secret("prometheus-token", NAMESPACE, OPERATOR_TOKEN),
+        secret("team-token", TEAM, TEAM_TOKEN),
+        secret("locked-token", OTHER, LOCKED_TOKEN),
+        config_map,
+    ):
+        kube.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+    # TokenRequest: a bound token for the chart's ServiceAccount, as the kubelet would project it.
+    token = kube.kubectl("create", "token", ACCOUNT, "-n", NAMESPACE, "--duration=2h").strip()
+    kubeconfig = tmp_path_factory.mktemp("operator") / "kubeconfig"
+    ca = base64.b64encode(kube.plane.ca_file.read_bytes()).decode()
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [
+                    {"name": "lab", "cluster": {"server": kube.plane.server, "certificate-authority-data": ca}}
+                ],
+                "users": [{"name": "operator", "user": {"token": token}}],
+                "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "operator"}}],
+                "current-context": "lab",
+            }
+        )
+    )
+    kubeconfig.chmod(0o600)
+    objects = render()
+    (deployment,) = [obj for obj in objects if obj["kind"] == "Deployment"]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return Installed(kube, objects, kubeconfig, list(container["args"]))
+
+
+def test_the_operator_runs_as_the_service_account_and_not_as_an_admin(installed: Installed) -> None:
+    kube = installed.kube
+    whoami = subprocess.run(
+        [kube.kubectl_path, f"--kubeconfig={installed.kubeconfig}", "auth", "whoami", "-o", "json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == SERVICE_ACCOUNT
+    assert can(kube, "list", "kvoffloadpolicies.kvoffload.io", "-A")
+    assert not can(kube, "create", "clusterroles.rbac.authorization.k8s.io")
+    assert not can(kube, "get", "secrets", "-A"), "no Secret cluster-wide"
+
+
+# --- the scenario ------------------------------------------------------------------------------------
+
+
+class ScenarioFailed(Exception):
+    """A step did not complete, or the operator was refused something."""
+
+
+@dataclass
+class Operator:
+    """``kvoffload run`` with the chart's arguments, logging into a file."""
+
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def forbidden(self) -> list[str]:
+        return [line for line in self.text().splitlines() if FORBIDDEN.search(line)]
+
+
+def start_operator(installed: Installed, log: Path) -> Operator:
+    args = [re.sub(r"^--metrics-port=\d+$", f"--metrics-port={free_port()}", arg) for arg in installed.args]
+    env = {**os.environ, "KUBECONFIG": str(installed.kubeconfig)}
+    env.pop("KUBERNETES_SERVICE_HOST", None)
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [sys.executable, "-c", "from kvoffload.cli.main import main; main()", "run", *args],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    return Operator(process, log)
+
+
+def stop_operator(operator: Operator) -> None:
+    if operator.process.poll() is None:
+        operator.process.terminate()
+        try:
+            operator.process.wait(15)
+        except subprocess.TimeoutExpired:
+            operator.process.kill()
+            operator.process.wait()
+
+
+def policy(name: str, namespace: str, prometheus: dict[str, Any], *, config_map: bool = False) -> dict[str, Any]:
+    model: dict[str, Any] = {"name": "Qwen/Qwen3-0.6B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 4096}
+    if config_map:
+        model = {**model, "name": "acme/private-llm", "configMap": {"name": "model-config"}}
+    return {
+        "apiVersion": "kvoffload.io/v1alpha1",
+        "kind": "KVOffloadPolicy",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {
+            "model": model,
+            "gpu": {"class": "nvidia-l4", "count": 1},
+            "replicas": 2,
+            "resources": {"baseMemory": "4Gi", "headroom": "1Gi", "cpu": "2"},
+            "offload": {"cpu": "1Gi"},
+            "rollout": {"canaryReplicas": 1, "maxSurge": 0, "baselineDuration": "1h", "progressDeadline": "10m"},
+            "analysis": {"interval": "1s", "window": "10s", "minRequests": 5, "maxInconclusive": 10000},
+            "prometheus": prometheus,
+        },
+    }
+
+
+@dataclass
+class Scenario:
+    """One run: the operator, two policies, and what it did. ``step`` names the last step reached."""
+
+    installed: Installed
+    operator: Operator
+    recorder: TokenRecorder
+    timeout: float
+    step: str = "start"
+    done: list[str] = field(default_factory=list)
+
+    @property
+    def kube(self) -> Kube:
+        return self.installed.kube
+
+    def until(self, what: str, check: Callable[[], Any]) -> Any:
+        """Poll ``check``; stop at once if the operator was refused anything or exited."""
+        self.step = what
+        deadline = time.monotonic() + self.timeout
+        while True:
+            refused = self.operator.forbidden()
+            if refused:
+                raise ScenarioFailed(f"{what}: the operator was refused: {refused[0]}")
+            if self.operator.process.poll() is not None:
+                raise ScenarioFailed(f"{what}: the operator exited {self.operator.process.returncode}")
+            result = check()
+            if result:
+                self.done.append(what)
+                return result
+            if time.monotonic() > deadline:
+                raise ScenarioFailed(f"{what}: not done after {self.timeout:.0f} s")
+            time.sleep(0.25)
+
+    def get(self, kind: str, name: str, namespace: str) -> dict[str, Any] | None:
+        result = self.kube.run("get", kind, name, "-n", namespace, "-o", "json", "--ignore-not-found")
+        return json.loads(result.stdout) if result.returncode == 0 and result.stdout.strip() else None
+
+    def status(self, name: str, namespace: str) -> dict[str, Any]:
+        return (self.get("kvoffloadpolicy", name, namespace) or {}).get("status") or {}
+
+    def annotate(self, name: str, namespace: str, key: str, value: str) -> None:
+        self.kube.kubectl("annotate", "--overwrite", "kvoffloadpolicy", name, "-n", namespace, f"{key}={value}")
+
+    def seen(self, name: str, namespace: str, key: str, value: str) -> bool:
+        return self.status(name, namespace).get("annotationsSeen", {}).get(key) == value
+
+
+def scenario(run: Scenario, tag: str) -> None:
+    """Every call the operator makes, in the order a policy's life makes them."""
+    chat, plain = f"chat-{tag}", f"plain-{tag}"
+    own = {"url": run.recorder.url, "bearerTokenSecret": {"name": "team-token", "key": "token"}}
+    run.kube.kubectl("apply", "-f", "-", stdin=json.dumps(policy(chat, TEAM, own, config_map=True)))
+    run.kube.kubectl("apply", "-f", "-", stdin=json.dumps(policy(plain, OTHER, {"url": run.recorder.url})))
+
+    get = run.get
+    run.until(
+        "the finalizer",
+        lambda: FINALIZER in ((get("kvoffloadpolicy", chat, TEAM) or {}).get("metadata") or {}).get("finalizers", []),
+    )
+    run.until("the status (the ConfigMap read)", lambda: run.status(chat, TEAM).get("phase") == "Baseline")
+    run.until("the stable Deployment", lambda: get("deployment", f"{chat}-stable", TEAM))
+    run.until("the Service", lambda: get("service", chat, TEAM))
+    run.until("the PodMonitor", lambda: get("podmonitor", chat, TEAM))
+    run.until("the policy's own token sent to Prometheus", lambda: f"Bearer {TEAM_TOKEN}" in run.recorder.tokens)
+    run.until(
+        "the operator's token sent for the other policy", lambda: f"Bearer {OPERATOR_TOKEN}" in run.recorder.tokens
+    )
+
+    run.annotate(chat, TEAM, PROMOTE, "1")
+    run.until("the canary Deployment after a manual promote", lambda: get("deployment", f"{chat}-canary", TEAM))
+    run.annotate(chat, TEAM, ABORT, "1")
+    run.until("the canary deleted after an abort", lambda: get("deployment", f"{chat}-canary", TEAM) is None)
+
+    # RolledBack ignores a pause and says so in an Event: the same value twice is the same Event, counted.
+    for value in ("a", "b", "a"):
+        run.annotate(chat, TEAM, PAUSE, value)
+        run.until(f"{PAUSE}={value} seen", lambda value=value: run.seen(chat, TEAM, PAUSE, value))
+
+    def counted() -> bool:
+        events = json.loads(run.kube.kubectl("get", "events", "-n", TEAM, "-o", "json"))["items"]
+        return any(e["involvedObject"]["name"] == chat and (e.get("count") or 1) >= 2 for e in events)
+
+    run.until("a repeated Event counted", counted)
+
+    run.kube.kubectl("delete", "kvoffloadpolicy", chat, "-n", TEAM, "--wait=false")
+    run.until("the policy gone through its finalizer", lambda: get("kvoffloadpolicy", chat, TEAM) is None)
+    run.kube.kubectl("delete", "kvoffloadpolicy", plain, "-n", OTHER, "--wait=false")
+    run.until("the other policy gone", lambda: get("kvoffloadpolicy", plain, OTHER) is None)
+
+
+def cleanup(kube: Kube, tag: str) -> None:
+    """What a failed run left: its policies, finalizer removed by the admin."""
+    for name, namespace in ((f"chat-{tag}", TEAM), (f"plain-{tag}", OTHER), (f"locked-{tag}", OTHER)):
+        if kube.run("get", "kvoffloadpolicy", name, "-n", namespace).returncode == 0:
+            kube.run(
+                "patch",
+                "kvoffloadpolicy",
+                name,
+                "-n",
+                namespace,
+                "--type=merge",
+                "-p",
+                '{"metadata":{"finalizers":null}}',
+            )
+            kube.run("delete", "kvoffloadpolicy", name, "-n", namespace, "--wait=false", "--ignore-not-found")
+
+
+def run_scenario(installed: Installed, tmp_path: Path, timeout: float) -> tuple[Scenario, ScenarioFailed | None]:
+    installed.runs += 1
+    tag = str(installed.runs)
+    operator = start_operator(installed, tmp_path / "operator.log")
+    failure = None
+    try:
+        with TokenRecorder() as recorder:
+            run = Scenario(installed, operator, recorder, timeout)
+            try:
+                scenario(run, tag)
+            except ScenarioFailed as exc:
+                failure = exc
+    finally:
+        stop_operator(operator)
+        cleanup(installed.kube, tag)
+    return run, failure
+
+
+def test_the_operator_with_the_charts_service_account_runs_a_policy_through_every_call_with_no_403(
+    installed: Installed, tmp_path: Path
+) -> None:
+    started = time.monotonic()
+    run, failure = run_scenario(installed, tmp_path, timeout=60)
+    print(f"scenario: {len(run.done)} steps in {time.monotonic() - started:.1f} s")
+
+    assert failure is None, f"{failure}\n--- operator log ---\n{run.operator.text()[-4000:]}"
+    assert run.operator.forbidden() == []
+    # The children went with the policy, through the real garbage collector.
+    chat = f"chat-{installed.runs}"
+    for kind, name in (("deployment", f"{chat}-stable"), ("service", chat), ("podmonitor", chat)):
+        run.until(f"{kind} {name} collected", lambda kind=kind, name=name: run.get(kind, name, TEAM) is None)
+
+
+# --- every verb of every rule is needed ---------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Grant:
+    """One verb of one rule of one of the chart's roles."""
+
+    kind: str
+    role: str
+    namespace: str | None
+    rule: int
+    verb: str
+    resources: tuple[str, ...]
+    group: str
+    names: tuple[str, ...]
+
+    @property
+    def id(self) -> str:
+        where = f"{self.namespace}/" if self.namespace else ""
+        return f"{self.kind}:{where}{self.role}:{'+'.join(self.resources)}:{self.verb}"
+
+
+def grants_of(objects: list[dict[str, Any]]) -> list[Grant]:
+    found = []
+    for role in (obj for obj in objects if obj["kind"] in ("ClusterRole", "Role")):
+        for index, rule in enumerate(role["rules"]):
+            for verb in rule["verbs"]:
+                found.append(
+                    Grant(
+                        role["kind"],
+                        role["metadata"]["name"],
+                        role["metadata"].get("namespace"),
+                        index,
+                        verb,
+                        tuple(rule["resources"]),
+                        rule["apiGroups"][0],
+                        tuple(rule.get("resourceNames", ())),
+                    )
+                )
+    return found
+
+
+GRANTS = grants_of(render())
+
+
+def can(kube: Kube, verb: str, resource: str, *args: str) -> bool:
+    """``kubectl auth can-i`` as the operator's ServiceAccount, asked of the real authorizer."""
+    result = kube.run("auth", "can-i", verb, resource, f"--as={SERVICE_ACCOUNT}", *args)
+    return result.stdout.strip() == "yes"
+
+
+def can_grant(kube: Kube, grant: Grant) -> bool:
+    resource = grant.resources[0] + (f".{grant.group}" if grant.group else "")
+    if "/" in grant.resources[0]:  # a subresource: kubectl asks for it with --subresource
+        plural, sub = grant.resources[0].split("/")
+        resource = plural + (f".{grant.group}" if grant.group else "")
+        extra = [f"--subresource={sub}"]
+    else:
+        extra = []
+    if grant.names:
+        resource += f"/{grant.names[0]}"
+    scope = (
+        ["-n", grant.namespace] if grant.namespace else (["-A"] if grant.verb in ("list", "watch") else ["-n", TEAM])
+    )
+    if grant.resources[0] in ("customresourcedefinitions",):
+        scope = []
+    return can(kube, grant.verb, resource, *scope, *extra)
+
+
+def role_without(role: dict[str, Any], grant: Grant) -> dict[str, Any]:
+    changed = copy.deepcopy(role)
+    rule = changed["rules"][grant.rule]
+    rule["verbs"] = [verb for verb in rule["verbs"] if verb != grant.verb]
+    if not rule["verbs"]:
+        del changed["rules"][grant.rule]
+    return changed
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, f"the authorizer never agreed: {what}"
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("grant", GRANTS, ids=[grant.id for grant in GRANTS])
+def test_taking_away_any_one_verb_of_the_charts_rbac_makes_the_scenario_fail(
+    installed: Installed, grant: Grant, tmp_path: Path
+) -> None:
+    kube = installed.kube
+    where = ["-n", grant.namespace] if grant.namespace else []
+    live = kube.get(grant.kind.lower(), grant.role, *where)
+    for key in ("resourceVersion", "managedFields", "uid", "creationTimestamp"):
+        live["metadata"].pop(key, None)
+    assert can_grant(kube, grant), f"the installed chart does not grant {grant.id}"
+    # PUT, not apply: the rules are the chart's (Helm's field manager), and this takes one verb out of them.
+    kube.kubectl("replace", "-f", "-", stdin=json.dumps(role_without(live, grant)))
+    try:
+        wait_until(lambda: not can_grant(kube, grant), f"{grant.id} taken away")
+        started = time.monotonic()
+        run, failure = run_scenario(installed, tmp_path, timeout=20)
+    finally:
+        kube.kubectl("replace", "-f", "-", stdin=json.dumps(live))
+        wait_until(lambda: can_grant(kube, grant), f"{grant.id} given back")
+    print(f"without {grant.id}: failed at {failure} after {time.monotonic() - started:.1f} s")
+
+    assert failure is not None, f"the scenario passed without {grant.id}: that verb is unused"
+    refused = run.operator.forbidden()
+    if refused:  # the 403 is for the verb taken away, on its resource
+        wanted = re.compile(
+            rf'cannot {grant.verb} resource "({"|".join(map(re.escape, grant.resources))})"|'
+            r"may not get Secret"
+        )
+        assert any(wanted.search(line) for line in refused), refused
+
+
+# --- Secrets outside the listed namespaces ----------------------------------------------------------
+
+
+def test_a_policy_naming_a_secret_the_operator_may_not_read_gets_a_condition_and_one_log_line(
+    installed: Installed, tmp_path: Path
+) -> None:
+    kube = installed.kube
+    assert not can(kube, "get", "secrets/locked-token", "-n", OTHER)
+    assert can(kube, "get", "secrets/team-token", "-n", TEAM)
+    assert not can(kube, "get", "secrets/other", "-n", TEAM), "only the names the chart lists"
+    assert can(kube, "get", "secrets/prometheus-token", "-n", NAMESPACE)
+    assert not can(kube, "get", f"secrets/{ACCOUNT}-webhook-tls", "-n", NAMESPACE), "nothing else in its own namespace"
+
+    installed.runs += 1
+    name = f"locked-{installed.runs}"
+    operator = start_operator(installed, tmp_path / "operator.log")
+    try:
+        with TokenRecorder() as recorder:
+            run = Scenario(installed, operator, recorder, timeout=60)
+            spec = {"url": recorder.url, "bearerTokenSecret": {"name": "locked-token", "key": "token"}}
+            kube.kubectl("apply", "-f", "-", stdin=json.dumps(policy(name, OTHER, spec)))
+
+            def condition() -> dict[str, Any] | None:
+                found = [
+                    c for c in run.status(name, OTHER).get("conditions", []) if c["type"] == PROMETHEUS_TOKEN_UNREADABLE
+                ]
+                return found[0] if found and found[0]["status"] == "True" else None
+
+            deadline = time.monotonic() + 60
+            while (found := condition()) is None:
+                assert time.monotonic() < deadline, operator.text()[-3000:]
+                time.sleep(0.25)
+            first = run.status(name, OTHER)["lastAnalysis"]["consecutiveInconclusive"]
+            # Ten more analysis cycles (one a second): the Secret is not asked for again, nor logged.
+            deadline = time.monotonic() + 60
+            while run.status(name, OTHER)["lastAnalysis"]["consecutiveInconclusive"] < first + 10:
+                assert time.monotonic() < deadline, operator.text()[-3000:]
+                time.sleep(0.25)
+            events = json.loads(kube.kubectl("get", "events", "-n", OTHER, "-o", "json"))["items"]
+            tokens = set(recorder.tokens)
+    finally:
+        stop_operator(operator)
+        cleanup(kube, str(installed.runs))
+
+    assert found["reason"] == Reason.SECRET_FORBIDDEN
+    assert f"Secret {OTHER}/locked-token" in found["message"]
+    assert "spec.prometheus.bearerTokenSecret" in found["message"]
+    assert "get on secrets" in found["message"]
+    refused = operator.forbidden()
+    assert len(refused) == 1, refused
+    assert f"Secret {OTHER}/locked-token" in refused[0]
+    warnings = [e for e in events if e["involvedObject"]["name"] == name and e["reason"] == Reason.SECRET_FORBIDDEN]
+    assert len(warnings) == 1, warnings
+    assert (warnings[0].get("count") or 1) == 1, "one Warning, not one a cycle"
+    assert not tokens, "nothing is sent to Prometheus without the token the policy asks for"
