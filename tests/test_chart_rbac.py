@@ -6,11 +6,13 @@ chart's ServiceAccount: a token from the TokenRequest API, never the admin's cer
 drives policies through every call the operator makes (create: finalizer, children applied, status,
 Events; a model ConfigMap; bearer tokens from a policy's Secret and from the operator's own; a manual
 promote that starts a canary and an abort that deletes it; a repeated Event; deletion through the
-finalizer) and the operator's log must hold no 403.
+finalizer) and the operator's log must hold no 403. The same with peering on (its keep-alive written into
+the ClusterKopfPeering the chart creates).
 
 Then each verb of each rule the chart grants is taken away in turn (the role patched as the admin, the
 authorizer asked until it agrees) and the same scenario must fail: a 403 for exactly that verb and
-resource in the operator's log, or a step that never completes. So no rule is unused.
+resource in the operator's log, or a step that never completes. So no rule is unused. The peering verbs
+are taken away from an install with peering.
 
 Secrets: the chart grants get on no Secret cluster-wide; a policy in a namespace the chart does not list
 that names its own token Secret gets the PrometheusTokenUnreadable condition naming the Secret, and the
@@ -38,7 +40,15 @@ import helm_python as helm
 import pytest
 import yaml
 
-from kvoffload.api.conventions import ABORT, FINALIZER, PAUSE, PROMETHEUS_TOKEN_UNREADABLE, PROMOTE, Reason
+from kvoffload.api.conventions import (
+    ABORT,
+    FINALIZER,
+    PAUSE,
+    PEERING_NAME,
+    PROMETHEUS_TOKEN_UNREADABLE,
+    PROMOTE,
+    Reason,
+)
 from kvoffload.lab.controlplane import free_port
 from tests.support import paths
 from tests.support.controlplane import Kube, wait_for
@@ -46,10 +56,6 @@ from tests.support.controlplane import Kube, wait_for
 pytestmark = pytest.mark.kube
 
 CHART = paths.ROOT / "charts" / "kvoffload"
-RELEASE, NAMESPACE = "kvo", "kvoffload-system"
-ACCOUNT = f"{RELEASE}-kvoffload"
-"""The chart's ServiceAccount: its fully qualified name."""
-SERVICE_ACCOUNT = f"system:serviceaccount:{NAMESPACE}:{ACCOUNT}"
 TEAM = "rbac-team"
 """The namespace the chart lists in prometheusAuth.policySecrets: its policies may name their own Secret."""
 OTHER = "rbac-other"
@@ -62,6 +68,33 @@ VALUES: dict[str, Any] = {
         "policySecrets": [{"namespace": TEAM, "names": ["team-token"]}],
     },
 }
+
+
+@dataclass(frozen=True)
+class Install:
+    """One helm install of the chart: the default (standalone), or with kopf peering."""
+
+    name: str
+    release: str
+    namespace: str
+    values: dict[str, Any]
+
+    @property
+    def account(self) -> str:
+        """The chart's ServiceAccount (its fully qualified name)."""
+        return f"{self.release}-kvoffload"
+
+    @property
+    def user(self) -> str:
+        return f"system:serviceaccount:{self.namespace}:{self.account}"
+
+    @property
+    def peering(self) -> bool:
+        return bool(self.values.get("peering", {}).get("enabled"))
+
+
+STANDALONE = Install("standalone", "kvo", "kvoffload-system", VALUES)
+PEERING = Install("peering", "kvp", "kvoffload-peering", {**VALUES, "peering": {"enabled": True}})
 FORBIDDEN = re.compile(r"forbidden|Not enough permissions", re.IGNORECASE)
 """A refusal in the operator's log: the API server's 403 ("... is forbidden: User ... cannot VERB resource
 ..."), or kopf's own words for one it works around (it then stops noticing CRD changes)."""
@@ -129,9 +162,9 @@ class TokenRecorder:
 # --- the installed chart and the operator's credentials --------------------------------------------
 
 
-def render() -> list[dict[str, Any]]:
+def render(install: Install) -> list[dict[str, Any]]:
     with helm.Chart.load(CHART) as chart:
-        rendered = chart.render(VALUES, name=RELEASE, namespace=NAMESPACE)
+        rendered = chart.render(install.values, name=install.release, namespace=install.namespace)
     return [
         obj
         for path, text in sorted(rendered.items())
@@ -144,16 +177,14 @@ def render() -> list[dict[str, Any]]:
 @dataclass
 class Installed:
     kube: Kube
+    install: Install
     objects: list[dict[str, Any]]
     kubeconfig: Path
     """The ServiceAccount's kubeconfig: the API server, its CA and a TokenRequest token. No admin rights."""
     args: list[str]
     """The operator container's arguments, as the chart renders them."""
-    runs: int = 0
-
-    @property
-    def roles(self) -> list[dict[str, Any]]:
-        return [obj for obj in self.objects if obj["kind"] in ("ClusterRole", "Role")]
+    runs: list[int]
+    """The number of scenarios run, shared by the installs so that policy names never repeat."""
 
 
 def secret(name: str, namespace: str, value: str) -> dict[str, Any]:
@@ -161,51 +192,62 @@ def secret(name: str, namespace: str, value: str) -> dict[str, Any]:
     return {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace}, "data": data}
 
 
+def service_account_kubeconfig(kube: Kube, install: Install, path: Path) -> Path:
+    """A kubeconfig with a TokenRequest token for the chart's ServiceAccount, as the kubelet would project it."""
+    token = kube.kubectl("create", "token", install.account, "-n", install.namespace, "--duration=2h").strip()
+    ca = base64.b64encode(kube.plane.ca_file.read_bytes()).decode()
+    cluster = {"server": kube.plane.server, "certificate-authority-data": ca}
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "lab", "cluster": cluster}],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "operator"}}],
+        "current-context": "lab",
+    }
+    path.write_text(json.dumps(config))
+    path.chmod(0o600)
+    return path
+
+
 @pytest.fixture(scope="module")
-def installed(kube_crd: Kube, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+def install_chart(kube_crd: Kube, tmp_path_factory: pytest.TempPathFactory) -> Callable[[Install], Installed]:
+    """Installs the chart (once per Install) with what the scenario needs around it."""
     kube = kube_crd
     kube.kubectl("apply", "-f", "-", stdin=json.dumps(POD_MONITOR_CRD))
     kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/podmonitors.monitoring.coreos.com")
     for namespace in (TEAM, OTHER):  # the chart's Roles go into namespaces that exist
         kube.ensure_namespace(namespace)
-    with helm.Config(kubeconfig_path=str(kube.kubeconfig), namespace=NAMESPACE) as config:
-        config.install(str(CHART), RELEASE, VALUES, create_namespace=True)
     config_map = {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": "model-config", "namespace": TEAM},
         "data": {"config.json": json.dumps(MODEL_CONFIG)},
     }
-    for obj in (
-        secret("prometheus-token", NAMESPACE, OPERATOR_TOKEN),
-        secret("team-token", TEAM, TEAM_TOKEN),
-        secret("locked-token", OTHER, LOCKED_TOKEN),
-        config_map,
-    ):
+    for obj in (secret("team-token", TEAM, TEAM_TOKEN), secret("locked-token", OTHER, LOCKED_TOKEN), config_map):
         kube.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
-    # TokenRequest: a bound token for the chart's ServiceAccount, as the kubelet would project it.
-    token = kube.kubectl("create", "token", ACCOUNT, "-n", NAMESPACE, "--duration=2h").strip()
-    kubeconfig = tmp_path_factory.mktemp("operator") / "kubeconfig"
-    ca = base64.b64encode(kube.plane.ca_file.read_bytes()).decode()
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "clusters": [
-                    {"name": "lab", "cluster": {"server": kube.plane.server, "certificate-authority-data": ca}}
-                ],
-                "users": [{"name": "operator", "user": {"token": token}}],
-                "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "operator"}}],
-                "current-context": "lab",
-            }
-        )
-    )
-    kubeconfig.chmod(0o600)
-    objects = render()
-    (deployment,) = [obj for obj in objects if obj["kind"] == "Deployment"]
-    (container,) = deployment["spec"]["template"]["spec"]["containers"]
-    return Installed(kube, objects, kubeconfig, list(container["args"]))
+    done: dict[str, Installed] = {}
+    runs = [0]
+
+    def install_once(install: Install) -> Installed:
+        if install.name not in done:
+            with helm.Config(kubeconfig_path=str(kube.kubeconfig), namespace=install.namespace) as config:
+                config.install(str(CHART), install.release, install.values, create_namespace=True)
+            token = secret("prometheus-token", install.namespace, OPERATOR_TOKEN)
+            kube.kubectl("apply", "-f", "-", stdin=json.dumps(token))
+            kubeconfig = service_account_kubeconfig(kube, install, tmp_path_factory.mktemp("operator") / "kubeconfig")
+            objects = render(install)
+            (deployment,) = [obj for obj in objects if obj["kind"] == "Deployment"]
+            (container,) = deployment["spec"]["template"]["spec"]["containers"]
+            done[install.name] = Installed(kube, install, objects, kubeconfig, list(container["args"]), runs)
+        return done[install.name]
+
+    return install_once
+
+
+@pytest.fixture
+def installed(install_chart: Callable[[Install], Installed]) -> Installed:
+    return install_chart(STANDALONE)
 
 
 def test_the_operator_runs_as_the_service_account_and_not_as_an_admin(installed: Installed) -> None:
@@ -216,10 +258,11 @@ def test_the_operator_runs_as_the_service_account_and_not_as_an_admin(installed:
         text=True,
         check=True,
     )
-    assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == SERVICE_ACCOUNT
-    assert can(kube, "list", "kvoffloadpolicies.kvoffload.io", "-A")
-    assert not can(kube, "create", "clusterroles.rbac.authorization.k8s.io")
-    assert not can(kube, "get", "secrets", "-A"), "no Secret cluster-wide"
+    user = installed.install.user
+    assert json.loads(whoami.stdout)["status"]["userInfo"]["username"] == user
+    assert can(kube, user, "list", "kvoffloadpolicies.kvoffload.io", "-A")
+    assert not can(kube, user, "create", "clusterroles.rbac.authorization.k8s.io")
+    assert not can(kube, user, "get", "secrets", "-A"), "no Secret cluster-wide"
 
 
 # --- the scenario ------------------------------------------------------------------------------------
@@ -396,14 +439,17 @@ def cleanup(kube: Kube, tag: str) -> None:
 
 
 def run_scenario(installed: Installed, tmp_path: Path, timeout: float) -> tuple[Scenario, ScenarioFailed | None]:
-    installed.runs += 1
-    tag = str(installed.runs)
+    installed.runs[0] += 1
+    tag = str(installed.runs[0])
+    peers_before = set(peers(installed.kube)) if installed.install.peering else set()
     operator = start_operator(installed, tmp_path / "operator.log")
     failure = None
     try:
         with TokenRecorder() as recorder:
             run = Scenario(installed, operator, recorder, timeout)
             try:
+                if installed.install.peering:
+                    run.until("the keep-alive in the peering object", lambda: set(peers(run.kube)) - peers_before)
                 scenario(run, tag)
             except ScenarioFailed as exc:
                 failure = exc
@@ -413,9 +459,11 @@ def run_scenario(installed: Installed, tmp_path: Path, timeout: float) -> tuple[
     return run, failure
 
 
+@pytest.mark.parametrize("install", [STANDALONE, PEERING], ids=lambda install: install.name)
 def test_the_operator_with_the_charts_service_account_runs_a_policy_through_every_call_with_no_403(
-    installed: Installed, tmp_path: Path
+    install_chart: Callable[[Install], Installed], install: Install, tmp_path: Path
 ) -> None:
+    installed = install_chart(install)
     started = time.monotonic()
     run, failure = run_scenario(installed, tmp_path, timeout=60)
     print(f"scenario: {len(run.done)} steps in {time.monotonic() - started:.1f} s")
@@ -423,7 +471,7 @@ def test_the_operator_with_the_charts_service_account_runs_a_policy_through_ever
     assert failure is None, f"{failure}\n--- operator log ---\n{run.operator.text()[-4000:]}"
     assert run.operator.forbidden() == []
     # The children went with the policy, through the real garbage collector.
-    chat = f"chat-{installed.runs}"
+    chat = f"chat-{installed.runs[0]}"
     for kind, name in (("deployment", f"{chat}-stable"), ("service", chat), ("podmonitor", chat)):
         wait_for(lambda kind=kind, name=name: run.get(kind, name, TEAM) is None, f"{kind} {name} collected", 60)
 
@@ -470,16 +518,25 @@ def grants_of(objects: list[dict[str, Any]]) -> list[Grant]:
     return found
 
 
-GRANTS = grants_of(render())
+GRANTS = [(STANDALONE, grant) for grant in grants_of(render(STANDALONE))] + [
+    (PEERING, grant) for grant in grants_of(render(PEERING)) if grant.resources == ("clusterkopfpeerings",)
+]
+"""Every verb of the default install, and the peering verbs that an install with peering adds."""
 
 
-def can(kube: Kube, verb: str, resource: str, *args: str) -> bool:
-    """``kubectl auth can-i`` as the operator's ServiceAccount, asked of the real authorizer."""
-    result = kube.run("auth", "can-i", verb, resource, f"--as={SERVICE_ACCOUNT}", *args)
+def can(kube: Kube, user: str, verb: str, resource: str, *args: str) -> bool:
+    """``kubectl auth can-i`` as ``user``, asked of the real authorizer."""
+    result = kube.run("auth", "can-i", verb, resource, f"--as={user}", *args)
     return result.stdout.strip() == "yes"
 
 
-def can_grant(kube: Kube, grant: Grant) -> bool:
+def peers(kube: Kube) -> list[str]:
+    """The kopf instances keeping alive in the cluster-wide peering object."""
+    result = kube.run("get", "clusterkopfpeering", PEERING_NAME, "-o", "json", "--ignore-not-found")
+    return list((json.loads(result.stdout).get("status") or {}) if result.stdout.strip() else {})
+
+
+def can_grant(kube: Kube, user: str, grant: Grant) -> bool:
     resource = grant.resources[0] + (f".{grant.group}" if grant.group else "")
     if "/" in grant.resources[0]:  # a subresource: kubectl asks for it with --subresource
         plural, sub = grant.resources[0].split("/")
@@ -492,9 +549,9 @@ def can_grant(kube: Kube, grant: Grant) -> bool:
     scope = (
         ["-n", grant.namespace] if grant.namespace else (["-A"] if grant.verb in ("list", "watch") else ["-n", TEAM])
     )
-    if grant.resources[0] in ("customresourcedefinitions",):
+    if grant.resources[0] in ("customresourcedefinitions", "clusterkopfpeerings"):  # cluster-scoped
         scope = []
-    return can(kube, grant.verb, resource, *scope, *extra)
+    return can(kube, user, grant.verb, resource, *scope, *extra)
 
 
 def role_without(role: dict[str, Any], grant: Grant) -> dict[str, Any]:
@@ -513,25 +570,26 @@ def wait_until(check: Callable[[], bool], what: str, timeout: float = 30) -> Non
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("grant", GRANTS, ids=[grant.id for grant in GRANTS])
+@pytest.mark.parametrize(("install", "grant"), GRANTS, ids=[f"{i.name}:{grant.id}" for i, grant in GRANTS])
 def test_taking_away_any_one_verb_of_the_charts_rbac_makes_the_scenario_fail(
-    installed: Installed, grant: Grant, tmp_path: Path
+    install_chart: Callable[[Install], Installed], install: Install, grant: Grant, tmp_path: Path
 ) -> None:
-    kube = installed.kube
+    installed = install_chart(install)
+    kube, user = installed.kube, install.user
     where = ["-n", grant.namespace] if grant.namespace else []
     live = kube.get(grant.kind.lower(), grant.role, *where)
     for key in ("resourceVersion", "managedFields", "uid", "creationTimestamp"):
         live["metadata"].pop(key, None)
-    assert can_grant(kube, grant), f"the installed chart does not grant {grant.id}"
+    assert can_grant(kube, user, grant), f"the installed chart does not grant {grant.id}"
     # PUT, not apply: the rules are the chart's (Helm's field manager), and this takes one verb out of them.
     kube.kubectl("replace", "-f", "-", stdin=json.dumps(role_without(live, grant)))
     try:
-        wait_until(lambda: not can_grant(kube, grant), f"{grant.id} taken away")
+        wait_until(lambda: not can_grant(kube, user, grant), f"{grant.id} taken away")
         started = time.monotonic()
         run, failure = run_scenario(installed, tmp_path, timeout=20)
     finally:
         kube.kubectl("replace", "-f", "-", stdin=json.dumps(live))
-        wait_until(lambda: can_grant(kube, grant), f"{grant.id} given back")
+        wait_until(lambda: can_grant(kube, user, grant), f"{grant.id} given back")
     print(f"without {grant.id}: failed at {failure} after {time.monotonic() - started:.1f} s")
 
     assert failure is not None, f"the scenario passed without {grant.id}: that verb is unused"
@@ -553,14 +611,17 @@ def test_a_policy_naming_a_secret_the_operator_may_not_read_gets_a_condition_and
     installed: Installed, tmp_path: Path
 ) -> None:
     kube = installed.kube
-    assert not can(kube, "get", "secrets/locked-token", "-n", OTHER)
-    assert can(kube, "get", "secrets/team-token", "-n", TEAM)
-    assert not can(kube, "get", "secrets/other", "-n", TEAM), "only the names the chart lists"
-    assert can(kube, "get", "secrets/prometheus-token", "-n", NAMESPACE)
-    assert not can(kube, "get", f"secrets/{ACCOUNT}-webhook-tls", "-n", NAMESPACE), "nothing else in its own namespace"
+    user, home = installed.install.user, installed.install.namespace
+    assert not can(kube, user, "get", "secrets/locked-token", "-n", OTHER)
+    assert can(kube, user, "get", "secrets/team-token", "-n", TEAM)
+    assert not can(kube, user, "get", "secrets/other", "-n", TEAM), "only the names the chart lists"
+    assert can(kube, user, "get", "secrets/prometheus-token", "-n", home)
+    assert not can(kube, user, "get", f"secrets/sh.helm.release.v1.{installed.install.release}.v1", "-n", home), (
+        "nothing else in its own namespace"
+    )
 
-    installed.runs += 1
-    name = f"locked-{installed.runs}"
+    installed.runs[0] += 1
+    name = f"locked-{installed.runs[0]}"
     operator = start_operator(installed, tmp_path / "operator.log")
     try:
         with TokenRecorder() as recorder:
@@ -588,7 +649,7 @@ def test_a_policy_naming_a_secret_the_operator_may_not_read_gets_a_condition_and
             tokens = set(recorder.tokens)
     finally:
         stop_operator(operator)
-        cleanup(kube, str(installed.runs))
+        cleanup(kube, str(installed.runs[0]))
 
     assert found["reason"] == Reason.SECRET_FORBIDDEN
     assert f"Secret {OTHER}/locked-token" in found["message"]
