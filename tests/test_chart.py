@@ -568,7 +568,8 @@ async def exercise_the_operator(cluster: EmulatedCluster, args: list[str], peeri
         child = cluster.emulator.read_object(api_version, kind, namespace, name)
         assert child is not None, f"the operator did not create {kind} {name}"
         await gateway.apply(child, policy)  # an update, as the next stage does
-        assert await gateway.delete_owned(kind, name, policy)
+    # The operator deletes only a canary Deployment; the garbage collector removes the rest with the policy.
+    assert await gateway.delete_owned("Deployment", "chat-stable", policy)
 
 
 @pytest.mark.e2e
@@ -594,8 +595,64 @@ async def test_the_chart_grants_exactly_what_the_real_operator_requests(kube: Em
     assert {(api.rpartition("/")[0], plural) for (api, _), plural in PLURALS.items()} <= {
         (group, resource) for group, resource, _ in used
     }
-    assert grants(only(cluster_wide, "ClusterRole")) == used
+    # Secrets are read only for Prometheus bearer tokens, granted apart (prometheusAuth): see below.
+    assert grants(only(cluster_wide, "ClusterRole")) == used - SECRETS
     for role in (obj for obj in namespaced if obj["kind"] == "Role"):
         # The same, namespace by namespace (a namespaced operator peers through KopfPeerings).
-        expected = {(g, r.replace("clusterkopfpeerings", "kopfpeerings"), v) for g, r, v in used - CLUSTER_SCOPED}
+        expected = {
+            (g, r.replace("clusterkopfpeerings", "kopfpeerings"), v) for g, r, v in used - CLUSTER_SCOPED - SECRETS
+        }
         assert grants(role) == expected
+
+
+SECRETS = {("", "secrets", "get")}
+
+
+@pytest.mark.parametrize("watch", [[], WATCHED], ids=["cluster-wide", "namespaced"])
+def test_secrets_are_granted_only_by_name_in_the_release_namespace_and_in_the_namespaces_listed(
+    chart: helm.Chart, watch: list[str]
+) -> None:
+    values = {
+        "watchNamespaces": watch,
+        "prometheusAuth": {
+            "tokenSecret": {"name": "prom-token", "key": "bearer"},
+            "policySecrets": [{"namespace": "llm-a", "names": ["a-token"]}, {"namespace": "team-b"}],
+        },
+    }
+    objs = render(chart, values)
+    secret_rules = {
+        (obj["kind"], obj["metadata"].get("namespace"), json_rule)
+        for obj in objs
+        if obj["kind"] in ("Role", "ClusterRole")
+        for rule in obj["rules"]
+        if "secrets" in rule["resources"]
+        for json_rule in [(tuple(rule["verbs"]), tuple(rule.get("resourceNames", ())))]
+    }
+    assert secret_rules == {
+        ("Role", NAMESPACE, (("get",), ("prom-token",))),
+        ("Role", "llm-a", (("get",), ("a-token",))),
+        ("Role", "team-b", (("get",), ())),
+    }
+    roles = {(obj["metadata"]["namespace"], obj["metadata"]["name"]) for obj in objs if obj["kind"] == "Role"}
+    bindings = [obj for obj in objs if obj["kind"] == "RoleBinding"]
+    assert {(b["metadata"]["namespace"], b["roleRef"]["name"]) for b in bindings} == roles
+    for binding in bindings:
+        assert binding["subjects"] == [
+            {"kind": "ServiceAccount", "name": f"{RELEASE}-kvoffload", "namespace": NAMESPACE}
+        ]
+    args = container(objs)["args"]
+    assert f"--prometheus-token-secret={NAMESPACE}/prom-token" in args
+    assert "--prometheus-token-key=bearer" in args
+
+
+def test_no_secret_is_granted_by_default(chart: helm.Chart) -> None:
+    for values in ({}, {"watchNamespaces": WATCHED}):
+        objs = render(chart, values)
+        assert not [
+            rule
+            for obj in objs
+            if obj["kind"] in ("Role", "ClusterRole")
+            for rule in obj["rules"]
+            if "secrets" in rule["resources"]
+        ]
+        assert not [arg for arg in container(objs)["args"] if arg.startswith("--prometheus-token")]

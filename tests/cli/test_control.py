@@ -212,3 +212,11 @@ async def test_status_reads_the_policy_from_the_api_as_a_table_and_as_json(
 )
 def test_a_new_annotation_value_never_equals_the_previous_one(previous: str | None, expected: str) -> None:
     assert new_annotation_value(previous, T0) == expected
+
+
+@pytest.mark.parametrize("value", ["prom-token", "/prom-token", "kvoffload/", "a/b/c"])
+def test_run_refuses_an_operator_token_secret_that_is_not_namespace_slash_name(value: str) -> None:
+    result = CliRunner().invoke(main, ["run", "-A", "--prometheus-token-secret", value])
+
+    assert result.exit_code == 2
+    assert "--prometheus-token-secret must be NAMESPACE/NAME" in result.output

@@ -21,8 +21,18 @@ import pytest
 from kvoffload.analysis.assess import Measurements, Percentiles, VariantSample, WorkloadSample
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import PolicyKey, Target
-from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, LABEL_CONFIG_HASH, LABEL_LEVEL, PLURAL, RETRY
-from kvoffload.controller.reconcile import Controller, ReconcileError
+from kvoffload.api.conventions import (
+    API_GROUP,
+    API_VERSION,
+    KIND,
+    LABEL_CONFIG_HASH,
+    LABEL_LEVEL,
+    PLURAL,
+    PROMETHEUS_TOKEN_UNREADABLE,
+    RETRY,
+)
+from kvoffload.controller.gateway import ApiRejectedError
+from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError, SecretLocation
 from tests.support.kube import EmulatedCluster, policy_manifest
 
 pytestmark = pytest.mark.e2e
@@ -488,6 +498,108 @@ async def test_the_bearer_token_secret_reaches_prometheus_and_its_absence_is_inc
     await controller.reconcile(policy_body(kube))
 
     assert sources == [PrometheusSource("http://prometheus.test:9090", "s3cret")]
+    (token,) = [c for c in status_of(kube)["conditions"] if c["type"] == PROMETHEUS_TOKEN_UNREADABLE]
+    assert (token["status"], token["reason"]) == ("False", "TokenRead"), "the condition clears once it is read"
+
+
+async def test_a_missing_token_secret_is_a_condition_naming_it_with_one_warning(
+    kube: EmulatedCluster, controller: Controller, clock: Clock
+) -> None:
+    spec = chat_spec()
+    spec["prometheus"]["bearerTokenSecret"] = {"name": "prom-token", "key": "token"}
+    await create_policy(kube, spec=spec)
+    for _ in range(3):
+        await controller.reconcile(policy_body(kube))
+        clock.advance(1)
+
+    (token,) = [c for c in status_of(kube)["conditions"] if c["type"] == PROMETHEUS_TOKEN_UNREADABLE]
+    assert (token["status"], token["reason"]) == ("True", "SecretNotFound")
+    assert token["message"] == "spec.prometheus.bearerTokenSecret: Secret llm/prom-token not found"
+    warnings = [e for e in await events(kube) if e.reason == "SecretNotFound"]
+    assert len(warnings) == 1
+    assert (warnings[0].count or 1) == 1, "one Warning when it goes missing, not one a cycle"
+
+
+async def test_a_forbidden_token_secret_is_asked_for_again_only_after_the_retry_period_and_heals(
+    kube: EmulatedCluster, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The emulator has no authorizer: its answer is the real one's (tests/test_chart_rbac.py sees it), here at will.
+    gateway = kube.gateway()
+    asked: list[str] = []
+    allowed = False
+
+    async def read_secret(namespace: str, name: str, key: str) -> str:
+        asked.append(name)
+        if not allowed:
+            raise ApiRejectedError(f"read Secret {namespace}/{name}: 403 secrets {name!r} is forbidden", 403)
+        return "s3cret"
+
+    monkeypatch.setattr(gateway, "read_secret", read_secret)
+    monotonic = [0.0]
+    settings = ControllerSettings(forbidden_retry_seconds=300)
+    controller = Controller(
+        gateway,
+        MeasurementHub(CraftedProvider(), gather_window=0.0),
+        settings,
+        clock=clock,
+        monotonic=lambda: monotonic[0],
+    )
+    spec = chat_spec()
+    spec["prometheus"]["bearerTokenSecret"] = {"name": "prom-token", "key": "token"}
+    await create_policy(kube, spec=spec)
+
+    def token_condition() -> dict[str, Any]:
+        (found,) = [c for c in status_of(kube)["conditions"] if c["type"] == PROMETHEUS_TOKEN_UNREADABLE]
+        return found
+
+    for _ in range(5):  # a cycle a second for five seconds: asked once
+        await controller.reconcile(policy_body(kube))
+        clock.advance(1)
+        monotonic[0] += 1
+    assert asked == ["prom-token"]
+    assert (token_condition()["status"], token_condition()["reason"]) == ("True", "SecretForbidden")
+    assert "may not get Secret llm/prom-token" in token_condition()["message"]
+    assert "prometheusAuth.policySecrets" in token_condition()["message"]
+
+    allowed = True  # the Role is granted; the operator sees it at the next retry
+    monotonic[0] += 300
+    await controller.reconcile(policy_body(kube))
+    assert asked == ["prom-token", "prom-token"]
+    assert (token_condition()["status"], token_condition()["reason"]) == ("False", "TokenRead")
+    assert [e.reason for e in await events(kube)].count("SecretForbidden") == 1
+
+
+async def test_the_operators_own_token_is_sent_for_a_policy_that_names_none_and_a_policys_own_wins(
+    kube: EmulatedCluster, clock: Clock
+) -> None:
+    sources: list[PrometheusSource] = []
+
+    def provider_for(source: PrometheusSource) -> CraftedProvider:
+        sources.append(source)
+        return CraftedProvider()
+
+    settings = ControllerSettings(prometheus_token=SecretLocation("kvoffload", "prom", "token"))
+    controller = Controller(kube.gateway(), MeasurementHub(provider_for, gather_window=0.0), settings, clock=clock)
+    for namespace, name, value in (("kvoffload", "prom", b"operator"), (NS, "own", b"own")):
+        await kube.emulator.create_object(
+            {
+                "apiVersion": "v1",
+                "kind": "Secret",
+                "metadata": {"name": name, "namespace": namespace},
+                "data": {"token": base64.b64encode(value).decode()},
+            }
+        )
+    await create_policy(kube)
+    spec = chat_spec()
+    spec["prometheus"]["bearerTokenSecret"] = {"name": "own", "key": "token"}
+    await create_policy(kube, "mine", spec)
+    for _ in range(2):
+        await controller.reconcile(policy_body(kube))
+        await controller.reconcile(policy_body(kube, "mine"))
+        clock.advance(1)
+
+    assert {source.bearer_token for source in sources} == {"operator", "own"}
+    assert [c for c in status_of(kube)["conditions"] if c["type"] == PROMETHEUS_TOKEN_UNREADABLE] == []
 
 
 async def test_the_dialect_is_confirmed_against_the_series_prometheus_holds(

@@ -56,9 +56,11 @@ kvoffload
 {{/*
 The rules the operator needs in each namespace it serves, exact verbs only:
 kopf watches the policies and patches their finalizer and annotations, and posts Events;
-kvoffload.gateway reads, server-side applies (patch; create when the apply creates) and deletes the
-owned children, lists the policy's pods, reads the ConfigMaps and Secrets a policy refers to,
-patches the policy's status, and creates or bumps its Events.
+kvoffload.gateway reads and server-side applies (patch; create when the apply creates) the owned
+children and deletes a canary Deployment (the garbage collector removes the rest with the policy),
+lists the policy's pods, reads the ConfigMap a policy refers to, patches the policy's status, and
+creates or bumps its Events. No Secret: see "kvoffload.secretRoles" (prometheusAuth).
+Every rule is needed: tests/test_chart_rbac.py removes each verb in turn against the real API server.
 */}}
 {{- define "kvoffload.rules" -}}
 - apiGroups: ["kvoffload.io"]
@@ -72,15 +74,15 @@ patches the policy's status, and creates or bumps its Events.
   verbs: ["get", "list", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["services"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: ["monitoring.coreos.com"]
   resources: ["podmonitors"]
-  verbs: ["get", "create", "patch", "delete"]
+  verbs: ["get", "create", "patch"]
 - apiGroups: [""]
   resources: ["pods"]
   verbs: ["list"]
 - apiGroups: [""]
-  resources: ["configmaps", "secrets"]
+  resources: ["configmaps"]
   verbs: ["get"]
 - apiGroups: [""]
   resources: ["events"]

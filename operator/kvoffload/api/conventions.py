@@ -75,6 +75,9 @@ STALLED = "Stalled"
 """True when the climb cannot go on by itself: rolled back, held by the preflight, or an invalid spec."""
 OFFLOAD_WILL_NOT_PAY = "OffloadWillNotPay"
 """True when the preflight found that offload cannot pay: the policy holds on GPU-only, no canary runs."""
+PROMETHEUS_TOKEN_UNREADABLE = "PrometheusTokenUnreadable"
+"""True while the Secret holding the Prometheus bearer token cannot be read (missing, or the operator may
+not get it); the message names the Secret and what is missing. Set only once a token was asked for."""
 
 CONDITION_TYPES = (
     READY,
@@ -86,6 +89,7 @@ CONDITION_TYPES = (
     RECONCILING,
     STALLED,
     OFFLOAD_WILL_NOT_PAY,
+    PROMETHEUS_TOKEN_UNREADABLE,
 )
 
 
@@ -130,6 +134,12 @@ class Reason(StrEnum):
     # Invalid
     SPEC_INVALID = "SpecInvalid"
     SPEC_VALID = "SpecValid"
+    # PrometheusTokenUnreadable
+    SECRET_FORBIDDEN = "SecretForbidden"
+    """The API server refused the operator ``get`` on the token's Secret (RBAC)."""
+    SECRET_NOT_FOUND = "SecretNotFound"
+    """The token's Secret, or its key, does not exist."""
+    TOKEN_READ = "TokenRead"
     # Reconciling / Stalled
     CLIMBING = "Climbing"
     AT_REST = "AtRest"

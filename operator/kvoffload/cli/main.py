@@ -454,6 +454,19 @@ def status(name: str, namespace: str | None, kubeconfig: Path | None, output: st
     help="Query this Prometheus for every policy instead of each spec.prometheus.url.",
 )
 @click.option(
+    "--prometheus-token-secret",
+    default=None,
+    metavar="NAMESPACE/NAME",
+    help="A Secret (in the operator's own namespace, say) holding the Prometheus bearer token, used for every "
+    "policy that names no spec.prometheus.bearerTokenSecret.",
+)
+@click.option(
+    "--prometheus-token-key",
+    default="token",
+    show_default=True,
+    help="The key of --prometheus-token-secret that holds the token.",
+)
+@click.option(
     "--webhook-port",
     type=click.IntRange(0, 65535),
     default=0,
@@ -478,6 +491,8 @@ def run(
     policy_label: str,
     variant_label: str,
     prometheus_url: str | None,
+    prometheus_token_secret: str | None,
+    prometheus_token_key: str,
     webhook_port: int,
     webhook_address: str,
     webhook_cert: str | None,
@@ -494,8 +509,15 @@ def run(
     import kopf
 
     from kvoffload.controller.handlers import WebhookSettings, run_operator
-    from kvoffload.controller.reconcile import ControllerSettings
+    from kvoffload.controller.reconcile import ControllerSettings, SecretLocation
 
+    token = None
+    if prometheus_token_secret is not None:
+        secret_namespace, _, secret_name = prometheus_token_secret.partition("/")
+        if not (secret_namespace and secret_name) or "/" in secret_name or not prometheus_token_key:
+            click.echo("--prometheus-token-secret must be NAMESPACE/NAME, with a --prometheus-token-key", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        token = SecretLocation(secret_namespace, secret_name, prometheus_token_key)
     if bool(namespaces) == all_namespaces:
         click.echo("give -n NAMESPACE (one or more) or -A, not both and not neither", err=True)
         sys.exit(EXIT_BAD_INPUT)
@@ -515,7 +537,7 @@ def run(
                 clusterwide=all_namespaces,
                 standalone=standalone,
                 metrics_port=metrics_port,
-                controller_settings=ControllerSettings(prometheus_url=prometheus_url),
+                controller_settings=ControllerSettings(prometheus_url=prometheus_url, prometheus_token=token),
                 policy_label=policy_label,
                 variant_label=variant_label,
                 webhook=webhook,

@@ -50,7 +50,7 @@ from kvoffload.analysis.assess import Measurements, assess
 from kvoffload.analysis.dialects import Dialect, confirm_dialect, dialect_for, version_from_image
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import Target
-from kvoffload.api.conventions import ANNOTATION_APPLIED, ANNOTATION_LEVEL_INDEX, LABEL_CONFIG_HASH, Variant
+from kvoffload.api.conventions import ANNOTATION_APPLIED, ANNOTATION_LEVEL_INDEX, LABEL_CONFIG_HASH, Reason, Variant
 from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.quantity import parse_duration, to_quantity
 from kvoffload.api.types import HostMemoryStatus, KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode
@@ -88,6 +88,7 @@ from kvoffload.rollout.decide import (
     Observations,
     Plan,
     PodObservation,
+    TokenCheck,
     VariantObservation,
     VariantPlan,
     Variants,
@@ -119,6 +120,23 @@ class ControllerSettings:
     """How soon a cycle that hit a Kubernetes API error is tried again."""
     analysis_due_fraction: float = 0.5
     """A cycle measures only when this share of analysis.interval has passed since the last verdict."""
+    prometheus_token: SecretLocation | None = None
+    """The operator's own Prometheus bearer token (a Secret in its namespace), for every policy that names
+    no ``spec.prometheus.bearerTokenSecret``."""
+    forbidden_retry_seconds: float = 300.0
+    """A token Secret the API server refused to let the operator read is asked for again only this often."""
+
+
+@dataclass(frozen=True)
+class SecretLocation:
+    """One key of one Secret."""
+
+    namespace: str
+    name: str
+    key: str
+
+    def __str__(self) -> str:
+        return f"{self.namespace}/{self.name}"
 
 
 class ReconcileError(Exception):
@@ -167,6 +185,8 @@ class Controller:
         self._monotonic = monotonic
         # (policy uid, kind) -> (digest, when written): Service and PodMonitor are not listed each cycle.
         self._children: dict[tuple[str, str], tuple[str, float]] = {}
+        # Token Secrets the API server refused to let us read: when, and what the condition says.
+        self._forbidden: dict[SecretLocation, tuple[float, TokenCheck]] = {}
 
     # --- the cycle -----------------------------------------------------------------------
 
@@ -211,7 +231,7 @@ class Controller:
         stable_seen = _observe(owned, ctx.ref.name, "stable")
         canary_seen = _observe(owned, ctx.ref.name, "canary")
 
-        assessment = measurements = price = None
+        assessment = measurements = price = token = None
         if self._analysis_due(policy, ctx, generation):
             subject = analysis_subject(spec, ctx.status, ctx.now)
             in_baseline = ctx.status is None or ctx.status.mode is Mode.BASELINE
@@ -224,7 +244,7 @@ class Controller:
                 with_canary=ctx.status is not None and ctx.status.canary is not None,
                 workload=in_baseline,
             )
-            measurements = await self._measure(target, spec, ctx.ref, ctx.now)
+            measurements, token = await self._measure(target, spec, ctx.ref, ctx.now)
             baseline = ctx.status.baseline if ctx.status is not None else None
             assessment = assess(
                 spec,
@@ -247,6 +267,7 @@ class Controller:
             assessment=assessment,
             measurements=measurements,
             price=price,
+            token=token,
         )
         decided = decide(spec, ctx.status, observations, ctx.now)
         variants = decided.variants
@@ -369,21 +390,70 @@ class Controller:
         for event in plan.events:
             await self.gateway.emit_event(ctx.ref, event.type, event.reason, event.message)
 
-    async def _measure(self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef, now: datetime) -> Measurements:
-        """This cycle's measurements, in the dialect confirmed against the series Prometheus holds;
-        a missing bearer-token Secret makes them inconclusive, with the reason."""
-        token = None
-        if (secret := spec.prometheus.bearer_token_secret) is not None:
-            try:
-                token = await self._api(
-                    "read_secret", self.gateway.read_secret(ref.namespace, secret.name, secret.key), ref
-                )
-            except MissingObjectError as exc:
-                return Measurements(canary=None, stable=None, error=f"spec.prometheus.bearerTokenSecret: {exc}")
+    async def _measure(
+        self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef, now: datetime
+    ) -> tuple[Measurements, TokenCheck | None]:
+        """This cycle's measurements, in the dialect confirmed against the series Prometheus holds, and how
+        reading the bearer token went; a token that cannot be read makes them inconclusive, with the reason."""
+        token, check = await self._bearer_token(spec, ref)
+        if check is not None and check.problem is not None:
+            return Measurements(canary=None, stable=None, error=check.message), check
         source = PrometheusSource(self.settings.prometheus_url or spec.prometheus.url, token)
         present = await self.hub.present_names(source, now.timestamp())
         target = replace(target, dialect=confirm_dialect(target.dialect, present))
-        return await self.hub.measure(target, source)
+        return await self.hub.measure(target, source), check
+
+    async def _bearer_token(self, spec: KVOffloadPolicySpec, ref: PolicyRef) -> tuple[str | None, TokenCheck | None]:
+        """The policy's own token Secret, else the operator's; (None, None) when neither is set.
+
+        A Secret the operator may not read (403) is a condition on the policy, not an API error to retry:
+        only RBAC can change it, so it is logged once and asked for again every ``forbidden_retry_seconds``.
+        """
+        own = spec.prometheus.bearer_token_secret
+        if own is not None:
+            where, field_path = SecretLocation(ref.namespace, own.name, own.key), "spec.prometheus.bearerTokenSecret"
+        elif self.settings.prometheus_token is not None:
+            where, field_path = self.settings.prometheus_token, "the operator's --prometheus-token-secret"
+        else:
+            return None, None
+        refused = self._forbidden.get(where)
+        if refused is not None and self._monotonic() - refused[0] < self.settings.forbidden_retry_seconds:
+            return None, refused[1]
+
+        async def read() -> str | TokenCheck:
+            try:
+                return await self.gateway.read_secret(where.namespace, where.name, where.key)
+            except ApiRejectedError as exc:
+                if exc.status != 403:
+                    raise
+                self.metrics.api_errors.labels(operation="read_secret").inc()
+                hint = (
+                    f"grant it get on secrets in namespace {where.namespace} (chart value prometheusAuth.policySecrets)"
+                    if own is not None
+                    else "check the operator's Role in its own namespace"
+                )
+                return TokenCheck(
+                    Reason.SECRET_FORBIDDEN,
+                    f"{field_path}: the operator's service account may not get Secret {where}: {hint}",
+                )
+
+        try:
+            got = await self._api("read_secret", read(), ref)
+        except MissingObjectError as exc:
+            return None, TokenCheck(Reason.SECRET_NOT_FOUND, f"{field_path}: {exc}")
+        if isinstance(got, TokenCheck):
+            if where not in self._forbidden:
+                log.warning(
+                    "%s: %s (403 Forbidden; asked again every %.0fs)",
+                    ref,
+                    got.message,
+                    self.settings.forbidden_retry_seconds,
+                )
+            self._forbidden[where] = (self._monotonic(), got)
+            return None, got
+        if self._forbidden.pop(where, None) is not None:
+            log.info("%s: Secret %s can be read again", ref, where)
+        return str(got), TokenCheck(None)
 
     async def _api(self, operation: str, call: Awaitable[Any], ref: PolicyRef) -> Any:
         """Await a gateway call; a failure is counted, told in an Event when a person can act, and re-raised typed."""

@@ -97,6 +97,7 @@ from kvoffload.api.conventions import (
     PAUSE,
     PAUSED,
     PROGRESSING,
+    PROMETHEUS_TOKEN_UNREADABLE,
     PROMOTE,
     READY,
     RECONCILING,
@@ -168,6 +169,16 @@ class VariantObservation:
 
 
 @dataclass(frozen=True)
+class TokenCheck:
+    """Whether the Secret with the Prometheus bearer token could be read this cycle."""
+
+    problem: Reason | None
+    """None: read; else why not (``Reason.SECRET_FORBIDDEN``, ``Reason.SECRET_NOT_FOUND``)."""
+    message: str = ""
+    """What is missing, naming the Secret (and, when forbidden, the permission)."""
+
+
+@dataclass(frozen=True)
 class Observations:
     """Everything ``decide`` needs to know about the world, gathered by the adapter."""
 
@@ -186,6 +197,8 @@ class Observations:
     price: RestorePrice | None = None
     """The preflight's restore-vs-recompute price on the policy's GPU class (the adapter prices it with
     ``economics.breakeven`` while a preflight may be due); None when not priced this cycle."""
+    token: TokenCheck | None = None
+    """The bearer token's Secret, when this cycle read one; None keeps the PrometheusTokenUnreadable condition."""
 
 
 # --- what decide returns ---------------------------------------------------------------
@@ -947,7 +960,7 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
     return Plan(
         status=status,
         variants=Variants(o.stable, o.canary),
-        events=(o.event,) if o.event is not None else (),
+        events=(*((o.event,) if o.event is not None else ()), *_token_events(ctx)),
         requeue_after=_requeue_after(ctx, o, seen, paused),
     )
 
@@ -1011,7 +1024,25 @@ def _conditions(ctx: _Ctx, o: _Outcome, paused: bool) -> list[Condition]:
         Reason.TOO_MANY_INCONCLUSIVE if o.inconclusive else Reason.ENOUGH_EVIDENCE,
         o.message if o.inconclusive else "",
     )
-    return put(c, INVALID, False, Reason.SPEC_VALID)
+    c = put(c, INVALID, False, Reason.SPEC_VALID)
+    token = ctx.obs.token
+    # Written once a token is asked for and cannot be read, and kept (False) from then on.
+    if token is not None and (token.problem is not None or cond.find(c, PROMETHEUS_TOKEN_UNREADABLE) is not None):
+        c = put(
+            c, PROMETHEUS_TOKEN_UNREADABLE, token.problem is not None, token.problem or Reason.TOKEN_READ, token.message
+        )
+    return c
+
+
+def _token_events(ctx: _Ctx) -> tuple[Event, ...]:
+    """A Warning when the token becomes unreadable (or unreadable for another reason), not every cycle."""
+    token = ctx.obs.token
+    if token is None or token.problem is None:
+        return ()
+    was = cond.find(ctx.status.conditions, PROMETHEUS_TOKEN_UNREADABLE)
+    if was is not None and was.status == "True" and was.message == token.message:
+        return ()
+    return (Event("Warning", token.problem, token.message),)
 
 
 def _offload_will_not_pay(
