@@ -98,9 +98,12 @@ def test_a_prompt_longer_than_the_budget_is_prefilled_in_chunks() -> None:
 def test_requests_queue_behind_max_num_seqs() -> None:
     one = scheduler(["serve", MODEL, "--max-num-seqs", "1"])
     first, second = run_virtual(one, [(0.0, prompt(5, 500), 8), (0.0, prompt(6, 500), 8)])
-    assert second.scheduled_at is not None and first.finished_at is not None
+    assert second.scheduled_at is not None
+    assert first.finished_at is not None
     assert second.scheduled_at == pytest.approx(first.finished_at)
-    assert second.ttft is not None and first.ttft is not None and second.ttft > first.ttft + 7 * 0.010
+    assert second.ttft is not None
+    assert first.ttft is not None
+    assert second.ttft > first.ttft + 7 * 0.010
 
 
 def test_itl_grows_with_the_decode_batch() -> None:
@@ -140,7 +143,8 @@ def test_every_computed_block_is_stored_and_a_finished_request_keeps_its_blocks_
     s = scheduler(["serve", MODEL, "--kv-offloading-size", "1", "--gpu-kv-blocks", "512"])
     (req,) = run_virtual(s, [(0.0, prompt(9, 1600), 1)])  # done at its prefill step, its 100 blocks in flight
     assert s.totals.stored_bytes == 100 * s.config.block_bytes
-    assert req.finished_at is not None and req.freed_at is not None
+    assert req.finished_at is not None
+    assert req.freed_at is not None
     store_s = s.cost.store_seconds(100 * s.config.block_bytes)
     assert req.freed_at == pytest.approx(req.finished_at + store_s)
     assert s.blocks_used == 0
@@ -199,7 +203,7 @@ def conversations(
 
 
 ENGINE = ["serve", MODEL, "--gpu-kv-blocks", "400", "--max-model-len", "2048"]
-"""A GPU cache of 6,400 tokens: a few conversations' histories; the rest come back from the CPU tier or are recomputed."""
+"""A GPU cache of 6,400 tokens: a few histories; the rest come back from the CPU tier or are recomputed."""
 CPU_TIER = ["--kv-offloading-size", "4"]
 
 
@@ -237,6 +241,7 @@ def test_without_prefix_reuse_a_cpu_tier_changes_nothing_but_the_stores() -> Non
     work = conversations(seconds=60, rate=10, sessions=60, reuse=False)
     base, _ = run(ENGINE, work)
     tier, s = run([*ENGINE, *CPU_TIER], work)
-    assert s.totals.avoided_tokens == 0 and s.totals.saved_gpu_s == 0
+    assert s.totals.avoided_tokens == 0
+    assert s.totals.saved_gpu_s == 0
     assert s.totals.stored_bytes > 0
     assert p(tier, 0.5) == pytest.approx(p(base, 0.5), rel=0.02)
