@@ -203,6 +203,8 @@ class Scheduler:
                 budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.max_seqs:
             req = self.waiting[0]
+            if req.submitted > now:
+                break  # not there yet at this step's start
             need = self._blocks_for(req)
             if self.blocks_used + need > self.capacity:
                 break  # first come, first served: the head waits for blocks, nobody overtakes it

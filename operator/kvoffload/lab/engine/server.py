@@ -53,21 +53,30 @@ class Emulator:
     async def _run(self) -> None:
         """The engine's step loop: plan a step, let it run for its modelled time, hand out its tokens."""
         sched = self.scheduler
-        last_end = 0.0
+        last_end: float | None = None
         while True:
-            now = time.monotonic()
-            if sched.waiting and not sched.running and not sched.held:
-                # An idle engine starts the step the moment the request came, not when this loop woke.
-                now = max(last_end, min(now, sched.waiting[0].submitted))
-            step = sched.plan(now)
+            wall = time.monotonic()
+            # The engine's time runs on the modelled steps, back to back while there is work, so a host
+            # busy elsewhere delays what the clients see but does not slow the engine down step after step.
+            if sched.running:
+                at = wall if last_end is None else last_end
+            elif sched.waiting:
+                at = max(sched.waiting[0].submitted, last_end or 0.0)  # an idle engine starts when the request came
+            else:
+                at = wall
+            at = min(max(at, sched.link.clock), wall)
+            step = sched.plan(at)
+            if step is None and at < wall:
+                step = sched.plan(wall)
             self._set_load()
             if step is None:
-                wake = sched.next_event(now)
+                last_end = None
+                wake = sched.next_event(wall)
                 self._wake.clear()
                 if wake is None and sched.idle:
                     await self._wake.wait()
                 else:
-                    timeout = 0.05 if wake is None else max(0.0, wake - now)
+                    timeout = 0.05 if wake is None else max(0.0, wake - wall)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), timeout)
                 continue
