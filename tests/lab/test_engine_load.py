@@ -232,7 +232,10 @@ def test_offload_hurts_on_its_own_on_a_slow_link_class_with_a_launch_bound_model
     assert s.totals.avoided_tokens > 0.3 * (s.totals.avoided_tokens + s.totals.prefill_tokens)
     assert s.totals.stored_bytes > 0
     assert p(tier, 0.5) > 1.1 * p(base, 0.5)
-    assert p(tier, 0.99) > p(base, 0.99)
+    assert p(tier, 0.9) > 1.1 * p(base, 0.9)
+    assert statistics.mean(tier) > 1.1 * statistics.mean(base)
+    # The tail is the queue behind the longest prompts, which the tier neither shortens nor lengthens here.
+    assert p(tier, 0.99) == pytest.approx(p(base, 0.99), rel=0.05)
     # What the hits spared the GPU is next to nothing against its busy time.
     assert s.totals.saved_gpu_s < 0.02 * s.totals.busy_s
 

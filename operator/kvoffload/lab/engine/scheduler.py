@@ -9,9 +9,10 @@ virtual clock), so a whole workload runs in virtual time. Modelled on vLLM's V1 
   waiting queue, first come first served, while the budget, the sequence limit and the GPU KV
   blocks last. A request's prefix is looked up (``KVEngine.admit``) when it is scheduled, as vLLM
   does, not when it arrives.
-- **GPU KV blocks**: a scheduled request holds the blocks of its prompt and its ``max_tokens``
-  (vLLM allocates them step by step and preempts when short; here they are taken up front and
-  nothing is preempted). A request that needs more than the whole cache waits for an empty engine.
+- **GPU KV blocks**: a scheduled request holds the blocks of its prompt and its ``max_tokens``,
+  less the leading blocks it hits in the GPU prefix cache, which it shares (vLLM allocates them
+  step by step and preempts when short; here they are taken up front and nothing is preempted).
+  A request that needs more than the whole cache waits for an empty engine.
 - **Loads**: a request with offloaded hits waits for its load (``WAITING_FOR_REMOTE_KVS`` in
   vLLM) on the host link, then for ``restore_step_s`` (the step the asynchronous load lands in),
   before its first chunk is scheduled.
@@ -35,6 +36,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
+from kvoffload.lab.engine.blockcache import BlockHash, block_hashes
 from kvoffload.lab.engine.kvengine import Admission, KVEngine
 from kvoffload.lab.engine.pcie import Link, Transfer
 
@@ -74,6 +76,7 @@ class Request:
     """When its GPU blocks went back (after its stores, if any were in flight)."""
     saved_gpu_s: float = 0.0
     """GPU compute its offloaded hits spared: the prefill with them recomputed less the one it ran."""
+    hashes: list[BlockHash] | None = None
 
     @property
     def ttft(self) -> float | None:
@@ -153,8 +156,14 @@ class Scheduler:
         return self.config.gpu_kv_blocks
 
     def _blocks_for(self, request: Request) -> int:
-        need = math.ceil((len(request.tokens) + request.max_tokens) / self.config.block_size)
-        return min(need, self.capacity)
+        """New GPU blocks the request takes: its prompt and output, less the leading blocks already cached on the
+        GPU, which it shares (vLLM's prefix cache hands the same blocks to every request that hits them)."""
+        bs = self.config.block_size
+        if request.hashes is None:
+            request.hashes = block_hashes(request.tokens, bs)
+        shared = self.engine.gpu.prefix_hits(request.hashes)
+        need = math.ceil((len(request.tokens) + request.max_tokens) / bs) - shared
+        return max(1, min(need, self.capacity))
 
     # --- transfers ----------------------------------------------------------------------------------
 
