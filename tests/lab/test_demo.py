@@ -143,6 +143,21 @@ def test_a_sample_takes_replicas_from_the_status_and_figures_from_prometheus() -
     assert "ext -/31%" in line
 
 
+def test_a_sample_keeps_what_offload_bought_for_the_variants_that_run() -> None:
+    from kvoffload.lab.demo import Bought
+
+    bought = Bought(
+        ttft_p50={"stable": 0.05, "canary": 0.03, "ghost": 1.0},
+        avoided_tokens_per_s={"stable": 0.0, "canary": 900.0},
+        gpu_s_saved_per_s={"canary": 0.2},
+    )
+    sample = sample_from(1.0, status("Promoting", (2, 2, 2), (3, 2, 1)), None, bought)
+    assert dict(sample.ttft_p50) == {"stable": 0.05, "canary": 0.03}
+    assert dict(sample.avoided_tokens_per_s) == {"stable": 0.0, "canary": 900.0}
+    assert dict(sample.gpu_s_saved_per_s) == {"canary": 0.2}
+    assert sample_from(1.0, None, None, bought).ttft_p50 == {}  # no status: no variant runs yet
+
+
 def test_decisions_are_placed_on_the_demos_clock_and_older_ones_left_out() -> None:
     history = [
         HistoryEntry(time=T0 - timedelta(seconds=5), stage="gpu-only", decision="Old", reason="Old"),

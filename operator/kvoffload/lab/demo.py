@@ -29,7 +29,7 @@ import os
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
@@ -41,7 +41,7 @@ from kvoffload.analysis.assess import Measurements
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, ROLLBACK_DECISIONS
 from kvoffload.api.quantity import format_duration, parse_duration
 from kvoffload.api.types import HistoryEntry, KVOffloadPolicyStatus, Phase
-from kvoffload.lab.report import Decision, Sample
+from kvoffload.lab.report import Decision, Sample, summary_json
 from kvoffload.policy.ladder import Level
 
 EXAMPLE_NAME = "demo-two-tier.yaml"
@@ -197,8 +197,14 @@ def judge(expect: Expectation, status: KVOffloadPolicyStatus | None, replicas: i
 # --- the timeline -------------------------------------------------------------------------
 
 
-def sample_from(t: float, status: KVOffloadPolicyStatus | None, measured: Measurements | None) -> Sample:
-    """One timeline sample: the status's phase, stage and replicas; Prometheus's figures per variant."""
+def sample_from(
+    t: float,
+    status: KVOffloadPolicyStatus | None,
+    measured: Measurements | None,
+    bought: Bought | None = None,
+) -> Sample:
+    """One timeline sample: the status's phase, stage and replicas; Prometheus's figures per variant;
+    and what offload bought per variant (``bought``), for the variants that exist."""
     replicas: dict[str, int] = {}
     ready: dict[str, int] = {}
     levels: dict[str, str] = {}
@@ -216,7 +222,11 @@ def sample_from(t: float, status: KVOffloadPolicyStatus | None, measured: Measur
             if got is None or who not in replicas:
                 continue
             ttft[who], share[who] = _finite(got.ttft_p99), _finite(got.external_share)
+    b = bought or Bought()
     return Sample(
+        ttft_p50={k: v for k, v in b.ttft_p50.items() if k in replicas},
+        avoided_tokens_per_s={k: v for k, v in b.avoided_tokens_per_s.items() if k in replicas},
+        gpu_s_saved_per_s={k: v for k, v in b.gpu_s_saved_per_s.items() if k in replicas},
         t=round(t, 2),
         phase=status.phase.value if status is not None else Phase.PENDING.value,
         stage=status.stage.name if status is not None and status.stage is not None else "",
@@ -228,6 +238,92 @@ def sample_from(t: float, status: KVOffloadPolicyStatus | None, measured: Measur
         external_share=share,
         verdict=status.last_analysis.verdict.value if status is not None and status.last_analysis else None,
     )
+
+
+@dataclass
+class Bought:
+    """What offload bought per variant at one cycle: p50 TTFT, prompt tokens avoided/s, GPU-seconds saved/s."""
+
+    ttft_p50: dict[str, float | None] = field(default_factory=dict)
+    avoided_tokens_per_s: dict[str, float | None] = field(default_factory=dict)
+    gpu_s_saved_per_s: dict[str, float | None] = field(default_factory=dict)
+
+
+def bought_queries(dialect: Any, namespace: str, policy: str, window: str) -> dict[str, str]:
+    """PromQL per variant: p50 TTFT (vLLM's histogram) and external prompt tokens per second (by source)."""
+    from kvoffload.analysis.dialects import SOURCE_EXTERNAL_KV_TRANSFER
+    from kvoffload.analysis.prometheus import LabelNames, promql_duration
+
+    labels = LabelNames()
+    sel = f'{labels.namespace}="{namespace}", {labels.policy}="{policy}"'
+    w = promql_duration(window)
+    rate = f"rate({dialect.ttft_bucket}{{{sel}}}[{w}])"
+    out = {"ttft_p50": f"histogram_quantile(0.5, sum by (le, {labels.variant}) ({rate}))"}
+    if dialect.prompt_tokens_by_source:
+        source = f'source="{SOURCE_EXTERNAL_KV_TRANSFER}"'
+        out["avoided_tokens_per_s"] = (
+            f"sum by ({labels.variant}) (rate({dialect.prompt_tokens_by_source}{{{sel}, {source}}}[{w}]))"
+        )
+    return out
+
+
+def query_by_variant(prometheus_url: str, expr: str) -> dict[str, float | None]:
+    """An instant query's value per variant label; empty when Prometheus has nothing (or cannot be reached)."""
+    import requests
+
+    from kvoffload.analysis.prometheus import LabelNames
+
+    try:
+        response = requests.get(f"{prometheus_url}/api/v1/query", params={"query": expr}, timeout=5)
+        result = response.json()["data"]["result"]
+    except (requests.RequestException, ValueError, KeyError):
+        return {}
+    out: dict[str, float | None] = {}
+    for item in result:
+        variant = item.get("metric", {}).get(LabelNames().variant)
+        if variant:
+            out[variant] = _finite(float(item["value"][1]))
+    return out
+
+
+class SavedMeter:
+    """GPU-seconds saved per second per variant, from each engine's cumulative ``/emulator/state`` total."""
+
+    def __init__(self) -> None:
+        self.last: dict[str, tuple[float, float]] = {}
+
+    def update(self, now: float, readings: Sequence[tuple[str, str, float]]) -> dict[str, float | None]:
+        """``readings``: (variant, pod, saved GPU-seconds so far). A pod seen for the first time gives no rate yet."""
+        out: dict[str, float | None] = {}
+        for variant, pod, saved in readings:
+            before = self.last.get(pod)
+            self.last[pod] = (now, saved)
+            if before is None or now <= before[0]:
+                continue
+            out[variant] = (out.get(variant) or 0.0) + max(0.0, saved - before[1]) / (now - before[0])
+        return out
+
+
+async def engine_savings(cluster: Any, policy: str, namespace: str) -> list[tuple[str, str, float]]:
+    """(variant, pod, saved GPU-seconds so far) of every serving engine of ``policy``."""
+    import aiohttp
+
+    from kvoffload.api.conventions import LABEL_POLICY, LABEL_VARIANT
+
+    out: list[tuple[str, str, float]] = []
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
+        for engine in cluster.pods(f"{LABEL_POLICY}={policy}", namespace):
+            if not engine.opened:
+                continue
+            try:
+                async with session.get(f"{engine.url}/emulator/state") as response:
+                    state = await response.json()
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
+                continue
+            totals = state.get("totals") if isinstance(state, dict) else None
+            if isinstance(totals, dict) and "saved_gpu_s" in totals:
+                out.append((engine.labels.get(LABEL_VARIANT, ""), engine.key, float(totals["saved_gpu_s"])))
+    return out
 
 
 def _finite(value: float | None) -> float | None:
@@ -398,6 +494,7 @@ class DemoResult:
             "problems": self.problems,
             "report": self.report_files,
             "status": self.status,
+            "summary": summary_json(self.timeline),
             "timeline": self.timeline.to_json(),
         }
 
@@ -472,6 +569,8 @@ async def run_demo(
             spec.prometheus.extra_matchers,
         )
         interval = parse_duration(spec.analysis.interval)
+        bought_exprs = bought_queries(target.dialect, namespace, name, spec.analysis.window)
+        saved_meter = SavedMeter()
         started_wall = datetime.now(UTC)
         start = time.monotonic()
         operator = start_operator(cluster)
@@ -515,7 +614,11 @@ async def run_demo(
                 raw_status = obj.get("status")
                 status = KVOffloadPolicyStatus.model_validate(raw_status) if raw_status else None
                 measured = (await asyncio.to_thread(provider.measure, [target])).get(target.key)
-                sample = sample_from(now, status, measured)
+                savings = await engine_savings(cluster, name, namespace)
+                bought = Bought(gpu_s_saved_per_s=saved_meter.update(now, savings))
+                for key, expr in bought_exprs.items():
+                    setattr(bought, key, await asyncio.to_thread(query_by_variant, cluster.prometheus.url, expr))
+                sample = sample_from(now, status, measured, bought)
                 timeline.samples.append(sample)
                 if status is not None:
                     fresh = decisions_from(status.history, started_wall)

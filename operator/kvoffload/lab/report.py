@@ -48,6 +48,13 @@ class Sample:
     external_share: Mapping[str, float | None] = field(default_factory=dict)
     """Share of prompt tokens loaded from offload tiers per variant, 0 to 1."""
     verdict: str | None = None
+    ttft_p50: Mapping[str, float | None] = field(default_factory=dict)
+    """p50 time to first token per variant, seconds (what most requests see)."""
+    avoided_tokens_per_s: Mapping[str, float | None] = field(default_factory=dict)
+    """Prompt tokens per second the offload tiers provided instead of a prefill, per variant (all its engines)."""
+    gpu_s_saved_per_s: Mapping[str, float | None] = field(default_factory=dict)
+    """GPU-seconds of prefill those tokens spared per second, per variant: the engines' modelled compute of the
+    restored tokens less what the rest of their prompts cost once the tokens were there (0.5 = half a GPU)."""
 
 
 @dataclass(frozen=True)
@@ -234,6 +241,18 @@ class StageFigures:
     ttft_canary: float | None
     share_stable: float | None
     share_canary: float | None
+    ttft_p50_stable: float | None = None
+    ttft_p50_canary: float | None = None
+    avoided_stable: float | None = None
+    """Median prompt tokens avoided per second."""
+    avoided_canary: float | None = None
+    saved_stable: float | None = None
+    """Median GPU-seconds saved per second."""
+    saved_canary: float | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.end - self.start
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -259,6 +278,12 @@ def stage_figures(samples: Sequence[Sample]) -> list[StageFigures]:
             ttft_canary=_median(s.ttft_p99.get("canary") for s in run),
             share_stable=_median(s.external_share.get("stable") for s in run),
             share_canary=_median(s.external_share.get("canary") for s in run),
+            ttft_p50_stable=_median(s.ttft_p50.get("stable") for s in run),
+            ttft_p50_canary=_median(s.ttft_p50.get("canary") for s in run),
+            avoided_stable=_median(s.avoided_tokens_per_s.get("stable") for s in run),
+            avoided_canary=_median(s.avoided_tokens_per_s.get("canary") for s in run),
+            saved_stable=_median(s.gpu_s_saved_per_s.get("stable") for s in run),
+            saved_canary=_median(s.gpu_s_saved_per_s.get("canary") for s in run),
         )
         for run in runs
     ]
@@ -270,6 +295,14 @@ def _ms(value: float | None) -> str:
 
 def _pct(value: float | None) -> str:
     return "-" if value is None else f"{value:.1%}"
+
+
+def _rate(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def _pair(a: str, b: str) -> str:
+    return f"{a} / {b}"
 
 
 def _at(t: float) -> str:
@@ -296,10 +329,37 @@ def _sections(timeline: Timeline) -> tuple[list[str], list[tuple[str, list[list[
     stages = [
         ["from", "to", "stage", "phase", "p99 TTFT stable", "p99 TTFT canary", "ext. share stable", "ext. share canary"]
     ]
+    bought = [
+        [
+            "from",
+            "to",
+            "stage",
+            "p50 TTFT stable / canary",
+            "tokens avoided/s stable / canary",
+            "GPU-s saved/s stable / canary",
+        ]
+    ]
     for f in stage_figures(timeline.samples):
         times = [_at(f.start), _at(f.end), f.stage, f.phase]
         stages.append([*times, _ms(f.ttft_stable), _ms(f.ttft_canary), _pct(f.share_stable), _pct(f.share_canary)])
-    return paragraphs, [("Decisions", decisions), ("Medians per stage", stages)]
+        bought.append(
+            [
+                *times[:3],
+                _pair(_ms(f.ttft_p50_stable), _ms(f.ttft_p50_canary)),
+                _pair(_rate(f.avoided_stable), _rate(f.avoided_canary)),
+                _pair(_rate(f.saved_stable, 3), _rate(f.saved_canary, 3)),
+            ]
+        )
+    return paragraphs, [
+        ("Decisions", decisions),
+        ("Medians per stage", stages),
+        ("What offload bought (medians per stage)", bought),
+    ]
+
+
+def summary_json(timeline: Timeline) -> dict[str, Any]:
+    """The per-stage figures as ``kvoffload demo -o json`` carries them in its ``summary``."""
+    return {"stages": [{**asdict(f), "seconds": round(f.seconds, 2)} for f in stage_figures(timeline.samples)]}
 
 
 def _md_cell(text: str) -> str:

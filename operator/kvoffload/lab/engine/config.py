@@ -74,6 +74,24 @@ class EngineConfig:
     gpu_class: str | None = None
     kv_cache_memory_bytes: int | None = None
     num_gpu_blocks_override: int | None = None
+    # Issue 11, part 3: one scheduler per engine (vLLM's batch flags) and the pinning delay at start.
+    max_num_batched_tokens: int = 2048
+    max_num_seqs: int = 256
+    pinning_time_scale: float = 1.0
+    """Multiplies the modelled pinning time (an explicit lab knob, ``--pinning-time-scale``; 0 turns it off)."""
+
+    @property
+    def pinning_s(self) -> float:
+        """Seconds pinning the CPU tier takes at start: the profile's pinning rate over the bytes allocated."""
+        allocation = self.cpu_allocation()
+        if allocation is None or self.pinning_time_scale == 0:
+            return 0.0
+        return self.cost.pin_seconds(allocation.size_bytes) * self.pinning_time_scale
+
+    @property
+    def ready_delay_s(self) -> float:
+        """Seconds from start until the engine answers (``/health`` included): ``--startup-delay`` plus pinning."""
+        return self.startup_delay_s + self.pinning_s
 
     @property
     def name(self) -> str:
@@ -115,6 +133,24 @@ def kv_bytes_per_token_for(model: str, kv_cache_dtype: str = "auto") -> int | No
     arch = entry.architecture
     dtype_bytes = 1 if kv_cache_dtype.startswith("fp8") else arch.dtype_bytes
     return bytes_per_token(arch, dtype_bytes)
+
+
+LARGE_GPU_BYTES: Final = 70 * GIB
+
+
+def default_batch(gpu_class: str | None) -> tuple[int, int]:
+    """vLLM's ``vllm serve`` defaults of (max_num_batched_tokens, max_num_seqs) on ``gpu_class``.
+
+    ``EngineArgs.get_batch_defaults``: 8,192 tokens and 1,024 sequences on a GPU of at least 70 GiB
+    whose name does not say A100 (H100, H200, MI300X...), else 2,048 and 256. Without a class
+    (the seed's laptop GPU, well under 70 GiB), 2,048 and 256.
+    """
+    from kvoffload.policy.catalog import find_gpu_class
+
+    gpu = find_gpu_class(gpu_class) if gpu_class is not None else None
+    if gpu is not None and gpu.memory_bytes >= LARGE_GPU_BYTES and "a100" not in gpu.name.lower():
+        return 8192, 1024
+    return 2048, 256
 
 
 def parse_transfer_config(raw: str | None, config: EngineConfig) -> None:
@@ -188,6 +224,9 @@ def config_from_options(
     kv_cache_memory_bytes: int | None = None,
     num_gpu_blocks_override: int | None = None,
     allocate_cpu_gib: float | None = None,
+    max_num_batched_tokens: int | None = None,
+    max_num_seqs: int | None = None,
+    pinning_time_scale: float | None = None,
 ) -> tuple[EngineConfig, list[str]]:
     """An engine config from ``vllm serve``-style options; also the arguments it ignores.
 
@@ -280,6 +319,21 @@ def config_from_options(
         cfg.offload_backend = kv_offloading_backend or "native"  # vLLM PR 32421: native by default
     elif kv_offloading_backend is not None:
         log.warning("--kv-offloading-backend without --kv-offloading-size: offloading stays off (as in vLLM)")
+    batched, seqs = default_batch(gpu_class)
+    for flag, value in (("--max-num-batched-tokens", max_num_batched_tokens), ("--max-num-seqs", max_num_seqs)):
+        if value is not None and value <= 0:
+            raise ConfigError(f"{flag}: must be positive, got {value}")
+    cfg.max_num_batched_tokens = max_num_batched_tokens or batched
+    cfg.max_num_seqs = max_num_seqs or seqs
+    if cfg.max_num_batched_tokens < cfg.max_num_seqs:
+        raise ConfigError(
+            f"--max-num-batched-tokens: {cfg.max_num_batched_tokens} is smaller than --max-num-seqs "
+            f"{cfg.max_num_seqs} (vLLM refuses to start)"
+        )
+    if pinning_time_scale is not None:
+        if pinning_time_scale < 0:
+            raise ConfigError(f"--pinning-time-scale: must be >= 0, got {pinning_time_scale}")
+        cfg.pinning_time_scale = pinning_time_scale
     if allocate_cpu_gib is not None:
         if allocate_cpu_gib < 0:
             raise ConfigError(f"--allocate-cpu-gib: must be >= 0, got {allocate_cpu_gib}")

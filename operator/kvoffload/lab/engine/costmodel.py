@@ -47,6 +47,8 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
@@ -168,6 +170,54 @@ class CostModel:
     """Bytes of one page one rank moves (a class only)."""
     itl_given: bool = False
     """``--itl`` was given: it replaces the decode curve."""
+    both_ways_factor: float = 0.0
+    """Share of each direction's own rate left while loads and stores move at once (0: the H200's measured one)."""
+
+    @property
+    def link_factor(self) -> float:
+        """Both-ways rate over the sum of the one-way rates: the profile's, else the measured H200's (0.89)."""
+        if self.both_ways_factor > 0:
+            return self.both_ways_factor
+        return both_ways_factor(self.profile or shipped_profile(PINNING_REFERENCE))
+
+    def pin_seconds(self, nbytes: int) -> float:
+        """Seconds to pin a CPU tier of ``nbytes`` at start: the profile's pinning, else the H200 host's (measured).
+
+        Pinning is the host kernel's work (page faults and locking), not the GPU's; the laptop has no
+        measurement, so it borrows the measured H200 host's rate."""
+        return (self.profile or shipped_profile(PINNING_REFERENCE)).pin_seconds(nbytes)
+
+    def step_seconds(self, chunks: Sequence[tuple[int, int]], decodes: int) -> float:
+        """One engine step: prefill ``chunks`` of (computed, cached) tokens and one token for ``decodes`` sequences.
+
+        The prefill chunks share one forward: a class's fixed cost ``prefill(1)`` is paid once per
+        step, not per chunk (the laptop's FLOPs have none). The decode batch adds its ITL at that
+        batch: a mixed step costs both, which overstates it somewhat (vLLM runs them in one forward).
+        """
+        total = 0.0
+        if chunks:
+            fixed = self._fixed_s()
+            total = fixed + math.fsum(max(0.0, self.compute_seconds(c, h) - fixed) for c, h in chunks if c > 0)
+        if decodes > 0:
+            total += self.itl_seconds(decodes)
+        return total
+
+    def _fixed_s(self) -> float:
+        if self.profile is None:
+            return 0.0
+        return self.profile.prefill_seconds(self.model, 1, PREFILL_MODE)
+
+    def store_seconds(self, nbytes: int) -> float:
+        """Seconds the link takes to store ``nbytes`` (all ranks, each over its own link) to the CPU tier alone."""
+        if nbytes <= 0:
+            return 0.0
+        if self.profile is None:
+            return nbytes / (self.store_bytes_per_s * self.tensor_parallel_size)
+        return self.profile.store_seconds(-(-nbytes // self.tensor_parallel_size), self.page_bytes)
+
+    def load_seconds(self, cpu_bytes: int, disk_bytes: int) -> float:
+        """Seconds a load of ``cpu_bytes`` from the CPU tier and ``disk_bytes`` from the fs tier keeps the link busy."""
+        return self.cpu_restore_seconds(cpu_bytes) + max(0, disk_bytes) / self.disk_restore_bytes_per_s
 
     @property
     def name(self) -> str:
@@ -190,12 +240,17 @@ class CostModel:
         return fixed + max(0.0, whole - fixed) / self.tensor_parallel_size
 
     def itl_seconds(self, batch: int) -> float:
-        """Seconds between output tokens with ``batch`` sequences decoding.
+        """Seconds of one decode step with ``batch`` sequences.
 
-        A class: its decode curve at that batch, divided by TP. The laptop (or ``--itl``): one flat figure.
+        A class: its decode curve at that batch, divided by TP. ``--itl``: one flat figure. The laptop:
+        the seed emulator's 10 ms at batch 1 (not a seed figure), growing with the batch as the
+        measured H200 curve of Qwen3-0.6B grows (x1.15 at 8, x1.41 at 32, x2.53 at 128): the shape
+        is borrowed, the laptop's own curve was never measured.
         """
-        if self.profile is None or self.itl_given:
+        if self.itl_given:
             return self.itl_s
+        if self.profile is None:
+            return self.itl_s * _laptop_decode_growth(max(1, batch))
         return self.profile.decode_itl_seconds(self.model, max(1, batch)) / self.tensor_parallel_size
 
     def cpu_restore_seconds(self, nbytes: int) -> float:
@@ -205,6 +260,26 @@ class CostModel:
         if self.profile is None:
             return nbytes / (self.cpu_restore_bytes_per_s * self.tensor_parallel_size)
         return self.profile.restore_seconds(-(-nbytes // self.tensor_parallel_size), self.page_bytes)
+
+
+PINNING_REFERENCE: Final = "nvidia-h200-141gb"
+"""The measured profile whose host pinning rate, both-ways link factor and decode shape the laptop borrows."""
+
+
+def both_ways_factor(profile: Profile) -> float:
+    """The profile's both-ways rate over the sum of its best one-way rates, at most 1."""
+    one_way = profile.contiguous_h2d_bytes_per_second + profile.contiguous_d2h_bytes_per_second
+    return min(1.0, profile.bidirectional_bytes_per_second / one_way)
+
+
+@functools.cache
+def _laptop_decode_growth(batch: int) -> float:
+    ref = shipped_profile(PINNING_REFERENCE)
+    model = QWEN3_0_6B_NAME
+    return ref.decode_itl_seconds(model, batch) / ref.decode_itl_seconds(model, 1)
+
+
+QWEN3_0_6B_NAME: Final = "Qwen/Qwen3-0.6B"
 
 
 def laptop_cost(model: str, tensor_parallel_size: int = 1) -> CostModel:

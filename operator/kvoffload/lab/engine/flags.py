@@ -60,6 +60,22 @@ OPTIONS: Final[tuple[Callable[[Any], Any], ...]] = (
     click.option("--kv-cache-memory-bytes", type=int, default=None, help="GPU KV cache per GPU, bytes (vLLM's flag)."),
     click.option("--num-gpu-blocks-override", type=int, default=None, help="GPU KV cache in blocks (vLLM's flag)."),
     click.option(
+        "--max-num-batched-tokens",
+        type=int,
+        default=None,
+        help="Token budget per engine step (vLLM's flag; default as vLLM: 8192 on 70+ GiB GPUs but A100, else 2048).",
+    ),
+    click.option(
+        "--max-num-seqs", type=int, default=None, help="Running requests at most (vLLM's flag; 1024 or 256, as above)."
+    ),
+    click.option(
+        "--pinning-time-scale",
+        type=float,
+        default=None,
+        envvar=_env("PINNING_TIME_SCALE"),
+        help="Multiply the modelled pinning of the CPU tier at start (default 1; 0: none). Not a vLLM flag.",
+    ),
+    click.option(
         "--vllm-version", default=None, envvar=_env("VLLM_VERSION"), help="Metric dialect to speak (default 0.32.0)."
     ),
     click.option(
@@ -136,7 +152,7 @@ def build(params: Mapping[str, Any], start: float) -> tuple[EngineConfig, Faults
     """The engine config, its faults and the ignored arguments from ``kvoffload emulate``'s parsed options."""
     options = {k: v for k, v in params.items() if k not in ("host", "port", "args", *FAULT_OPTIONS)}
     config, ignored = config_from_options(positional=params.get("args", ()), **options)
-    faults = faults_from_options(start=start + config.startup_delay_s, **{k: params[k] for k in FAULT_OPTIONS})
+    faults = faults_from_options(start=start + config.ready_delay_s, **{k: params[k] for k in FAULT_OPTIONS})
     return config, faults, ignored
 
 

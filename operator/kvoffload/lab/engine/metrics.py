@@ -308,7 +308,7 @@ class EngineMetrics:
         load_bytes = p.cpu_restored_bytes + p.disk_restored_bytes
         load_time = p.cpu_restore_s + p.disk_restore_s
         store_bytes = adm.stored_blocks * self.config.block_bytes
-        store_time = store_bytes / self.config.cost.store_bytes_per_s
+        store_time = self.config.cost.store_seconds(store_bytes)
         if self.flat:
             if load_bytes:
                 self._m("load_bytes").inc(load_bytes)
@@ -329,7 +329,14 @@ class EngineMetrics:
                     self._m("size", transfer_type=tt).observe(nbytes)
 
     def record_finish(
-        self, *, ttft: float, itls: Sequence[float], e2e: float, generated: int, finished_reason: str
+        self,
+        *,
+        ttft: float,
+        itls: Sequence[float],
+        e2e: float,
+        generated: int,
+        finished_reason: str,
+        queued: float = 0.0,
     ) -> None:
         d = self.dialect
         self._m("vllm:time_to_first_token_seconds").observe(ttft)
@@ -340,17 +347,19 @@ class EngineMetrics:
         if itls:
             self._m("vllm:request_time_per_output_token_seconds").observe(decode / len(itls))
         self._m("vllm:e2e_request_latency_seconds").observe(e2e)
-        self._m("vllm:request_queue_time_seconds").observe(0.0)
-        self._m("vllm:request_inference_time_seconds").observe(e2e)
-        self._m("vllm:request_prefill_time_seconds").observe(ttft)
+        self._m("vllm:request_queue_time_seconds").observe(max(0.0, queued))
+        self._m("vllm:request_inference_time_seconds").observe(max(0.0, e2e - queued))
+        self._m("vllm:request_prefill_time_seconds").observe(max(0.0, ttft - queued))
         self._m("vllm:request_decode_time_seconds").observe(decode)
         self._m("vllm:request_num_preemptions").observe(0)
         self._m("vllm:request_generation_tokens").observe(generated)
         self._m("vllm:generation_tokens").inc(generated)
         self._m("vllm:request_success", finished_reason=finished_reason).inc()
 
-    def set_load(self, running: int, used_blocks: int) -> None:
+    def set_load(self, running: int, used_blocks: int, waiting: int = 0) -> None:
         self._m("vllm:num_requests_running").set(running)
+        if "vllm:num_requests_waiting" in self.metrics:
+            self._m("vllm:num_requests_waiting").set(waiting)
         self._m(self.dialect.kv_cache_usage).set(min(1.0, used_blocks / max(1, self.config.gpu_kv_blocks)))
 
     def exposition(self) -> bytes:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
-import math
 import time
 import uuid
 from collections.abc import Mapping
@@ -19,6 +19,7 @@ from kvoffload.lab.engine.config import EngineConfig
 from kvoffload.lab.engine.faults import Faults, apply_faults
 from kvoffload.lab.engine.kvengine import KVEngine, tokenize
 from kvoffload.lab.engine.metrics import EngineMetrics
+from kvoffload.lab.engine.scheduler import Request, Scheduler
 
 log = logging.getLogger("kvoffload.emulate")
 
@@ -38,8 +39,63 @@ class Emulator:
         self.metrics = EngineMetrics(config)
         self.faults = faults or Faults()
         self.started = time.monotonic()
-        self.running = 0
-        self.used_blocks = 0
+        self.scheduler = Scheduler(
+            self.engine, max_num_batched_tokens=config.max_num_batched_tokens, max_num_seqs=config.max_num_seqs
+        )
+        self._progress: dict[Request, asyncio.Event] = {}
+        self._wake = asyncio.Event()
+        self._loop: asyncio.Task[None] | None = None
+
+    def _ensure_loop(self) -> None:
+        if self._loop is None or self._loop.done():
+            self._loop = asyncio.create_task(self._run(), name="engine steps")
+
+    async def _run(self) -> None:
+        """The engine's step loop: plan a step, let it run for its modelled time, hand out its tokens."""
+        sched = self.scheduler
+        last_end: float | None = None
+        while True:
+            wall = time.monotonic()
+            # The engine's time runs on the modelled steps, back to back while there is work, so a host
+            # busy elsewhere delays what the clients see but does not slow the engine down step after step.
+            if sched.running:
+                at = wall if last_end is None else last_end
+            elif sched.waiting:
+                at = max(sched.waiting[0].submitted, last_end or 0.0)  # an idle engine starts when the request came
+            else:
+                at = wall
+            at = min(max(at, sched.link.clock), wall)
+            step = sched.plan(at)
+            if step is None and at < wall:
+                step = sched.plan(wall)
+            self._set_load()
+            if step is None:
+                last_end = None
+                wake = sched.next_event(wall)
+                self._wake.clear()
+                if wake is None and sched.idle:
+                    await self._wake.wait()
+                else:
+                    timeout = 0.05 if wake is None else max(0.0, wake - wall)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout)
+                continue
+            await _sleep_until(step.end)
+            sched.finish()
+            last_end = step.end
+            for req, _ in step.chunks:
+                self._notify(req)
+            for req in step.decodes:
+                self._notify(req)
+
+    def _notify(self, req: Request) -> None:
+        event = self._progress.get(req)
+        if event is not None:
+            event.set()
+
+    def _set_load(self) -> None:
+        sched = self.scheduler
+        self.metrics.set_load(len(sched.running), sched.blocks_used, waiting=len(sched.waiting))
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._outage])
@@ -101,7 +157,21 @@ class Emulator:
         return web.json_response(self.faults.describe(time.monotonic()))
 
     async def state(self, request: web.Request) -> web.Response:
-        return web.json_response({**self.engine.state(), "running": self.running})
+        sched = self.scheduler
+        return web.json_response(
+            {
+                **self.engine.state(),
+                "running": len(sched.running),
+                "waiting": len(sched.waiting),
+                "held_for_stores": len(sched.held),
+                "gpu_blocks_in_use": sched.blocks_used,
+                "max_num_batched_tokens": sched.budget,
+                "max_num_seqs": sched.max_seqs,
+                "pinning_s": self.config.pinning_s,
+                "totals": asdict(sched.totals),
+                "link_busy_s": dict(sched.link.busy_s),
+            }
+        )
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         arrived = time.monotonic()
@@ -129,42 +199,57 @@ class Emulator:
             )
         stream = bool(body.get("stream", False))
 
-        adm = self.engine.admit(tokens)
-        self.metrics.record_admission(adm, max_tokens)
+        # The API server's fixed cost (the laptop's fitted base_s), then the engine's shared scheduler.
+        if self.config.cost.base_s > 0:
+            await asyncio.sleep(self.config.cost.base_s)
+        req = self.scheduler.submit(tokens, max_tokens, time.monotonic())
+        req.arrived = arrived
+        progress = asyncio.Event()
+        self._progress[req] = progress
+        self._wake.set()
+        self._ensure_loop()
         faults = self.faults
-        ttft_target = adm.price.ttft_s * faults.ttft_factor(arrived) + faults.added_latency_s
-        itl_target = self.config.cost.itl_seconds(self.running + 1) * faults.itl_factor(arrived)
-        blocks = math.ceil((len(tokens) + max_tokens) / self.config.block_size)
-        self.running += 1
-        self.used_blocks += blocks
-        self.metrics.set_load(self.running, self.used_blocks)
+        ttft_factor, added, itl_factor = faults.ttft_factor(arrived), faults.added_latency_s, faults.itl_factor(arrived)
         rid = f"cmpl-{uuid.uuid4().hex}"
         response: web.StreamResponse | None = None
+        sent_times: list[float] = []
+        recorded = False
         try:
-            await _sleep_until(arrived + ttft_target)
-            first = time.monotonic()
-            if stream:
-                response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
-                await response.prepare(request)
-                await _send_chunk(response, rid, self.config.name, _word(0), None)
-            itls: list[float] = []
-            last = first
-            for i in range(1, max_tokens):
-                await _sleep_until(last + itl_target)
-                now = time.monotonic()
-                itls.append(now - last)
-                last = now
+            while len(sent_times) < max_tokens:
+                if len(req.token_times) <= len(sent_times):
+                    progress.clear()
+                    await progress.wait()
+                    continue
+                if not recorded and req.admission is not None:
+                    self.metrics.record_admission(req.admission, max_tokens)
+                    recorded = True
+                i = len(sent_times)
+                # Faults act on what the client sees: the first token's delay and the gaps after it, scaled.
+                first = arrived + (req.token_times[0] - arrived) * ttft_factor + added
+                await _sleep_until(first + (req.token_times[i] - req.token_times[0]) * itl_factor)
+                sent_times.append(time.monotonic())
+                if response is None and stream:
+                    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+                    await response.prepare(request)
                 if response is not None:
                     await _send_chunk(response, rid, self.config.name, _word(i), None)
         finally:
-            self.running -= 1
-            self.used_blocks -= blocks
-            self.metrics.set_load(self.running, self.used_blocks)
+            self._progress.pop(req, None)
+        adm = req.admission
+        assert adm is not None
         done = time.monotonic()
-        ttft = first - arrived
+        ttft = sent_times[0] - arrived
+        itls = [b - a for a, b in itertools.pairwise(sent_times)]
         self.metrics.record_finish(
-            ttft=ttft, itls=itls, e2e=done - arrived, generated=max_tokens, finished_reason="length"
+            ttft=ttft,
+            itls=itls,
+            e2e=done - arrived,
+            generated=max_tokens,
+            finished_reason="length",
+            queued=(req.scheduled_at or arrived) - arrived,
         )
+        ttft_target = (self.config.cost.base_s + req.token_times[0] - req.submitted) * ttft_factor + added
+        itl_target = (sum(req.itls) / len(req.itls) if req.itls else 0.0) * itl_factor
         extension = {
             "modelled_ttft_s": ttft_target,
             "measured_ttft_s": ttft,
@@ -254,9 +339,11 @@ def _prompt_tokens(prompt: Any) -> list[int] | None:
 
 
 async def serve(emulator: Emulator, host: str, port: int, *, ready: asyncio.Event | None = None) -> None:
-    """Run the engine until cancelled. The port opens after the startup delay, as pinning delays vLLM's."""
-    if emulator.config.startup_delay_s > 0:
-        await asyncio.sleep(emulator.config.startup_delay_s)
+    """Run the engine until cancelled. The port (``/health`` with it) opens only once the CPU tier is pinned."""
+    delay = emulator.config.ready_delay_s
+    if delay > 0:
+        log.info("pinning the CPU tier: %.2f s before serving", delay)
+        await asyncio.sleep(delay)
     runner = web.AppRunner(emulator.app(), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
@@ -269,6 +356,8 @@ async def serve(emulator: Emulator, host: str, port: int, *, ready: asyncio.Even
     try:
         await asyncio.Event().wait()
     finally:
+        if emulator._loop is not None:
+            emulator._loop.cancel()
         await runner.cleanup()
 
 
