@@ -170,6 +170,7 @@ class World:
     ) -> Observations:
         variants = self.plan.variants if self.plan is not None else None
         stable = canary = VariantObservation()
+        retiring: tuple[VariantObservation, ...] = ()
         if variants is not None:
             s = variants.stable
             stable = VariantObservation(
@@ -186,12 +187,27 @@ class World:
                 if canary_fault:
                     pods[0] = replace(pods[0], **canary_fault)
                 canary = VariantObservation(True, c.config_hash, c.level, c.replicas, ready, tuple(pods))
+            retiring = tuple(
+                VariantObservation(
+                    True,
+                    r.config_hash,
+                    None,
+                    r.replicas,
+                    r.replicas,
+                    tuple(
+                        PodObservation(f"{r.level_name}-{i}", True, config_hash=r.config_hash)
+                        for i in range(r.replicas)
+                    ),
+                )
+                for r in variants.retiring
+            )
         return Observations(
             generation=self.generation,
             level_hashes=level_hashes(self.spec),
             annotations=dict(self.annotations),
             stable=stable,
             canary=canary,
+            retiring=retiring,
             assessment=assessment,
             measurements=measurements,
             price=self.price,
@@ -255,6 +271,15 @@ class World:
             self.tick(traffic, advance=self.spec.analysis.interval, **kwargs)
         assert self.plan is not None
         return self.plan
+
+    def settle(self, limit: int = 50) -> Plan:
+        """Tick without analysis until the paced moves of replicas are done (the plan stops changing)."""
+        for _ in range(limit):
+            before = self.plan.variants if self.plan is not None else None
+            plan = self.tick(traffic=None, advance="10s")
+            if plan.variants == before:
+                return plan
+        raise AssertionError(f"replicas still moving after {limit} cycles: {self.plan}")
 
     def annotate(self, key: str, value: str) -> None:
         self.annotations[key] = value
@@ -714,6 +739,7 @@ def test_the_stable_guard_takes_away_nvme_and_lands_on_cpu_not_gpu_only():
     hashes = level_hashes(world.spec)
 
     world.run_until(in_phase(Phase.ROLLED_BACK), Traffic(stable=SLOW), limit="5m")
+    world.settle()  # nvme's Deployment drains as cpu's pods become Ready
 
     assert world.fleet == (("cpu", 4), None)
     assert world.plan is not None
@@ -727,6 +753,7 @@ def test_the_stable_guard_from_cpu_skips_the_canary_only_pilot_and_lands_on_gpu_
     assert world.fleet == (("cpu", 4), None)
 
     world.run_until(in_phase(Phase.ROLLED_BACK), Traffic(stable=SLOW), limit="5m")
+    world.settle()
 
     assert world.fleet == (("gpu-only", 4), None)
 
@@ -919,6 +946,7 @@ def test_a_spec_change_that_removes_the_stable_level_lands_on_the_nearest_level_
 
     world.change_spec(make_spec(**{"offload.secondaryTiers": [], "rollout.pilotCpu": None}))
     world.tick()
+    world.settle()
 
     assert world.st.ladder == ["gpu-only", "cpu"]
     assert world.fleet == (("cpu", 4), None)

@@ -117,6 +117,9 @@ class Reason(StrEnum):
     CANARY_RESTARTED = "CanaryRestarted"
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     ABORTED = "Aborted"
+    # Capacity
+    CAPACITY_DIP = "CapacityDip"
+    """maxSurge 0: a move of replicas onto a level takes Ready engines away before their replacements are Ready."""
     # Paused / AnalysisInconclusive
     PAUSED = "Paused"
     NOT_PAUSED = "NotPaused"

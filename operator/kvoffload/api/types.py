@@ -679,6 +679,17 @@ class VariantStatus(Status):
     ready: int = Field(default=0, description="Ready replicas.")
 
 
+class RetiringStatus(Status):
+    """A level whose Deployment drains after the roles moved off it (the old stable after a promotion)."""
+
+    level_name: str = Field(description="Ladder level name; the Deployment is <policy>-<level name>.")
+    config_hash: str = Field(description="Hash of the engine config its pods run.")
+    replicas: int = Field(
+        default=0, description="Replicas it keeps this cycle; they go as the new level's pods become Ready."
+    )
+    ready: int = Field(default=0, description="Ready replicas.")
+
+
 class Percentiles(Status):
     p50: float | None = Field(default=None, description="Median (histogram_quantile 0.5).")
     p95: float | None = Field(default=None, description="95th percentile.")
@@ -776,6 +787,9 @@ class KVOffloadPolicyStatus(Status):
     ladder: list[str] = Field(default_factory=list, description="Ladder level names, bottom first.")
     stable: VariantStatus | None = Field(default=None, description="The stable variant.")
     canary: VariantStatus | None = Field(default=None, description="The canary variant, while one runs.")
+    retiring: list[RetiringStatus] = Field(
+        default_factory=list, description="Levels draining after the roles moved off them, while they have pods."
+    )
     baseline: BaselineStatus | None = Field(default=None, description="The GPU-only baseline.")
     preflight: PreflightStatus | None = Field(
         default=None, description="The preflight's verdict on this ladder, when spec.rollout.preflight judged one."

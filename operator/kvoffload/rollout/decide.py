@@ -16,6 +16,18 @@ The rules (docs/design.md, "The ladder" and "Analysis"):
 - **Canary.** ``canaryReplicas`` run the next level. With ``maxSurge: s`` the
   stable side shrinks by ``max(0, canary - s)``, so the fleet never uses more
   than ``(replicas + maxSurge) × gpu.count`` GPUs.
+- **Roles, not pods.** Every level runs in its own Deployment, named by level;
+  "stable" and "canary" are roles in status. At 100% the canary level's
+  Deployment becomes stable and keeps its pods; the old stable level is
+  recorded as ``retiring`` and drains. Every move of replicas from one level
+  to another is paced (``_pace``): the new level grows as far as the GPU budget
+  ``replicas + maxSurge`` allows, and a Ready pod of the old level goes only
+  while Ready replicas stay at or above ``replicas - max(0, canaryReplicas -
+  maxSurge)`` (``replicas`` itself across a promotion to 100% with ``maxSurge
+  >= 1``); pods that are not Ready go first and cost nothing. With ``maxSurge:
+  0`` there is no spare GPU, so a swap takes a Ready pod away before its
+  replacement is Ready; the transition's Event says so (CapacityDip). A failing
+  canary (a rollback, an abort, a new spec) goes at once, not paced.
 - **Promotion.** The level then takes ``promotionSteps`` percent of the
   replicas (``ceil(pct × replicas / 100)``, at least ``canaryReplicas``; a step
   that would not add a replica is skipped). Every step lasts ``stepDuration``
@@ -117,6 +129,7 @@ from kvoffload.api.types import (
     Mode,
     Percentiles,
     PreflightStatus,
+    RetiringStatus,
     StageStatus,
     VariantStatus,
     Verdict,
@@ -179,6 +192,8 @@ class Observations:
     """The policy's annotations; only the ``kvoffload.io/`` control keys are read."""
     stable: VariantObservation = field(default_factory=VariantObservation)
     canary: VariantObservation = field(default_factory=VariantObservation)
+    retiring: tuple[VariantObservation, ...] = ()
+    """The Deployments of ``status.retiring``, in its order."""
     assessment: Assessment | None = None
     """This cycle's verdict from ``assess()``; None when no analysis ran this cycle."""
     measurements: Measurements | None = None
@@ -201,15 +216,29 @@ class VariantPlan:
 
 
 @dataclass(frozen=True)
+class RetiringPlan:
+    """A level's Deployment that holds no role any more and drains, paced."""
+
+    level_name: str
+    replicas: int
+    config_hash: str
+
+
+@dataclass(frozen=True)
 class Variants:
-    """The desired Deployments. ``canary is None``: delete the canary Deployment."""
+    """The desired Deployments, one per level: the stable and canary roles and what drains.
+
+    ``canary is None``: no canary level. A level's Deployment that none of them names goes.
+    """
 
     stable: VariantPlan
     canary: VariantPlan | None
+    retiring: tuple[RetiringPlan, ...] = ()
 
     @property
     def total_replicas(self) -> int:
-        return self.stable.replicas + (self.canary.replicas if self.canary is not None else 0)
+        roles = self.stable.replicas + (self.canary.replicas if self.canary is not None else 0)
+        return roles + sum(r.replicas for r in self.retiring)
 
 
 @dataclass(frozen=True)
@@ -380,6 +409,8 @@ class _Outcome:
     """A new preflight verdict; None keeps the old one (unless ``new_ladder``)."""
     new_ladder: bool = False
     """A new ladder starts: the old ladder's preflight verdict is dropped."""
+    drop_canary: bool = False
+    """The running canary goes at once, not paced (a rollback, an abort, a new spec)."""
 
 
 def decide(
@@ -509,10 +540,11 @@ def _hard_failure(ctx: _Ctx) -> tuple[Reason, str] | None:
             return Reason.CANARY_RESTARTED, f"canary pod {pod.name} restarted {pod.restarts} time(s) {where}"
     deadline = progress_deadline_seconds(ctx.spec, level)
     ready = _ready(ctx.obs.canary, canary.config_hash)
-    if ready < canary.replicas and ctx.elapsed >= deadline:
+    wanted = canary_replicas(ctx.spec, ctx.stage.step)
+    if ready < wanted and ctx.elapsed >= deadline:
         return (
             Reason.PROGRESS_DEADLINE_EXCEEDED,
-            f"only {ready}/{canary.replicas} canary replicas Ready {format_duration(ctx.elapsed)} after the step "
+            f"only {ready}/{wanted} canary replicas Ready {format_duration(ctx.elapsed)} after the step "
             f"started (progress deadline {format_duration(deadline)}) {where}",
         )
     return None
@@ -567,9 +599,10 @@ def _new_spec(ctx: _Ctx) -> _Outcome:
     level = _map_level(ctx)
     old = ctx.status.observed_generation
     dropped = f"dropped canary {ctx.level_name(ctx.status.canary.level)}; " if ctx.status.canary else ""
-    return _start_ladder(
+    outcome = _start_ladder(
         ctx, level, Reason.SPEC_CHANGED, f"generation {old} → {ctx.obs.generation}: {dropped}stable level {level.name}"
     )
+    return replace(outcome, drop_canary=True)
 
 
 def _start_ladder(ctx: _Ctx, level: Level, reason: Reason, why: str) -> _Outcome:
@@ -709,8 +742,9 @@ def _run_step(ctx: _Ctx) -> _Outcome:
     if ctx.elapsed < duration:
         return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: {_progress(ctx, duration)}, {_verdict_text(ctx)}")
     ready = _ready(ctx.obs.canary, canary.config_hash)
-    if ready < canary.replicas:
-        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: waiting for canaries Ready ({ready}/{canary.replicas})")
+    wanted = canary_replicas(ctx.spec, ctx.stage.step)
+    if ready < wanted:
+        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: waiting for canaries Ready ({ready}/{wanted})")
     verdict = ctx.obs.assessment
     if verdict is None or verdict.verdict is not Verdict.PASS:
         return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: step over, waiting for a Pass; {_verdict_text(ctx)}")
@@ -798,6 +832,7 @@ def _roll_back(ctx: _Ctx, mode: Mode, reason: Reason, why: str) -> _Outcome:
         decision=Decision.ROLLBACK,
         paused=False,
         inconclusive=False,
+        drop_canary=True,
     )
 
 
@@ -876,9 +911,9 @@ def _hold(
     event: Event | None = None,
     decision: Decision | None = None,
 ) -> _Outcome:
-    """Keep the Deployments as they are; report why (a pause on too many Inconclusive verdicts included)."""
-    stable = _stable_plan(ctx)
-    canary = _plan_of(ctx.status.canary) if ctx.status.canary is not None else None
+    """Keep the roles where they are (the pacing goes on toward their targets); report why (a pause on
+    too many Inconclusive verdicts included)."""
+    stable, canary = _targets(ctx, mode)
     if reason is None:
         reason = _resting_reason(ctx, mode)
     inconclusive = mode in (Mode.BASELINE, Mode.STEP) and _too_inconclusive(ctx)
@@ -914,6 +949,7 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
     paused = o.paused if o.paused is not None else ctx.paused
     conditions = _conditions(ctx, o, paused)
     stage_level = ctx.level(o.stage.index)
+    paced = _pace(ctx, o)
     last_analysis = ctx.evidence if ctx.evidence is not None else ctx.status.last_analysis
     history = list(ctx.status.history)
     if o.decision is not None:
@@ -932,8 +968,21 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
         observed_generation=ctx.obs.generation,
         stage=o.stage,
         ladder=[lv.name for lv in ctx.ladder],
-        stable=_variant_status(ctx.level(o.stable.level), o.stable, ctx.obs.stable),
-        canary=_variant_status(ctx.level(o.canary.level), o.canary, ctx.obs.canary) if o.canary else None,
+        stable=_variant_status(ctx.level(o.stable.level), paced.stable, _seen(ctx, o.stable.config_hash)),
+        canary=(
+            _variant_status(ctx.level(paced.canary.level), paced.canary, _seen(ctx, paced.canary.config_hash))
+            if paced.canary is not None
+            else None
+        ),
+        retiring=[
+            RetiringStatus(
+                level_name=r.level_name,
+                config_hash=r.config_hash,
+                replicas=r.replicas,
+                ready=_ready(_seen(ctx, r.config_hash), r.config_hash),
+            )
+            for r in paced.retiring
+        ],
         baseline=o.baseline if o.baseline is not None else ctx.status.baseline,
         preflight=_preflight_of(ctx, o),
         last_analysis=last_analysis,
@@ -944,10 +993,14 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
         message=o.message,
         **_display(o, last_analysis),
     )
+    event = o.event
+    if event is not None and (dip := _dip(ctx, o)) is not None:
+        event = replace(event, message=f"{event.message}; {dip}")
+    events = (event,) if event is not None else ()
     return Plan(
         status=status,
-        variants=Variants(o.stable, o.canary),
-        events=(o.event,) if o.event is not None else (),
+        variants=paced,
+        events=events,
         requeue_after=_requeue_after(ctx, o, seen, paused),
     )
 
@@ -964,7 +1017,7 @@ def _display(o: _Outcome, analysis: AnalysisStatus | None) -> dict[str, str]:
     ttft, share = subject(TTFT_P99), subject(EXTERNAL_SHARE)
     return {
         "tiers_summary": "+".join(o.stage.tiers) or "none",
-        "canary_summary": f"{o.canary.replicas if o.canary is not None else 0}/{o.stable.replicas}",
+        "canary_summary": f"{o.canary.replicas if o.canary is not None else 0}/{o.stable.replicas}",  # the targets
         "ttft_p99": "" if ttft is None else f"{ttft * 1000:.0f}ms",
         "external_share": "" if share is None else f"{share:.1%}",
     }
@@ -1052,6 +1105,156 @@ def _requeue_after(ctx: _Ctx, o: _Outcome, seen: Mapping[str, str], paused: bool
         return None
     left = duration - (ctx.now - o.stage.started_at).total_seconds()
     return left if left > 0 else None
+
+
+# --- pacing: moving replicas between levels within the capacity rules -------------------
+
+
+def _targets(ctx: _Ctx, mode: Mode) -> tuple[VariantPlan, VariantPlan | None]:
+    """The replicas each role is headed for in ``mode`` at the current stage (what a hold keeps heading to)."""
+    stable = _stable_plan(ctx)
+    canary = ctx.status.canary
+    if mode is not Mode.STEP or canary is None:
+        return replace(stable, replicas=ctx.spec.replicas), None
+    count = canary_replicas(ctx.spec, ctx.stage.step)
+    return replace(stable, replicas=stable_replicas(ctx.spec, count)), replace(_plan_of(canary), replicas=count)
+
+
+def ready_floor(spec: KVOffloadPolicySpec, *, to_full: bool) -> int:
+    """The fewest Ready replicas a paced move may leave: ``replicas - max(0, canaryReplicas - maxSurge)``;
+    ``replicas`` across a promotion to 100% (``to_full``) when ``maxSurge >= 1``."""
+    surge = spec.rollout.max_surge
+    if to_full and surge >= 1:
+        return spec.replicas
+    return spec.replicas - max(0, min(spec.rollout.canary_replicas, spec.replicas) - surge)
+
+
+@dataclass
+class _Slot:
+    """One level's Deployment during pacing: what it runs, has, is headed for, and its Ready pods."""
+
+    name: str
+    config_hash: str
+    level: int | None
+    """Index in the current ladder; None for a level the spec no longer has."""
+    current: int
+    target: int
+    ready: int
+
+
+def _pace(ctx: _Ctx, o: _Outcome) -> Variants:
+    """This cycle's replicas per level, moving from what runs toward the outcome's targets.
+
+    1. A canary that must go (``drop_canary``) goes at once.
+    2. Levels that grow take the room the GPU budget ``replicas + maxSurge`` leaves.
+    3. Levels that shrink lose their pods that are not Ready first (free), then Ready ones only while the
+       Ready total stays at or above ``ready_floor`` (or where it is, if it is already below).
+    4. Growing levels take the room that freed.
+    Pure; the same move over several cycles converges as the new pods become Ready.
+    """
+    spec = ctx.spec
+    slots: dict[str, _Slot] = {}
+    for plan in (o.stable, o.canary):
+        if plan is not None:
+            name = ctx.level(plan.level).name
+            slots[name] = _Slot(name, plan.config_hash, plan.level, 0, plan.replicas, 0)
+    for name, config_hash, replicas, dropped in _running(ctx, o):
+        slot = slots.get(name)
+        if slot is None:
+            level = next((lv.index for lv in ctx.ladder if lv.name == name), None)
+            slot = slots[name] = _Slot(name, config_hash, level, 0, 0, 0)
+        if dropped:
+            continue
+        seen = _seen(ctx, config_hash)
+        slot.current += replicas
+        slot.ready += min(replicas, sum(1 for p in seen.pods if p.ready) if seen.pods else seen.ready_replicas)
+    for slot in slots.values():
+        slot.ready = min(slot.ready, slot.current)
+    budget = spec.replicas + spec.rollout.max_surge
+    to_full = o.mode is Mode.STEP and o.canary is not None and o.canary.replicas >= spec.replicas
+    held = sum(s.ready for s in slots.values())
+    slack = held - min(ready_floor(spec, to_full=to_full), held)
+
+    def grow() -> None:
+        room = budget - sum(s.current for s in slots.values())
+        for slot in slots.values():
+            add = max(0, min(slot.target - slot.current, room))
+            slot.current += add
+            room -= add
+
+    grow()
+    # Where the budget still blocks a level that grows, a Ready pod goes only to make room for it.
+    need = sum(max(0, s.target - s.current) for s in slots.values()) or None
+    for slot in reversed(list(slots.values())):  # what drains first, then the canary, then the stable
+        excess = slot.current - slot.target
+        if excess <= 0:
+            continue
+        free = min(excess, slot.current - slot.ready)
+        if need is not None:
+            need = max(0, need - free)
+        take = min(excess - free, slack if need is None else min(slack, need))
+        slot.current -= free + take
+        slot.ready -= take
+        slack -= take
+        if need is not None:
+            need -= take
+    grow()
+
+    def plan_of(plan: VariantPlan | None) -> VariantPlan | None:
+        return None if plan is None else replace(plan, replicas=slots[ctx.level(plan.level).name].current)
+
+    roles = {ctx.level(p.level).name for p in (o.stable, o.canary) if p is not None}
+    stable = plan_of(o.stable)
+    assert stable is not None
+    return Variants(
+        stable=stable,
+        canary=plan_of(o.canary),
+        retiring=tuple(
+            RetiringPlan(s.name, s.current, s.config_hash) for s in slots.values() if s.name not in roles and s.current
+        ),
+    )
+
+
+def _running(ctx: _Ctx, o: _Outcome) -> list[tuple[str, str, int, bool]]:
+    """(level name, config hash, replicas asked for, goes at once) of every level's Deployment status names."""
+    status = ctx.status
+    out: list[tuple[str, str, int, bool]] = []
+    names = status.ladder
+    for role, variant in (("stable", status.stable), ("canary", status.canary)):
+        if variant is None:
+            continue
+        name = names[variant.level] if 0 <= variant.level < len(names) else ctx.level_name(variant.level)
+        out.append((name, variant.config_hash, variant.replicas, role == "canary" and o.drop_canary))
+    out += [(r.level_name, r.config_hash, r.replicas, False) for r in status.retiring]
+    return out
+
+
+def _seen(ctx: _Ctx, config_hash: str) -> VariantObservation:
+    """The observed Deployment that runs ``config_hash``, whichever role it had when observed."""
+    for seen in (ctx.obs.stable, ctx.obs.canary, *ctx.obs.retiring):
+        if seen.exists and seen.config_hash == config_hash:
+            return seen
+    return VariantObservation()
+
+
+def _dip(ctx: _Ctx, o: _Outcome) -> str | None:
+    """With no spare GPU (maxSurge 0), what a transition that moves replicas tells its Event: how far Ready
+    replicas dip (CapacityDip)."""
+    spec = ctx.spec
+    if o.decision is None or o.mode is not Mode.STEP or o.canary is None or spec.rollout.max_surge > 0:
+        return None
+    before = ctx.status.canary
+    had = before.replicas if before is not None and before.config_hash == o.canary.config_hash else 0
+    moving = o.canary.replicas - had
+    if moving <= 0:
+        return None
+    floor = ready_floor(spec, to_full=False)
+    target = ctx.level(o.canary.level).name
+    return (
+        f"{Reason.CAPACITY_DIP}: maxSurge 0 leaves no spare GPU, so to move {moving} replica(s) onto {target} Ready "
+        f"engines go before their replacements are Ready and Ready replicas may dip to {floor} of {spec.replicas} "
+        "(rollout.maxSurge 1 or more keeps every replica Ready)"
+    )
 
 
 # --- small helpers ----------------------------------------------------------------------
