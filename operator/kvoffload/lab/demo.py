@@ -428,7 +428,7 @@ async def run_demo(
     """Run one scenario end to end and write the report; everything started is stopped on return or cancel."""
     from kvoffload.analysis.dialects import dialect_for, version_from_image
     from kvoffload.analysis.prometheus import PrometheusProvider, Target
-    from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY, LABEL_VARIANT
+    from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY
     from kvoffload.api.types import KVOffloadPolicy
     from kvoffload.lab import load as loadgen
     from kvoffload.lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
@@ -531,7 +531,8 @@ async def run_demo(
                     and status.canary is not None
                     and status.canary.level == ladder[-1].index
                 ):
-                    selector = f"{LABEL_POLICY}={name},{LABEL_VARIANT}=canary,{LABEL_LEVEL}={ladder[-1].name}"
+                    # the top level's engines: its canary in this scenario, which never promotes it
+                    selector = f"{LABEL_POLICY}={name},{LABEL_LEVEL}={ladder[-1].name}"
                     await cluster.set_faults(
                         selector, {"ttft_multiplier": scenario.ttft_regression}, namespace=namespace, sticky=True
                     )
