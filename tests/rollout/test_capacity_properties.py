@@ -20,6 +20,7 @@ from itertools import count
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kvoffload.analysis.assess import Measurements, VariantSample
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase, Verdict
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout.decide import Observations, Plan, PodObservation, VariantObservation, canary_replicas, decide
@@ -109,6 +110,7 @@ def observations(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus | None
         canary=of(status.canary if status else None),
         retiring=tuple(cluster.observe(r.level_name, r.config_hash) for r in (status.retiring if status else [])),
         assessment=crafted(Verdict.PASS),
+        measurements=Measurements(canary=VariantSample(requests=1000), stable=None),  # a busy canary warms up
     )
 
 

@@ -226,8 +226,10 @@ class World:
         assessment, measurements = None, None
         if verdict is not None:
             assessment = crafted(verdict)
-            if self.crafted_stable is not None:
-                measurements = Measurements(canary=None, stable=self.crafted_stable)
+            # A crafted verdict comes with a busy canary (its warm-up can end) and any stable figures asked for.
+            busy = VariantSample(requests=1000) if self.status is not None and self.status.canary else None
+            if self.crafted_stable is not None or busy is not None:
+                measurements = Measurements(canary=busy, stable=self.crafted_stable)
         elif traffic is not None:
             subject = analysis_subject(self.spec, self.status, self.now)
             has_canary = self.status is not None and self.status.canary is not None
@@ -245,6 +247,7 @@ class World:
                 warmed_up=subject.warmed_up,
                 baseline=baseline,
                 stable_side=subject.stable_side,
+                comparing=subject.comparing,
             )
         before = self.status.model_dump() if self.status is not None else None
         obs = self.observe(assessment, measurements, **observe)
@@ -345,7 +348,8 @@ def test_a_whole_climb_with_healthy_traffic_ends_stable_at_the_top_level():
     assert world.fleet == (("nvme", 4), None)
     assert world.st.stable is not None
     assert world.st.stable.tiers == ["cpu", "nvme"]
-    assert world.reasons() == [
+    assert "WarmedUp" in world.reasons()  # each step's canary warmed up before its comparisons counted
+    assert [r for r in world.reasons() if r != "WarmedUp"] == [
         "NewLadder",
         "BaselineTaken",  # → cpu-pilot canary
         "PilotPassed",  # → cpu canary, stable still gpu-only

@@ -125,6 +125,9 @@ class Reason(StrEnum):
     CANARY_RESTARTED = "CanaryRestarted"
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     ABORTED = "Aborted"
+    # Warm-up
+    WARMED_UP = "WarmedUp"
+    """The step's canary is warm: its comparisons with the stable engines count from now."""
     # Capacity
     CAPACITY_DIP = "CapacityDip"
     """maxSurge 0: a move of replicas onto a level takes Ready engines away before their replacements are Ready."""

@@ -254,6 +254,7 @@ class Controller:
                 warmed_up=subject.warmed_up,
                 baseline=baseline,
                 stable_side=subject.stable_side,
+                comparing=subject.comparing,
             )
             self.metrics.verdicts.labels(verdict=assessment.verdict.value).inc()
             if in_baseline and spec.rollout.preflight is not None:

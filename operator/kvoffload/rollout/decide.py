@@ -133,6 +133,7 @@ from kvoffload.api.types import (
     StageStatus,
     VariantStatus,
     Verdict,
+    WarmupStatus,
 )
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.sizing import progress_deadline_seconds
@@ -274,6 +275,8 @@ class AnalysisSubject:
     """True after the first half of a canary or promotion step (external share and tier hits gated)."""
     stable_side: bool = True
     """False when the canary runs every replica: no stable p99 shares the window to compare with."""
+    comparing: bool = True
+    """False while the step's canary warms up (``analysis.warmup``): canary/stable ratios are not gated."""
 
 
 # --- replica arithmetic -------------------------------------------------------------
@@ -317,7 +320,21 @@ def analysis_subject(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus | 
     started = status.stage.started_at if status.stage is not None else None
     half = parse_duration(spec.rollout.step_duration) / 2
     warm = started is not None and (now - started).total_seconds() >= half
-    return AnalysisSubject(ladder[status.canary.level], warmed_up=warm, stable_side=status.stable.replicas > 0)
+    return AnalysisSubject(
+        ladder[status.canary.level],
+        warmed_up=warm,
+        stable_side=status.stable.replicas > 0,
+        comparing=warmed_up_canary(spec, status),
+    )
+
+
+def warmed_up_canary(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus) -> bool:
+    """The step's canary is warm (``analysis.warmup`` done, or off): its comparisons with stable count.
+
+    A step without a warm-up record (a status written before warm-ups existed) compares at once."""
+    if not spec.analysis.warmup.enabled or status.warmup is None:
+        return True
+    return status.warmup.warm_at is not None
 
 
 # --- decide ---------------------------------------------------------------------------
@@ -739,8 +756,11 @@ def _run_step(ctx: _Ctx) -> _Outcome:
     duration = parse_duration(ctx.spec.rollout.step_duration)
     if ctx.paused or _too_inconclusive(ctx):
         return _hold(ctx, Mode.STEP)
+    warming = "" if warmed_up_canary(ctx.spec, ctx.status) else f", {_warming_text(ctx)}"
     if ctx.elapsed < duration:
-        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: {_progress(ctx, duration)}, {_verdict_text(ctx)}")
+        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: {_progress(ctx, duration)}{warming}, {_verdict_text(ctx)}")
+    if warming:
+        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: step over, {_warming_text(ctx)}; {_verdict_text(ctx)}")
     ready = _ready(ctx.obs.canary, canary.config_hash)
     wanted = canary_replicas(ctx.spec, ctx.stage.step)
     if ready < wanted:
@@ -950,6 +970,7 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
     conditions = _conditions(ctx, o, paused)
     stage_level = ctx.level(o.stage.index)
     paced = _pace(ctx, o)
+    warmup, warmed = _warmup_of(ctx, o)
     last_analysis = ctx.evidence if ctx.evidence is not None else ctx.status.last_analysis
     history = list(ctx.status.history)
     if o.decision is not None:
@@ -974,6 +995,7 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
             if paced.canary is not None
             else None
         ),
+        warmup=warmup,
         retiring=[
             RetiringStatus(
                 level_name=r.level_name,
@@ -996,7 +1018,9 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
     event = o.event
     if event is not None and (dip := _dip(ctx, o)) is not None:
         event = replace(event, message=f"{event.message}; {dip}")
-    events = (event,) if event is not None else ()
+    if event is not None and warmup is not None and warmup.since == ctx.now and warmup.warm_at is None:
+        event = replace(event, message=f"{event.message}; {_warmup_reason(warmup)}")
+    events = tuple(e for e in (event, warmed) if e is not None)
     return Plan(
         status=status,
         variants=paced,
@@ -1105,6 +1129,61 @@ def _requeue_after(ctx: _Ctx, o: _Outcome, seen: Mapping[str, str], paused: bool
         return None
     left = duration - (ctx.now - o.stage.started_at).total_seconds()
     return left if left > 0 else None
+
+
+# --- warm-up: a fresh canary's cache fills before comparisons count ---------------------
+
+
+def _warmup_of(ctx: _Ctx, o: _Outcome) -> tuple[WarmupStatus | None, Event | None]:
+    """The step's warm-up after this cycle, and the Event when it ended now.
+
+    A new step starts a new warm-up; it ends at the first cycle at which both the least time has
+    passed and the canary's requests in the window reach the least count (the later of the two)."""
+    analysis = ctx.spec.analysis
+    if o.mode is not Mode.STEP or not analysis.warmup.enabled or o.stage.started_at is None:
+        return None, None
+    before = ctx.status.warmup
+    since = o.stage.started_at
+    if before is None or before.since != since:
+        if before is None and ctx.status.mode is Mode.STEP and ctx.status.stage == o.stage:
+            return None, None  # a step that began before warm-ups existed: it compares at once
+        return (
+            WarmupStatus(
+                since=since,
+                duration=format_duration(analysis.warmup_seconds()),
+                requests=analysis.warmup_requests(),
+            ),
+            None,
+        )
+    if before.warm_at is not None:
+        return before, None
+    sample = ctx.obs.measurements.canary if ctx.obs.measurements is not None else None
+    served = sample.requests if sample is not None and sample.requests is not None else before.served
+    elapsed = (ctx.now - since).total_seconds()
+    if elapsed < analysis.warmup_seconds() or served is None or served < before.requests:
+        return before.model_copy(update={"served": served}), None
+    level = ctx.level(o.canary.level).name if o.canary is not None else o.stage.name
+    message = (
+        f"canary {level} warm after {format_duration(elapsed)}: {served:.0f} requests in the analysis window "
+        f"(at least {before.requests}) and at least {before.duration} passed; canary/stable comparisons count from now"
+    )
+    return before.model_copy(update={"served": served, "warm_at": ctx.now}), Event("Normal", Reason.WARMED_UP, message)
+
+
+def _warmup_reason(warmup: WarmupStatus) -> str:
+    return (
+        f"warm-up: canary/stable ratios and offload hit checks count only after {warmup.duration} and "
+        f"{warmup.requests} canary requests in the analysis window, whichever is later (a fresh canary's cache "
+        "is empty, the stable engines' is full); the absolute budgets and hard failures apply at once"
+    )
+
+
+def _warming_text(ctx: _Ctx) -> str:
+    w = ctx.status.warmup
+    if w is None:
+        return "warming up"
+    served = "no" if w.served is None else f"{w.served:.0f}"
+    return f"warming up ({served} of {w.requests} canary requests in the window, at least {w.duration})"
 
 
 # --- pacing: moving replicas between levels within the capacity rules -------------------
