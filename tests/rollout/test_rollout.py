@@ -1077,3 +1077,49 @@ def test_every_condition_and_the_status_carry_the_observed_generation_as_an_inte
     world.run_until(at_stage("cpu-pilot"))
     assert world.st.observed_generation == 7
     assert {c.observed_generation for c in world.st.conditions} == {7}
+
+
+# --- a scale subresource: replicas change mid-rollout (issue 9) --------------------------
+
+
+def test_a_replicas_change_mid_step_resizes_both_shares_by_the_steps_percentage_without_restarting_it():
+    # Given 4 replicas, maxSurge 1, steps 50/100, in the cpu canary's 50% step (2 of 4 on cpu)
+    spec = make_spec(**{"rollout.maxSurge": 1, "rollout.promotionSteps": [50, 100]})
+    world = World.given(spec)
+    world.run_until(at_stage("cpu", 1))
+    world.settle()
+    stage_before = world.st.stage
+    canary_before = world.st.canary
+    assert world.fleet == (("gpu-only", 3), ("cpu", 2))  # 50% of 4 on cpu, one surge replica kept
+
+    # When an autoscaler sets replicas to 10 through /scale (a new generation, only replicas changed)
+    world.change_spec(spec.model_copy(update={"replicas": 10}))
+    world.tick()
+    world.settle()
+
+    # Then the step goes on where it was, and the shares follow: 50% of 10 on cpu, the rest stable
+    assert world.phase is Phase.PROMOTING
+    assert world.st.stage == stage_before  # same step, same start: the step clock did not restart
+    assert world.st.canary is not None
+    assert canary_before is not None
+    assert world.st.canary.config_hash == canary_before.config_hash
+    assert world.fleet == (("gpu-only", 6), ("cpu", 5))  # 10 - max(0, 5 - maxSurge 1) = 6
+    assert world.st.replicas == 11  # within (replicas + maxSurge) = 11
+    assert "SpecChanged" not in world.reasons()
+    # and the GPU budget held on every cycle of the resize
+    for plan in world.plans:
+        assert plan.variants is not None
+        assert plan.variants.total_replicas == plan.status.replicas
+        assert plan.variants.total_replicas <= 10 + 1
+
+
+def test_any_other_spec_change_still_starts_a_new_ladder():
+    spec = make_spec(**{"rollout.maxSurge": 1, "rollout.promotionSteps": [50, 100]})
+    world = World.given(spec)
+    world.run_until(at_stage("cpu", 1))
+    world.change_spec(
+        spec.model_copy(update={"replicas": 6, "rollout": spec.rollout.model_copy(update={"step_duration": "20m"})})
+    )
+    world.tick()
+    assert world.phase is Phase.BASELINE
+    assert world.events[-1].reason == "SpecChanged"

@@ -843,6 +843,17 @@ class KVOffloadPolicyStatus(Status):
         default_factory=dict, description="Manual-control annotation values already acted on."
     )
     message: str = Field(default="", description="A one-line summary.")
+    replicas: int | None = Field(
+        default=None, description="Engine replicas the policy's Deployments run now, every level together (/scale)."
+    )
+    selector: str | None = Field(
+        default=None, description="Label selector of every engine pod of the policy (/scale, for HPA and KEDA)."
+    )
+    spec_digest: str | None = Field(
+        default=None,
+        description="Digest of the spec without replicas: a change of replicas alone resizes the shares, "
+        "any other change starts a new ladder.",
+    )
     # Display strings for `kubectl get kvop`: printer columns take one JSONPath and cannot join or format.
     tiers_summary: str = Field(
         default="",

@@ -60,6 +60,7 @@ from kvoffload.api.conventions import (
     ANNOTATION_APPLIED,
     ANNOTATION_LEVEL_INDEX,
     LABEL_CONFIG_HASH,
+    LABEL_POLICY,
     LEGACY_DEPLOYMENT_ROLES,
 )
 from kvoffload.api.errors import FieldError, PolicyError
@@ -274,7 +275,12 @@ class Controller:
         decided = decide(spec, ctx.status, observations, ctx.now)
         variants = decided.variants
         assert variants is not None  # decide always plans Deployments
-        status = decided.status.model_copy(update={"host_memory": _host_memory(policy, ladder, variants)})
+        status = decided.status.model_copy(
+            update={
+                "host_memory": _host_memory(policy, ladder, variants),
+                "selector": f"{LABEL_POLICY}={ctx.ref.name}",  # every engine of the policy, whatever its level
+            }
+        )
         plan = Plan(status=status, variants=variants, events=decided.events, requeue_after=decided.requeue_after)
         await self._apply_deployments(ctx, policy, ladder, variants, owned)
         await self._apply_shared(ctx, policy)

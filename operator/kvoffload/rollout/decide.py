@@ -78,10 +78,15 @@ The rules (docs/design.md, "The ladder" and "Analysis"):
   name is gone, the nearest level below it in the old ladder whose name is
   still there (never the canary-only pilot), else GPU-only. A manual pause
   is kept.
+- **Replicas changed alone** (``/scale``: a new generation whose spec differs only in
+  ``replicas``, by ``status.specDigest``): no new ladder; the stage and its clock stay, and the
+  shares follow the new count by the step's percentage, paced.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -461,7 +466,8 @@ def decide(
 
     if current.stable is None or current.stage is None:
         return _write(ctx, _start_fresh(ctx))
-    if observations.generation != current.observed_generation or current.ladder != [lv.name for lv in ladder]:
+    changed = observations.generation != current.observed_generation or current.ladder != [lv.name for lv in ladder]
+    if changed and not _resized_only(ctx):  # a change of replicas alone (/scale) resizes the shares in place
         return _write(ctx, _new_spec(ctx))
     mode = _mode_of(current)
     if mode is None:
@@ -610,6 +616,22 @@ def _start_fresh(ctx: _Ctx) -> _Outcome:
     seen = {k: v for k in MANUAL_ANNOTATIONS if (v := ctx.obs.annotations.get(k, ""))}
     outcome = _start_ladder(ctx, level, Reason.NEW_LADDER, f"{why}ladder {' → '.join(lv.name for lv in ctx.ladder)}")
     return replace(outcome, seen=seen, paused=False)
+
+
+def spec_digest(spec: KVOffloadPolicySpec) -> str:
+    """A digest of everything in the spec but ``replicas`` (what /scale changes)."""
+    text = json.dumps(spec.model_dump(mode="json", by_alias=True, exclude={"replicas"}), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _resized_only(ctx: _Ctx) -> bool:
+    """The new generation changed ``replicas`` and nothing else (an autoscaler through /scale): the ladder
+    goes on where it is, and the shares follow the new count by the step's percentages. Not after an
+    invalid generation: a fixed spec starts a new ladder, as any other change does."""
+    same_ladder = ctx.status.ladder == [lv.name for lv in ctx.ladder]
+    digest = ctx.status.spec_digest
+    was_invalid = cond.is_true(ctx.status.conditions, INVALID)
+    return same_ladder and not was_invalid and digest is not None and digest == spec_digest(ctx.spec)
 
 
 def _new_spec(ctx: _Ctx) -> _Outcome:
@@ -1013,6 +1035,8 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
         history=history[-HISTORY_LIMIT:],
         annotations_seen=dict(seen),
         message=o.message,
+        replicas=paced.total_replicas,
+        spec_digest=spec_digest(ctx.spec),
         **_display(o, last_analysis),
     )
     event = o.event
