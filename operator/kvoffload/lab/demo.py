@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import shutil
@@ -387,6 +388,8 @@ class DemoResult:
     timeline: Any  # report.Timeline
     report_files: dict[str, str]
     problems: list[str]
+    summary: dict[str, Any] | None = None
+    """What the kubelet stand-in counted: podsStarted, minReadyReplicas, Ready engines per level over time."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -398,6 +401,7 @@ class DemoResult:
             "problems": self.problems,
             "report": self.report_files,
             "status": self.status,
+            "summary": self.summary,
             "timeline": self.timeline.to_json(),
         }
 
@@ -472,6 +476,7 @@ async def run_demo(
             spec.prometheus.extra_matchers,
         )
         interval = parse_duration(spec.analysis.interval)
+        census, replicas = cluster.kubelet.census, spec.replicas
         started_wall = datetime.now(UTC)
         start = time.monotonic()
         operator = start_operator(cluster)
@@ -514,9 +519,16 @@ async def run_demo(
                 obj = cluster.get(f"{API_GROUP}/{API_VERSION}", KIND, namespace, name) or {}
                 raw_status = obj.get("status")
                 status = KVOffloadPolicyStatus.model_validate(raw_status) if raw_status else None
+                if status is not None:  # stable and canary are the config hashes status gives those roles
+                    target = dataclasses.replace(
+                        target,
+                        stable_hash=status.stable.config_hash if status.stable is not None else None,
+                        canary_hash=status.canary.config_hash if status.canary is not None else None,
+                    )
                 measured = (await asyncio.to_thread(provider.measure, [target])).get(target.key)
                 sample = sample_from(now, status, measured)
                 timeline.samples.append(sample)
+                cluster.kubelet.census.sample(now, name, cluster.kubelet.engines.values())
                 if status is not None:
                     fresh = decisions_from(status.history, started_wall)
                     for d in fresh[seen:]:
@@ -581,6 +593,7 @@ async def run_demo(
         timeline=timeline,
         report_files={"png": str(files.png), "markdown": str(files.markdown), "html": str(files.html)},
         problems=problems if not verdict.ok else [],
+        summary=census.to_json(name, replicas),
     )
 
 

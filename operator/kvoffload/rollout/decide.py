@@ -26,8 +26,9 @@ The rules (docs/design.md, "The ladder" and "Analysis"):
   maxSurge)`` (``replicas`` itself across a promotion to 100% with ``maxSurge
   >= 1``); pods that are not Ready go first and cost nothing. With ``maxSurge:
   0`` there is no spare GPU, so a swap takes a Ready pod away before its
-  replacement is Ready; the transition's Event says so (CapacityDip). A failing
-  canary (a rollback, an abort, a new spec) goes at once, not paced.
+  replacement is Ready; the transition's Event says so (CapacityDip). A canary
+  with a hard failure goes at once; after a sustained breach, an abort or a new
+  spec it drains, paced, as the stable level's pods become Ready.
 - **Promotion.** The level then takes ``promotionSteps`` percent of the
   replicas (``ceil(pct × replicas / 100)``, at least ``canaryReplicas``; a step
   that would not add a replica is skipped). Every step lasts ``stepDuration``
@@ -432,7 +433,7 @@ class _Outcome:
     new_ladder: bool = False
     """A new ladder starts: the old ladder's preflight verdict is dropped."""
     drop_canary: bool = False
-    """The running canary goes at once, not paced (a rollback, an abort, a new spec)."""
+    """The running canary goes at once, not paced (a hard failure: its pods are broken)."""
 
 
 def decide(
@@ -641,7 +642,7 @@ def _new_spec(ctx: _Ctx) -> _Outcome:
     outcome = _start_ladder(
         ctx, level, Reason.SPEC_CHANGED, f"generation {old} → {ctx.obs.generation}: {dropped}stable level {level.name}"
     )
-    return replace(outcome, drop_canary=True)
+    return outcome  # the old canary drains, paced, as the new ladder's stable level grows Ready
 
 
 def _start_ladder(ctx: _Ctx, level: Level, reason: Reason, why: str) -> _Outcome:
@@ -874,7 +875,9 @@ def _roll_back(ctx: _Ctx, mode: Mode, reason: Reason, why: str) -> _Outcome:
         decision=Decision.ROLLBACK,
         paused=False,
         inconclusive=False,
-        drop_canary=True,
+        # A broken canary goes at once; a healthy-but-slow one (a breach, an abort) drains as the stable level's
+        # pods become Ready: at the last step with maxSurge 0 it holds every Ready replica (Flagger #1932).
+        drop_canary=reason not in (Reason.ANALYSIS_FAILED, Reason.ABORTED),
     )
 
 
