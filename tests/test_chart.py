@@ -301,7 +301,8 @@ def test_a_default_install_watches_every_namespace_standalone_through_a_cluster_
         "--standalone",
         "--metrics-port=8080",
         "--policy-label=kvoffload_io_policy",
-        "--variant-label=kvoffload_io_variant",
+        "--level-label=kvoffload_io_level",
+        "--config-hash-label=kvoffload_io_config_hash",
     ]
     assert container(objs)["image"] == "ghcr.io/kvoffload/kvoffload:0.1.0"  # the appVersion
     deployment = only(objs, "Deployment")
@@ -362,12 +363,12 @@ def test_peering_crds_can_be_left_to_another_release(chart: helm.Chart) -> None:
 
 
 def test_the_values_reach_the_operator_flags_and_the_pod(chart: helm.Chart) -> None:
-    values = INSTALLS["everything-set"] | {"seriesLabels": {"policy": "policy", "variant": "track"}}
+    values = INSTALLS["everything-set"] | {"seriesLabels": {"policy": "policy", "level": "tier", "configHash": "build"}}
     objs = render(chart, values)
     args = container(objs)["args"]
     assert "--prometheus-url=http://prometheus.monitoring:9090" in args
     assert "--verbose" in args
-    assert {"--policy-label=policy", "--variant-label=track"} <= set(args)
+    assert {"--policy-label=policy", "--level-label=tier", "--config-hash-label=build"} <= set(args)
     pod = only(objs, "Deployment")["spec"]["template"]
     assert pod["metadata"]["annotations"] == values["podAnnotations"]
     assert pod["spec"]["nodeSelector"] == values["nodeSelector"]
@@ -393,9 +394,10 @@ def test_the_arguments_of_each_install_parse_as_kvoffload_run_options(chart: hel
     assert params["all_namespaces"] is not bool(values["watchNamespaces"])
     assert params["standalone"] is not values["peering"]["enabled"]
     assert params["metrics_port"] == (values["metrics"]["port"] if values["metrics"]["enabled"] else 0)
-    assert (params["policy_label"], params["variant_label"]) == (
+    assert (params["policy_label"], params["level_label"], params["config_hash_label"]) == (
         values["seriesLabels"]["policy"],
-        values["seriesLabels"]["variant"],
+        values["seriesLabels"]["level"],
+        values["seriesLabels"]["configHash"],
     )
     assert params["prometheus_url"] == (values["prometheusUrl"] or None)
     assert params["verbose"] is values["verbose"]
@@ -511,7 +513,7 @@ def free_port() -> int:
 
 
 CHILDREN = (
-    ("apps/v1", "Deployment", "chat-stable"),
+    ("apps/v1", "Deployment", "chat-gpu-only"),
     ("v1", "Service", "chat"),
     ("monitoring.coreos.com/v1", "PodMonitor", "chat"),
 )

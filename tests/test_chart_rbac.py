@@ -391,7 +391,7 @@ def scenario(run: Scenario, tag: str) -> None:
         lambda: FINALIZER in ((get("kvoffloadpolicy", chat, TEAM) or {}).get("metadata") or {}).get("finalizers", []),
     )
     run.until("the status (the ConfigMap read)", lambda: run.status(chat, TEAM).get("phase") == "Baseline")
-    run.until("the stable Deployment", lambda: get("deployment", f"{chat}-stable", TEAM))
+    run.until("the stable (gpu-only) Deployment", lambda: get("deployment", f"{chat}-gpu-only", TEAM))
     run.until("the Service", lambda: get("service", chat, TEAM))
     run.until("the PodMonitor", lambda: get("podmonitor", chat, TEAM))
     run.until("the policy's own token sent to Prometheus", lambda: f"Bearer {TEAM_TOKEN}" in run.recorder.tokens)
@@ -400,9 +400,9 @@ def scenario(run: Scenario, tag: str) -> None:
     )
 
     run.annotate(chat, TEAM, PROMOTE, "1")
-    run.until("the canary Deployment after a manual promote", lambda: get("deployment", f"{chat}-canary", TEAM))
+    run.until("the canary (cpu) Deployment after a manual promote", lambda: get("deployment", f"{chat}-cpu", TEAM))
     run.annotate(chat, TEAM, ABORT, "1")
-    run.until("the canary deleted after an abort", lambda: get("deployment", f"{chat}-canary", TEAM) is None)
+    run.until("the canary deleted after an abort", lambda: get("deployment", f"{chat}-cpu", TEAM) is None)
 
     # RolledBack ignores a pause and says so in an Event: the same value twice is the same Event, counted.
     for value in ("a", "b", "a"):
@@ -472,7 +472,7 @@ def test_the_operator_with_the_charts_service_account_runs_a_policy_through_ever
     assert run.operator.forbidden() == []
     # The children went with the policy, through the real garbage collector.
     chat = f"chat-{installed.runs[0]}"
-    for kind, name in (("deployment", f"{chat}-stable"), ("service", chat), ("podmonitor", chat)):
+    for kind, name in (("deployment", f"{chat}-gpu-only"), ("service", chat), ("podmonitor", chat)):
         wait_for(lambda kind=kind, name=name: run.get(kind, name, TEAM) is None, f"{kind} {name} collected", 60)
 
 

@@ -147,7 +147,7 @@ async def test_kvoffload_run_never_loads_a_lab_module(kube: EmulatedCluster, tmp
         await kube.emulator.create_object(policy_manifest("chat", "default", spec=spec))
 
         def stable_deployment() -> bool:
-            return kube.emulator.read_object("apps/v1", "Deployment", "default", "chat-stable") is not None
+            return kube.emulator.read_object("apps/v1", "Deployment", "default", "chat-gpu-only") is not None
 
         await wait_for(stable_deployment, "the operator to render the stable Deployment", 30)
         process.terminate()

@@ -29,10 +29,10 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import requests  # noqa: E402
-from tests.support.prometheus import PrometheusServer, SyntheticEngine, SyntheticFleet  # noqa: E402
+from tests.support.prometheus import PrometheusServer, SyntheticEngine, SyntheticFleet, synthetic_target  # noqa: E402
 
 from kvoffload.analysis.dialects import NEWEST  # noqa: E402
-from kvoffload.analysis.prometheus import PrometheusProvider, Target, build_queries  # noqa: E402
+from kvoffload.analysis.prometheus import PrometheusProvider, build_queries  # noqa: E402
 
 WINDOW = "20s"
 SCRAPE_INTERVAL_S = 2.0
@@ -97,7 +97,7 @@ def bench_size(policies: int, runs: int, workdir: Path, naive_max: int) -> dict[
             check=lambda r: float(r[0]["value"][1]) >= 2 * policies,
         )
         provider = PrometheusProvider(server.url, timeout=60)
-        targets = [Target("llm", f"policy-{i:04d}", WINDOW) for i in range(policies)]
+        targets = [synthetic_target("llm", f"policy-{i:04d}", WINDOW) for i in range(policies)]
 
         provider.measure(targets)  # warm the connection and Prometheus's caches
         latencies: list[float] = []
@@ -129,7 +129,8 @@ def bench_size(policies: int, runs: int, workdir: Path, naive_max: int) -> dict[
         naive: dict[str, Any] = {}
         if policies <= naive_max:
             per_policy = [
-                Target("llm", t.policy, WINDOW, extra_matchers=f'kvoffload_io_policy="{t.policy}"') for t in targets
+                synthetic_target("llm", t.policy, WINDOW, extra_matchers=f'kvoffload_io_policy="{t.policy}"')
+                for t in targets
             ]
             before = provider.queries
             start = time.perf_counter()

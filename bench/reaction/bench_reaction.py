@@ -113,12 +113,12 @@ async def one_run(
                 return bool(canary.get("ready")) and analysis.get("verdict") == "Pass"
 
             await wait_for(canary_serving, "a Ready cpu canary with a Pass verdict", 90)
-            (engine,) = cluster.pods(f"kvoffload.io/policy={NAME},kvoffload.io/variant=canary")
+            (engine,) = cluster.pods(f"kvoffload.io/policy={NAME},kvoffload.io/level=cpu")  # the cpu canary
             # Inject at a random phase of the scrape and analysis cycles: waiting on a fresh
             # verdict above would otherwise always land just after an analysis.
             await asyncio.sleep(phase_rng.uniform(0.0, SCRAPE_INTERVAL_S + interval))
             injected = time.monotonic()
-            await cluster.set_faults("kvoffload.io/variant=canary", {"ttft_multiplier": TTFT_FACTOR})
+            await cluster.set_faults("kvoffload.io/level=cpu", {"ttft_multiplier": TTFT_FACTOR})
             # The first slow request: a probe straight to the canary engine.
             async with aiohttp.ClientSession() as session:
                 body = {"model": NAME, "prompt": prompt_tokens(requests[0], SCALE), "max_tokens": 1}

@@ -12,12 +12,12 @@ import pytest
 
 from kvoffload.analysis.assess import LIVE_CONFIG, Measurements, assess
 from kvoffload.analysis.dialects import dialect_for
-from kvoffload.analysis.prometheus import PrometheusProvider, Target
+from kvoffload.analysis.prometheus import PrometheusProvider
 from kvoffload.api.quantity import GIB
 from kvoffload.api.types import AnalysisSpec
 from kvoffload.policy.ladder import Level
 from tests.support.engines import start_engines, stop_engines
-from tests.support.prometheus import PrometheusServer, require_prometheus
+from tests.support.prometheus import PrometheusServer, require_prometheus, synthetic_target
 
 pytestmark = pytest.mark.prometheus
 
@@ -38,13 +38,13 @@ def test_an_engine_that_allocated_a_quarter_of_its_rendered_half_gib_fails_the_l
     )
     try:
         short, right = engines
-        prometheus.add_engine(short.target, policy="short", variant="canary")
-        prometheus.add_engine(right.target, policy="right", variant="canary")
+        prometheus.add_engine(short.target, policy="short", level="canary", config_hash="canary")
+        prometheus.add_engine(right.target, policy="right", level="canary", config_hash="canary")
         prometheus.wait_for_series("vllm:kv_offload_config_info", deadline=60, count=2)
 
         provider = PrometheusProvider(prometheus.url)
         v033 = dialect_for("0.33.0")
-        got = provider.measure([Target("llm", name, "10s", dialect=v033) for name in ("short", "right")])
+        got = provider.measure([synthetic_target("llm", name, "10s", dialect=v033) for name in ("short", "right")])
         results = {}
         for name in ("short", "right"):
             measured = got[("llm", name)]

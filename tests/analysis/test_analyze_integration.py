@@ -23,12 +23,13 @@ from click.testing import CliRunner
 
 from kvoffload.analysis.assess import EXTERNAL_SHARE, TTFT_RATIO, Assessment, assess, record_verdict, sustained
 from kvoffload.analysis.prometheus import PrometheusProvider, Target
-from kvoffload.api.types import AnalysisStatus, Verdict
+from kvoffload.api.types import AnalysisStatus, KVOffloadPolicy, Verdict
 from kvoffload.cli.main import main
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
+from kvoffload.policy.render import config_hash
 from tests.support.engines import Engine, start_engines, stop_engines
-from tests.support.prometheus import PrometheusServer, require_prometheus, wait_until
+from tests.support.prometheus import PrometheusServer, require_prometheus, synthetic_target, wait_until
 
 pytestmark = pytest.mark.prometheus
 
@@ -92,7 +93,19 @@ class Fleet:
     loads: list[ReuseWorkload]
 
     def target(self, **kwargs: object) -> Target:
-        return Target("llm", self.name, f"{WINDOW_S}s", **kwargs)  # type: ignore[arg-type]
+        ladder = build_ladder(self.policy.spec)
+        return Target(
+            "llm",
+            self.name,
+            f"{WINDOW_S}s",
+            stable_hash=config_hash(self.policy, ladder[0]),
+            canary_hash=config_hash(self.policy, ladder[-1]),
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    @property
+    def policy(self) -> KVOffloadPolicy:
+        return load_policy(self.policy_file)
 
     def cycle(self, provider: PrometheusProvider, *, warmed_up: bool = True) -> Assessment:
         policy = load_policy(self.policy_file)
@@ -102,16 +115,19 @@ class Fleet:
 
 
 def start_fleet(name: str, prometheus: PrometheusServer, tmp_path: Path) -> Iterator[Fleet]:
-    canary, stable = start_engines([[*ENGINE_ARGS, *OFFLOAD_ARGS], ENGINE_ARGS], log_dir=tmp_path)
-    prometheus.add_engine(canary.target, policy=name, variant="canary")
-    prometheus.add_engine(stable.target, policy=name, variant="stable")
-    loads = [ReuseWorkload(canary, seed=1), ReuseWorkload(stable, seed=1)]  # the same prompts on both
-    for load in loads:
-        load.thread.start()
     policy_file = tmp_path / f"{name}.yaml"
     policy_file.write_text(
         POLICY_YAML.format(name=name, window=WINDOW_S, sustained=int(SUSTAINED_FOR_S), url=prometheus.url)
     )
+    policy = load_policy(policy_file)
+    gpu_only, cpu = build_ladder(policy.spec)[0], build_ladder(policy.spec)[-1]
+    canary, stable = start_engines([[*ENGINE_ARGS, *OFFLOAD_ARGS], ENGINE_ARGS], log_dir=tmp_path)
+    # labelled as the PodMonitor labels the pods: level and config hash, as `analyze` selects them
+    prometheus.add_engine(canary.target, policy=name, level=cpu.name, config_hash=config_hash(policy, cpu))
+    prometheus.add_engine(stable.target, policy=name, level=gpu_only.name, config_hash=config_hash(policy, gpu_only))
+    loads = [ReuseWorkload(canary, seed=1), ReuseWorkload(stable, seed=1)]  # the same prompts on both
+    for load in loads:
+        load.thread.start()
     try:
         # increase() needs samples across the whole window, or it extrapolates from a part of it.
         prometheus.wait_for_series(
@@ -223,7 +239,7 @@ def test_a_stopped_prometheus_is_inconclusive_not_a_failure(prometheus: Promethe
     policy_file.write_text(POLICY_YAML.format(name="chat", window=WINDOW_S, sustained=3, url=prometheus.url))
     policy = load_policy(policy_file)
     provider = PrometheusProvider(prometheus.url, retries=0, timeout=2)
-    target = Target("llm", "chat", f"{WINDOW_S}s")
+    target = synthetic_target("llm", "chat", f"{WINDOW_S}s")
     assert provider.measure([target])[target.key].error is None
 
     prometheus.stop()

@@ -40,7 +40,7 @@ class RecordingProvider:
 
 
 def target(name: str, namespace: str = "llm") -> Target:
-    return Target(namespace=namespace, policy=name, window="1m", with_canary=False)
+    return Target(namespace=namespace, policy=name, window="1m", stable_hash="stable")
 
 
 async def test_concurrent_policies_share_one_provider_call() -> None:

@@ -22,7 +22,6 @@ from kvoffload.analysis.prometheus import (
     WORKLOAD_QUERIES,
     LabelNames,
     PrometheusProvider,
-    Target,
     build_queries,
     promql_duration,
 )
@@ -37,6 +36,7 @@ from tests.support.prometheus import (
     expected_p99,
     expected_quantile,
     require_prometheus,
+    synthetic_target,
 )
 
 CAPTURE = paths.VLLM_CAPTURE
@@ -45,7 +45,7 @@ WINDOW = "10s"
 # --- the queries --------------------------------------------------------------
 
 
-def test_every_query_selects_all_policies_and_groups_by_policy_and_variant() -> None:
+def test_every_query_selects_all_policies_and_groups_by_policy_level_and_config_hash() -> None:
     queries = build_queries("2m", NEWEST)
     assert [q.field for q in queries] == [
         "requests",
@@ -62,11 +62,12 @@ def test_every_query_selects_all_policies_and_groups_by_policy_and_variant() -> 
     ]
     for query in queries:
         assert 'kvoffload_io_policy!=""' in query.expr
-        assert "namespace, kvoffload_io_policy, kvoffload_io_variant" in query.expr
+        assert "namespace, kvoffload_io_policy, kvoffload_io_level, kvoffload_io_config_hash" in query.expr
         assert "[120s]" in query.expr or query.field in ("config", "offload_allocated")
     ttft = next(q for q in queries if q.field == "ttft_p99").expr
     assert ttft == (
-        "histogram_quantile(0.99, sum by (le, namespace, kvoffload_io_policy, kvoffload_io_variant) "
+        "histogram_quantile(0.99, sum by (le, namespace, kvoffload_io_policy, kvoffload_io_level, "
+        "kvoffload_io_config_hash) "
         '(rate(vllm:time_to_first_token_seconds_bucket{kvoffload_io_policy!=""}[120s])))'
     )
 
@@ -77,7 +78,7 @@ def test_the_workload_flag_adds_its_queries_after_the_usual_ones() -> None:
     assert with_workload[: len(plain)] == plain  # the cycle without the flag is untouched
     added = {q.field: q.expr for q in with_workload[len(plain) :]}
     assert len(added) == WORKLOAD_QUERIES == 8
-    by = "namespace, kvoffload_io_policy, kvoffload_io_variant"
+    by = "namespace, kvoffload_io_policy, kvoffload_io_level, kvoffload_io_config_hash"
     sel = '{kvoffload_io_policy!=""}'
     # Four histograms as bucket rates by le: p50, p95 and p99 are interpolated client-side (4 queries, not 12).
     assert added["workload.prompt_tokens"] == f"sum by (le, {by}) (rate(vllm:request_prompt_tokens_bucket{sel}[120s]))"
@@ -98,10 +99,10 @@ def test_the_workload_flag_adds_its_queries_after_the_usual_ones() -> None:
 
 
 def test_renamed_labels_and_extra_matchers_reach_every_query() -> None:
-    labels = LabelNames(policy="app_policy", variant="track", namespace="ns")
+    labels = LabelNames(policy="app_policy", level="tier", config_hash="build", namespace="ns")
     for query in build_queries("30s", NEWEST, 'cluster="prod"', labels, workload=True):
         assert 'app_policy!="", cluster="prod"' in query.expr
-        assert "ns, app_policy, track" in query.expr
+        assert "ns, app_policy, tier, build" in query.expr
         assert "kvoffload_io" not in query.expr
 
 
@@ -172,7 +173,7 @@ def closed_port() -> int:
 
 
 def measure_one(provider: PrometheusProvider) -> Measurements:
-    return provider.measure([Target("llm", "chat", WINDOW)])[("llm", "chat")]
+    return provider.measure([synthetic_target("llm", "chat", WINDOW)])[("llm", "chat")]
 
 
 def test_a_refused_connection_gives_an_error_not_an_exception(closed_port: int) -> None:
@@ -286,7 +287,9 @@ def scraped_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Promethe
 @pytest.mark.prometheus
 def test_the_provider_reads_each_variant_of_each_policy(scraped_fleet: PrometheusServer) -> None:
     provider = PrometheusProvider(scraped_fleet.url)
-    got = provider.measure([Target("llm", "chat", WINDOW), Target("other", "chat", WINDOW, with_canary=False)])
+    got = provider.measure(
+        [synthetic_target("llm", "chat", WINDOW), synthetic_target("other", "chat", WINDOW, with_canary=False)]
+    )
 
     chat = got[("llm", "chat")]
     assert chat.error is None
@@ -320,7 +323,7 @@ def test_the_provider_reads_each_variant_of_each_policy(scraped_fleet: Prometheu
 @pytest.mark.prometheus
 def test_a_baseline_target_gets_the_workload_figures_of_a_known_workload(scraped_fleet: PrometheusServer) -> None:
     provider = PrometheusProvider(scraped_fleet.url)
-    got = provider.measure([Target("llm", "warm", WINDOW, with_canary=False, workload=True)])[("llm", "warm")]
+    got = provider.measure([synthetic_target("llm", "warm", WINDOW, with_canary=False, workload=True)])[("llm", "warm")]
 
     assert got.error is None
     assert got.stable is not None
@@ -347,7 +350,7 @@ def test_a_baseline_target_gets_the_workload_figures_of_a_known_workload(scraped
 def test_workload_quantiles_equal_prometheus_histogram_quantile(scraped_fleet: PrometheusServer) -> None:
     at = time.time()  # one instant for both, so the windows are the same
     provider = PrometheusProvider(scraped_fleet.url, clock=lambda: at)
-    w = provider.measure([Target("llm", "warm", WINDOW, with_canary=False, workload=True)])[("llm", "warm")]
+    w = provider.measure([synthetic_target("llm", "warm", WINDOW, with_canary=False, workload=True)])[("llm", "warm")]
     assert w.stable is not None
     assert w.stable.workload is not None
     for name, figures in (
@@ -369,15 +372,15 @@ def test_the_workload_queries_are_sent_once_per_group_and_only_when_asked(scrape
     provider = PrometheusProvider(scraped_fleet.url)
     plain = len(build_queries(WINDOW, NEWEST))
 
-    provider.measure([Target("llm", "chat", WINDOW), Target("llm", "code", WINDOW)])
+    provider.measure([synthetic_target("llm", "chat", WINDOW), synthetic_target("llm", "code", WINDOW)])
     assert provider.queries == plain  # no target in its baseline: the cycle is what it always was
 
     before = provider.queries
     got = provider.measure(
         [
-            Target("llm", "chat", WINDOW),
-            Target("llm", "warm", WINDOW, with_canary=False, workload=True),
-            Target("other", "chat", WINDOW, with_canary=False, workload=True),
+            synthetic_target("llm", "chat", WINDOW),
+            synthetic_target("llm", "warm", WINDOW, with_canary=False, workload=True),
+            synthetic_target("other", "chat", WINDOW, with_canary=False, workload=True),
         ]
     )
     assert provider.queries - before == plain + WORKLOAD_QUERIES  # one workload set for the whole group
@@ -392,7 +395,9 @@ def test_the_workload_queries_are_sent_once_per_group_and_only_when_asked(scrape
 
 @pytest.mark.prometheus
 def test_a_policy_without_series_has_empty_samples(scraped_fleet: PrometheusServer) -> None:
-    result = PrometheusProvider(scraped_fleet.url).measure([Target("llm", "absent", WINDOW)])[("llm", "absent")]
+    result = PrometheusProvider(scraped_fleet.url).measure([synthetic_target("llm", "absent", WINDOW)])[
+        ("llm", "absent")
+    ]
     assert result.error is None
     assert result.canary is not None
     assert result.canary.requests is None
@@ -403,28 +408,34 @@ def test_a_policy_without_series_has_empty_samples(scraped_fleet: PrometheusServ
 @pytest.mark.prometheus
 def test_queries_per_cycle_do_not_grow_with_the_number_of_policies(scraped_fleet: PrometheusServer) -> None:
     provider = PrometheusProvider(scraped_fleet.url)
-    provider.measure([Target("llm", "chat", WINDOW)])
+    provider.measure([synthetic_target("llm", "chat", WINDOW)])
     one = provider.queries
-    provider.measure([Target("llm", "chat", WINDOW), Target("llm", "code", WINDOW), Target("other", "chat", WINDOW)])
+    provider.measure(
+        [
+            synthetic_target("llm", "chat", WINDOW),
+            synthetic_target("llm", "code", WINDOW),
+            synthetic_target("other", "chat", WINDOW),
+        ]
+    )
     three = provider.queries - one
     assert one == three == len(build_queries(WINDOW, NEWEST))
 
     before = provider.queries
-    provider.measure([Target("llm", "chat", WINDOW), Target("llm", "code", "20s")])
+    provider.measure([synthetic_target("llm", "chat", WINDOW), synthetic_target("llm", "code", "20s")])
     assert provider.queries - before == 2 * one  # one set of queries per distinct window
 
 
 @pytest.mark.prometheus
 def test_present_metric_names_confirm_the_dialect(scraped_fleet: PrometheusServer) -> None:
     provider = PrometheusProvider(scraped_fleet.url)
-    names = provider.present_metric_names(Target("llm", "chat", WINDOW))
+    names = provider.present_metric_names(synthetic_target("llm", "chat", WINDOW))
     assert "vllm:time_to_first_token_seconds_bucket" in names
     assert "vllm:inter_token_latency_seconds_count" in names
     assert not any(n.startswith("up") for n in names)
     # An image tag that claims 0.10 is corrected to the names the engines really export.
     confirmed = confirm_dialect(dialect_for("0.10.0"), set(names))
     assert confirmed.itl == "vllm:inter_token_latency_seconds"
-    assert provider.present_metric_names(Target("llm", "absent", WINDOW)) == frozenset()
+    assert provider.present_metric_names(synthetic_target("llm", "absent", WINDOW)) == frozenset()
 
 
 @pytest.mark.prometheus

@@ -15,11 +15,17 @@ import pytest
 
 from kvoffload.analysis.assess import LIVE_CONFIG, assess
 from kvoffload.analysis.dialects import dialect_for
-from kvoffload.analysis.prometheus import PrometheusProvider, Target
+from kvoffload.analysis.prometheus import PrometheusProvider
 from kvoffload.api.quantity import GIB
 from kvoffload.api.types import AnalysisSpec, MetricResult, SecondaryTier, Verdict
 from kvoffload.policy.ladder import Level
-from tests.support.prometheus import PrometheusServer, SyntheticEngine, SyntheticFleet, require_prometheus
+from tests.support.prometheus import (
+    PrometheusServer,
+    SyntheticEngine,
+    SyntheticFleet,
+    require_prometheus,
+    synthetic_target,
+)
 
 WINDOW = "10s"
 V033 = dialect_for("0.33.0")
@@ -69,7 +75,7 @@ def tiered_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Prometheu
 
 def judge(server: PrometheusServer, policy: str) -> tuple[Verdict, dict[str, MetricResult], str]:
     provider = PrometheusProvider(server.url)
-    measured = provider.measure([Target("llm", policy, WINDOW, dialect=V033)])[("llm", policy)]
+    measured = provider.measure([synthetic_target("llm", policy, WINDOW, dialect=V033)])[("llm", policy)]
     assert measured.error is None
     spec = AnalysisSpec(minRequests=10)
     result = assess(spec, NVME, measured, warmed_up=True)
@@ -79,7 +85,7 @@ def judge(server: PrometheusServer, policy: str) -> tuple[Verdict, dict[str, Met
 @pytest.mark.prometheus
 def test_the_provider_reads_per_tier_chunk_counters_and_the_allocated_tier(tiered_fleet: PrometheusServer) -> None:
     provider = PrometheusProvider(tiered_fleet.url)
-    got = provider.measure([Target("llm", "warm", WINDOW, dialect=V033)])[("llm", "warm")]
+    got = provider.measure([synthetic_target("llm", "warm", WINDOW, dialect=V033)])[("llm", "warm")]
     assert got.canary is not None
     assert got.stable is not None
     canary = got.canary

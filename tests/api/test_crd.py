@@ -89,7 +89,15 @@ def test_names_scope_version_and_status_subresource() -> None:
     )
     (version,) = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1alpha1", True, True)
-    assert version["subresources"] == {"status": {}}
+    assert version["subresources"] == {
+        "status": {},
+        # HPA and KEDA scale a policy through /scale (tests/api/test_scale_subresource.py)
+        "scale": {
+            "specReplicasPath": ".spec.replicas",
+            "statusReplicasPath": ".status.replicas",
+            "labelSelectorPath": ".status.selector",
+        },
+    }
 
 
 def test_printer_columns_point_at_fields_the_schema_keeps() -> None:

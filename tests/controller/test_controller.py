@@ -102,7 +102,9 @@ class CraftedProvider:
 
     def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
         self.calls.append(list(targets))
-        return {t.key: Measurements(canary=HEALTHY if t.with_canary else None, stable=HEALTHY) for t in targets}
+        return {
+            t.key: Measurements(canary=HEALTHY if t.canary_hash is not None else None, stable=HEALTHY) for t in targets
+        }
 
     def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
         return frozenset()
@@ -219,9 +221,9 @@ async def in_canary(kube: EmulatedCluster, controller: Controller, clock: Clock)
     """A policy past its baseline, its canary started; returns the stable Deployment as it was before."""
     await create_policy(kube)
     await controller.reconcile(policy_body(kube))
-    await run_pods(kube, "chat-stable", 4)
-    before = deployment(kube, "chat-stable")
-    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-canary") is not None)
+    await run_pods(kube, "chat-gpu-only", 4)
+    before = deployment(kube, "chat-gpu-only")
+    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-cpu") is not None)
     assert before is not None
     return before
 
@@ -242,14 +244,14 @@ async def test_a_new_policy_gets_its_stable_deployment_service_and_podmonitor_an
     applies = [r for r in kube.emulator if r.method == "PATCH" and r.resource and r.resource.plural != PLURAL]
     assert {r.headers["Content-Type"] for r in applies} == {"application/apply-patch+yaml"}  # server-side apply
     assert {r.params["fieldManager"] for r in applies} == {"kvoffload"}
-    stable = deployment(kube, "chat-stable")
+    stable = deployment(kube, "chat-gpu-only")
     assert stable is not None
-    assert deployment(kube, "chat-canary") is None
+    assert deployment(kube, "chat-cpu") is None
     assert stable["spec"]["replicas"] == 4
     assert stable["spec"]["template"]["metadata"]["labels"][LABEL_LEVEL] == "gpu-only"
     assert stable["metadata"]["labels"][LABEL_CONFIG_HASH] == plan.status.stable.config_hash  # type: ignore[union-attr]
     for api_version, kind, name in (
-        ("apps/v1", "Deployment", "chat-stable"),
+        ("apps/v1", "Deployment", "chat-gpu-only"),
         ("v1", "Service", "chat"),
         ("monitoring.coreos.com/v1", "PodMonitor", "chat"),
     ):
@@ -275,13 +277,13 @@ async def test_after_a_passing_baseline_the_canary_starts_and_stable_shrinks_fir
 ) -> None:
     await create_policy(kube)
     await controller.reconcile(policy_body(kube))
-    await run_pods(kube, "chat-stable", 4)
+    await run_pods(kube, "chat-gpu-only", 4)
     baseline_hash = status_of(kube)["stable"]["configHash"]
 
-    cycles = await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-canary") is not None)
+    cycles = await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-cpu") is not None)
 
     assert cycles == 10  # baselineDuration 10s, one cycle per second
-    canary, stable = deployment(kube, "chat-canary"), deployment(kube, "chat-stable")
+    canary, stable = deployment(kube, "chat-cpu"), deployment(kube, "chat-gpu-only")
     assert canary is not None
     assert stable is not None
     assert canary["spec"]["replicas"] == 1  # canaryReplicas
@@ -290,7 +292,7 @@ async def test_after_a_passing_baseline_the_canary_starts_and_stable_shrinks_fir
     assert stable["metadata"]["labels"][LABEL_CONFIG_HASH] == baseline_hash
     # the shrinking Deployment is written before the growing one: never 5 GPUs at once
     deployment_writes = [(m, n) for m, _, n in writes(kube, "deployments")]
-    assert deployment_writes[-2:] == [("PATCH", "chat-stable"), ("PATCH", "chat-canary")]
+    assert deployment_writes[-2:] == [("PATCH", "chat-gpu-only"), ("PATCH", "chat-cpu")]
     status = status_of(kube)
     assert status["phase"] == "Canary"
     assert status["canary"]["replicas"] == 1
@@ -299,7 +301,7 @@ async def test_after_a_passing_baseline_the_canary_starts_and_stable_shrinks_fir
     assert status["hostMemory"]["request"] == "6Gi"  # the canary's: base 4Gi + 1Gi pool + 1Gi headroom
     # analysis ran only once a stable fleet existed, each time through one batched provider call
     assert len(provider.calls) == 10
-    assert all(len(call) == 1 and not call[0].with_canary for call in provider.calls)
+    assert all(len(call) == 1 and call[0].canary_hash is None for call in provider.calls)
 
 
 async def test_an_oom_killed_canary_rolls_back_on_the_next_reconcile(
@@ -310,7 +312,7 @@ async def test_an_oom_killed_canary_rolls_back_on_the_next_reconcile(
     oom = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
     await run_pods(
         kube,
-        "chat-canary",
+        "chat-cpu",
         1,
         conditions=[{"type": "Ready", "status": "False"}],
         containerStatuses=[{"name": "vllm", "ready": False, "restartCount": 0, "lastState": oom, "state": oom}],
@@ -318,8 +320,8 @@ async def test_an_oom_killed_canary_rolls_back_on_the_next_reconcile(
 
     await controller.reconcile(policy_body(kube))
 
-    assert deployment(kube, "chat-canary") is None
-    stable = deployment(kube, "chat-stable")
+    assert deployment(kube, "chat-cpu") is None
+    stable = deployment(kube, "chat-gpu-only")
     assert stable is not None
     assert stable["metadata"]["labels"][LABEL_CONFIG_HASH] == stable_hash  # the stable level exactly as it was
     assert stable["spec"]["template"] == in_canary["spec"]["template"]
@@ -340,7 +342,7 @@ async def test_an_invalid_spec_goes_invalid_with_the_field_path_and_leaves_deplo
 ) -> None:
     await create_policy(kube)
     await controller.reconcile(policy_body(kube))
-    stable_before = deployment(kube, "chat-stable")
+    stable_before = deployment(kube, "chat-gpu-only")
     broken = chat_spec()
     broken["offload"]["cpu"] = "lots"
     broken["analysis"]["ttftP99"] = "soon"
@@ -358,7 +360,7 @@ async def test_an_invalid_spec_goes_invalid_with_the_field_path_and_leaves_deplo
     assert "spec.analysis.ttftP99" in condition["message"]
     assert status["observedGeneration"] == policy_body(kube)["metadata"]["generation"]
     assert [e.reason for e in await events(kube) if e.type == "Warning"] == ["SpecInvalid"]
-    assert deployment(kube, "chat-stable") == stable_before  # not written, not even touched
+    assert deployment(kube, "chat-gpu-only") == stable_before  # not written, not even touched
 
     writes_before = len(writes(kube))
     clock.advance(1)
@@ -369,7 +371,7 @@ async def test_an_invalid_spec_goes_invalid_with_the_field_path_and_leaves_deplo
 async def test_a_second_reconcile_with_nothing_new_writes_nothing(
     kube: EmulatedCluster, controller: Controller, in_canary: dict[str, Any]
 ) -> None:
-    await run_pods(kube, "chat-canary", 1)
+    await run_pods(kube, "chat-cpu", 1)
     await controller.reconcile(policy_body(kube))  # sees the ready canary
     before = len(writes(kube))
 
@@ -381,9 +383,9 @@ async def test_a_second_reconcile_with_nothing_new_writes_nothing(
 async def test_a_restarted_controller_resumes_the_step_without_a_second_canary(
     kube: EmulatedCluster, provider: CraftedProvider, clock: Clock, controller: Controller, in_canary: dict[str, Any]
 ) -> None:
-    await run_pods(kube, "chat-canary", 1)
+    await run_pods(kube, "chat-cpu", 1)
     status_before = status_of(kube)
-    canary_before = deployment(kube, "chat-canary")
+    canary_before = deployment(kube, "chat-cpu")
     before = len(writes(kube))
 
     restarted = new_controller(kube, provider, clock)
@@ -391,8 +393,8 @@ async def test_a_restarted_controller_resumes_the_step_without_a_second_canary(
     await restarted.reconcile(policy_body(kube))
 
     assert [w for w in writes(kube)[before:] if w[1] == "deployments"] == []
-    assert deployment(kube, "chat-canary") == canary_before
-    assert sorted(await list_deployments(kube)) == ["chat-canary", "chat-stable"]
+    assert deployment(kube, "chat-cpu") == canary_before
+    assert sorted(await list_deployments(kube)) == ["chat-cpu", "chat-gpu-only"]
     status = status_of(kube)
     assert status["phase"] == "Canary"
     assert status["stage"] == status_before["stage"]  # same step, same start
@@ -404,7 +406,7 @@ async def test_a_deployment_someone_else_owns_is_not_taken_over(kube: EmulatedCl
         {
             "apiVersion": "apps/v1",
             "kind": "Deployment",
-            "metadata": {"name": "chat-stable", "namespace": NS, "labels": {"team": "other"}},
+            "metadata": {"name": "chat-gpu-only", "namespace": NS, "labels": {"team": "other"}},
             "spec": {"replicas": 1, "selector": {"matchLabels": {"team": "other"}}, "template": {}},
         }
     )
@@ -413,7 +415,7 @@ async def test_a_deployment_someone_else_owns_is_not_taken_over(kube: EmulatedCl
     with pytest.raises(ReconcileError, match="will not adopt"):
         await controller.reconcile(policy_body(kube))
 
-    theirs = deployment(kube, "chat-stable")
+    theirs = deployment(kube, "chat-gpu-only")
     assert theirs is not None
     assert theirs["spec"]["replicas"] == 1
     assert "ownerReferences" not in theirs["metadata"]
@@ -445,7 +447,7 @@ async def test_a_model_configmap_is_read_through_the_api_and_its_absence_names_t
     assert status_of(kube)["phase"] == "Invalid"
     (condition,) = [c for c in status_of(kube)["conditions"] if c["type"] == "Invalid"]
     assert condition["message"].startswith("spec.model.configMap: ConfigMap llm/private-llm-config not found")
-    assert deployment(kube, "chat-stable") is None
+    assert deployment(kube, "chat-gpu-only") is None
 
     config = {"num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128}
     await kube.emulator.create_object(
@@ -460,7 +462,7 @@ async def test_a_model_configmap_is_read_through_the_api_and_its_absence_names_t
     await controller.reconcile(policy_body(kube))
 
     assert status_of(kube)["phase"] == "Baseline"
-    assert deployment(kube, "chat-stable") is not None
+    assert deployment(kube, "chat-gpu-only") is not None
 
 
 async def test_the_bearer_token_secret_reaches_prometheus_and_its_absence_is_inconclusive(
@@ -651,7 +653,7 @@ class WorkloadProvider(CraftedProvider):
         out = {}
         for t in targets:
             stable = VariantSample(**{**HEALTHY.__dict__, "workload": self.figures if t.workload else None})
-            out[t.key] = Measurements(canary=HEALTHY if t.with_canary else None, stable=stable)
+            out[t.key] = Measurements(canary=HEALTHY if t.canary_hash is not None else None, stable=stable)
         return out
 
 
@@ -669,7 +671,7 @@ async def test_OffloadWillNotPay_holds_the_fleet_on_gpu_only_through_the_control
     controller = new_controller(kube, provider, clock)  # type: ignore[arg-type]
     await create_policy(kube, spec=preflight_spec())
     await controller.reconcile(policy_body(kube))
-    await run_pods(kube, "chat-stable", 4)
+    await run_pods(kube, "chat-gpu-only", 4)
 
     # When the 10 s baseline has run, and 20 more cycles after it
     await reconcile_until(controller, kube, clock, lambda: status_of(kube).get("phase") == "Held")
@@ -678,9 +680,9 @@ async def test_OffloadWillNotPay_holds_the_fleet_on_gpu_only_through_the_control
         await controller.reconcile(policy_body(kube))
 
     # Then no canary was ever created, and every replica stays on GPU-only
-    assert deployment(kube, "chat-canary") is None
-    assert [n for _, _, n in writes(kube, "deployments") if n == "chat-canary"] == []
-    stable = deployment(kube, "chat-stable")
+    assert deployment(kube, "chat-cpu") is None
+    assert [n for _, _, n in writes(kube, "deployments") if n == "chat-cpu"] == []
+    stable = deployment(kube, "chat-gpu-only")
     assert stable is not None
     assert stable["spec"]["replicas"] == 4
     assert stable["spec"]["template"]["metadata"]["labels"][LABEL_LEVEL] == "gpu-only"
@@ -717,7 +719,7 @@ async def test_OffloadWillNotPay_holds_the_fleet_on_gpu_only_through_the_control
     # And a retry takes a new baseline; under memory pressure now, the canary starts
     provider.figures = workload(kv_max=0.97, preemptions=0.3, hits=0.4)
     await kube.emulator.patch_object(POLICY_API, KIND, NS, "chat", {"metadata": {"annotations": {RETRY: "1"}}})
-    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-canary") is not None)
+    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-cpu") is not None)
     status = status_of(kube)
     assert status["phase"] == "Canary"
     will_not_pay = next(c for c in status["conditions"] if c["type"] == "OffloadWillNotPay")
@@ -725,3 +727,156 @@ async def test_OffloadWillNotPay_holds_the_fleet_on_gpu_only_through_the_control
     taken = [e for e in await events(kube) if e.reason == "BaselineTaken"]
     assert "preflight: offload may pay" in taken[-1].message
     assert "max GPU KV usage 97%" in taken[-1].message
+
+
+# --- roles, not pods (issue 9) --------------------------------------------------------------
+
+
+async def sync_pods(kube: EmulatedCluster, names: Sequence[str], made: dict[str, int]) -> None:
+    """Play the ReplicaSet controller for scale-ups: Ready pods of each Deployment's template up to its replicas."""
+    for name in names:
+        dep = deployment(kube, name)
+        if dep is None:
+            continue
+        missing = dep["spec"]["replicas"] - made.get(name, 0)
+        for _ in range(max(0, missing)):
+            suffix = f"{made.get(name, 0)}"
+            made[name] = made.get(name, 0) + 1
+            await _ready_pod(kube, name, dep, suffix)
+
+
+async def _ready_pod(kube: EmulatedCluster, deployment_name: str, dep: dict[str, Any], suffix: str) -> None:
+    name = f"{deployment_name}-p{suffix}"
+    await kube.emulator.create_object(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": name,
+                "namespace": NS,
+                "labels": dep["spec"]["template"]["metadata"]["labels"],
+                "ownerReferences": [
+                    {
+                        "apiVersion": "apps/v1",
+                        "kind": "Deployment",
+                        "name": deployment_name,
+                        "uid": dep["metadata"]["uid"],
+                        "controller": True,
+                    }
+                ],
+            },
+            "spec": copy.deepcopy(dep["spec"]["template"]["spec"]),
+        }
+    )
+    ready = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [{"name": "vllm", "ready": True, "restartCount": 0, "state": {"running": {}}}],
+    }
+    await kube.emulator.patch_object("v1", "Pod", NS, name, {"status": ready}, subresource="status")
+
+
+async def test_at_100_percent_the_canary_levels_deployment_becomes_stable_and_keeps_its_pods(
+    kube: EmulatedCluster, controller: Controller, clock: Clock
+) -> None:
+    await create_policy(kube)
+    made: dict[str, int] = {}
+    await controller.reconcile(policy_body(kube))
+    await sync_pods(kube, ["chat-gpu-only"], made)
+    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-cpu") is not None)
+    cpu = deployment(kube, "chat-cpu")
+    assert cpu is not None
+
+    def done() -> bool:
+        return status_of(kube).get("phase") == "Stable" and deployment(kube, "chat-gpu-only") is None
+
+    for _ in range(200):
+        await sync_pods(kube, ["chat-gpu-only", "chat-cpu"], made)
+        clock.advance(1)
+        await controller.reconcile(policy_body(kube))
+        now = deployment(kube, "chat-cpu")
+        assert now is not None
+        assert now["metadata"]["uid"] == cpu["metadata"]["uid"]  # the same Deployment throughout
+        assert now["spec"]["template"] == cpu["spec"]["template"]  # never re-rendered: no pod restarts
+        if done():
+            break
+    assert done(), status_of(kube).get("message")
+    final = deployment(kube, "chat-cpu")
+    assert final is not None
+    assert final["spec"]["replicas"] == 4
+    assert made["chat-cpu"] == 4  # 4 engines started on cpu in all: the canary's first one was kept
+    status = status_of(kube)
+    assert status["stable"]["level"] == 1
+    assert status["stable"]["replicas"] == 4
+    assert status.get("retiring", []) == []
+
+
+def legacy_deployment(kube: EmulatedCluster, role: str, level_index: int, replicas: int) -> dict[str, Any]:
+    """A Deployment as the operator rendered it before issue 9: ``chat-<role>``, selected by a role label."""
+    from kvoffload.api.conventions import LABEL_VARIANT
+    from kvoffload.policy.ladder import build_ladder
+    from kvoffload.policy.loading import parse_policy
+    from kvoffload.policy.render import render_deployment
+
+    body = policy_body(kube)
+    policy = parse_policy({k: v for k, v in body.items() if k != "status"}, "llm/chat")
+    manifest = render_deployment(policy, build_ladder(policy.spec)[level_index], replicas)
+    manifest["metadata"]["name"] = f"chat-{role}"
+    manifest["metadata"]["labels"][LABEL_VARIANT] = role
+    manifest["metadata"]["ownerReferences"] = [
+        {"apiVersion": POLICY_API, "kind": KIND, "name": "chat", "uid": body["metadata"]["uid"], "controller": True}
+    ]
+    manifest["spec"]["selector"]["matchLabels"] = {"kvoffload.io/policy": "chat", LABEL_VARIANT: role}
+    manifest["spec"]["template"]["metadata"]["labels"][LABEL_VARIANT] = role
+    return manifest
+
+
+async def test_a_policy_running_under_the_old_naming_is_adopted_without_restarting_a_pod(
+    kube: EmulatedCluster, controller: Controller, clock: Clock
+) -> None:
+    await create_policy(kube)
+    old_stable, old_canary = legacy_deployment(kube, "stable", 0, 3), legacy_deployment(kube, "canary", 1, 1)
+    for manifest in (old_stable, old_canary):
+        await kube.emulator.create_object(manifest)
+    made: dict[str, int] = {}
+    await sync_pods(kube, ["chat-stable", "chat-canary"], made)
+    hashes = [m["metadata"]["labels"][LABEL_CONFIG_HASH] for m in (old_stable, old_canary)]
+    generation = policy_body(kube)["metadata"]["generation"]
+    started = clock.now.isoformat()
+    legacy_status = {  # what the operator wrote mid-canary before roles moved into status
+        "phase": "Canary",
+        "mode": "Step",
+        "observedGeneration": generation,
+        "ladder": ["gpu-only", "cpu"],
+        "stage": {"index": 1, "name": "cpu", "tiers": ["cpu"], "step": 0, "startedAt": started},
+        "stable": {"configHash": hashes[0], "level": 0, "tiers": [], "replicas": 3, "ready": 3},
+        "canary": {"configHash": hashes[1], "level": 1, "tiers": ["cpu"], "replicas": 1, "ready": 1},
+    }
+    await kube.emulator.patch_object(POLICY_API, KIND, NS, "chat", {"status": legacy_status}, subresource="status")
+    canary_before = deployment(kube, "chat-canary")
+    assert canary_before is not None
+
+    def done() -> bool:
+        return status_of(kube).get("phase") == "Stable" and deployment(kube, "chat-stable") is None
+
+    for _ in range(200):
+        await sync_pods(kube, ["chat-canary"], made)
+        clock.advance(1)
+        await controller.reconcile(policy_body(kube))
+        adopted = deployment(kube, "chat-canary")
+        assert adopted is not None
+        assert adopted["metadata"]["uid"] == canary_before["metadata"]["uid"]
+        assert adopted["spec"]["template"] == canary_before["spec"]["template"]  # its pods never restart
+        if done():
+            break
+    assert done(), status_of(kube).get("message")
+    # No per-level Deployment was ever created beside the adopted ones, and none rendered over them.
+    written = {name for _, _, name in writes(kube, "deployments")}
+    assert "chat-cpu" not in written
+    assert "chat-gpu-only" not in written
+    adopted = deployment(kube, "chat-canary")
+    assert adopted is not None
+    assert adopted["spec"]["replicas"] == 4
+    assert status_of(kube)["stable"] == {**status_of(kube)["stable"], "level": 1, "configHash": hashes[1]}
+    # the first canary pod was never replaced: it is still there, as Kubernetes would keep it
+    assert kube.emulator.read_object("v1", "Pod", NS, "chat-canary-p0") is not None

@@ -53,7 +53,9 @@ BROKEN_SPEC = {"replicas": "many", "offload": {"cpu": "lots"}}
 class HealthyProvider:
     def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
         sample = VariantSample(requests=100.0, ttft_p99=0.1, itl_p99=0.02, external_share=0.3, tier_hits={"host": 1.0})
-        return {t.key: Measurements(canary=sample if t.with_canary else None, stable=sample) for t in targets}
+        return {
+            t.key: Measurements(canary=sample if t.canary_hash is not None else None, stable=sample) for t in targets
+        }
 
     def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
         return frozenset()
@@ -88,8 +90,8 @@ def bystander() -> dict[str, Any]:
 
 
 CHILDREN = (
-    ("apps/v1", "Deployment", "chat-stable"),
-    ("apps/v1", "Deployment", "chat-canary"),
+    ("apps/v1", "Deployment", "chat-gpu-only"),
+    ("apps/v1", "Deployment", "chat-cpu"),
     ("v1", "Service", "chat"),
     ("monitoring.coreos.com/v1", "PodMonitor", "chat"),
 )
@@ -107,17 +109,17 @@ async def test_kopf_runs_the_ladder_keeps_a_broken_policy_invalid_and_deletion_c
         await kube.emulator.create_object(policy_manifest("chat", NS, spec=quick_spec()))
         await kube.emulator.create_object(policy_manifest("broken", NS, spec=BROKEN_SPEC))
 
-        await wait_for(lambda: read(kube, "apps/v1", "Deployment", "chat-stable"), "the stable Deployment", 10)
+        await wait_for(lambda: read(kube, "apps/v1", "Deployment", "chat-gpu-only"), "the stable Deployment", 10)
         await wait_for(lambda: phase_of(kube, "broken") == "Invalid", "the broken policy to go Invalid", 10)
         message = invalid_message(kube, "broken")
         assert "spec.replicas" in message
         assert "spec.model" in message
         # the daemon moves the valid one on by itself: baseline (2 s), then the canary
         await wait_for(lambda: phase_of(kube, "chat") == "Canary", "the canary step", 15)
-        canary = read(kube, "apps/v1", "Deployment", "chat-canary")
+        canary = read(kube, "apps/v1", "Deployment", "chat-cpu")
         assert canary is not None
         assert canary["spec"]["replicas"] == 1
-        assert read(kube, "apps/v1", "Deployment", "chat-stable")["spec"]["replicas"] == 1  # type: ignore[index]
+        assert read(kube, "apps/v1", "Deployment", "chat-gpu-only")["spec"]["replicas"] == 1  # type: ignore[index]
         assert FINALIZER in read(kube, POLICY_API, KIND, "chat")["metadata"]["finalizers"]  # type: ignore[index]
 
         await delete_policy(kube, "chat")
@@ -127,7 +129,7 @@ async def test_kopf_runs_the_ladder_keeps_a_broken_policy_invalid_and_deletion_c
         )
         assert read(kube, "apps/v1", "Deployment", "bystander") is not None
         assert phase_of(kube, "broken") == "Invalid"
-        assert read(kube, "apps/v1", "Deployment", "broken-stable") is None
+        assert read(kube, "apps/v1", "Deployment", "broken-gpu-only") is None
         assert kopf_thread.is_alive()
 
 
@@ -154,7 +156,7 @@ async def test_one_policy_that_breaks_the_controller_does_not_stop_the_others(ku
         assert errors is not None
         assert errors >= 2  # the cursed one was retried with backoff, and is still being retried
         assert kopf_thread.is_alive()
-        assert read(kube, "apps/v1", "Deployment", "cursed-stable") is None
+        assert read(kube, "apps/v1", "Deployment", "cursed-gpu-only") is None
 
 
 async def test_api_errors_are_retried_until_the_deployment_is_written(kube: EmulatedCluster) -> None:
@@ -167,7 +169,7 @@ async def test_api_errors_are_retried_until_the_deployment_is_written(kube: Emul
     async with running_kopf(kube, registry=registry):
         await kube.emulator.create_object(policy_manifest("chat", NS, spec=quick_spec()))
 
-        await wait_for(lambda: read(kube, "apps/v1", "Deployment", "chat-stable"), "the stable Deployment", 15)
+        await wait_for(lambda: read(kube, "apps/v1", "Deployment", "chat-gpu-only"), "the stable Deployment", 15)
         failed = controller.metrics.registry.get_sample_value("kvoffload_api_errors_total", {"operation": "apply"})
         assert failed == 2
         core = kubernetes.client.CoreV1Api(kube.api_client)
@@ -197,7 +199,7 @@ async def test_kvoffload_run_as_a_process_reconciles_policies_and_serves_its_met
         await kube.emulator.create_object(policy_manifest("chat", NS, spec=spec))
         await kube.emulator.create_object(policy_manifest("broken", NS, spec=BROKEN_SPEC))
 
-        await wait_for(lambda: read(kube, "apps/v1", "Deployment", "chat-stable"), "the stable Deployment", 30)
+        await wait_for(lambda: read(kube, "apps/v1", "Deployment", "chat-gpu-only"), "the stable Deployment", 30)
         await wait_for(lambda: phase_of(kube, "chat") == "Baseline", "the baseline", 10)
         await wait_for(lambda: phase_of(kube, "broken") == "Invalid", "the broken policy to go Invalid", 10)
 

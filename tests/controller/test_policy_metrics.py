@@ -180,9 +180,9 @@ async def test_a_step_awaiting_kvoffload_io_promote_has_no_deadline_either(
     spec["rollout"]["autoPromote"] = False
     await create_policy(kube, spec=spec)
     await controller.reconcile(policy_body(kube))
-    await run_pods(kube, "chat-stable", 4)
-    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-canary") is not None)
-    await run_pods(kube, "chat-canary", 1)
+    await run_pods(kube, "chat-gpu-only", 4)
+    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-cpu") is not None)
+    await run_pods(kube, "chat-cpu", 1)
 
     def awaiting() -> bool:
         progressing = [c for c in status_of(kube).get("conditions", []) if c["type"] == "Progressing"]
@@ -202,7 +202,7 @@ async def test_an_oom_killed_canary_shows_as_degraded_for_that_reason_and_its_se
     oom = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
     await run_pods(
         kube,
-        "chat-canary",
+        "chat-cpu",
         1,
         conditions=[{"type": "Ready", "status": "False"}],
         containerStatuses=[{"name": "vllm", "ready": False, "restartCount": 0, "lastState": oom, "state": oom}],

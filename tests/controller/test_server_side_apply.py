@@ -85,19 +85,19 @@ async def test_another_managers_annotation_on_a_rendered_deployment_survives_a_r
     controller = Controller(gateway(kube), MeasurementHub(CraftedProvider(), gather_window=0.0), clock=Clock())
 
     await controller.reconcile(await asyncio.to_thread(kube.get, PLURAL, "-n", ns, "chat"))
-    first = await asyncio.to_thread(kube.get, "deployment", "-n", ns, "chat-stable", "--show-managed-fields")
+    first = await asyncio.to_thread(kube.get, "deployment", "-n", ns, "chat-gpu-only", "--show-managed-fields")
     assert set(managers(first)) >= {(COMPONENT, "Apply")}
     # Someone else annotates and labels the Deployment, and scales it by hand.
-    await asyncio.to_thread(kube.kubectl, "annotate", "-n", ns, "deployment/chat-stable", f"{OTHERS_ANNOTATION}=llm")
-    await asyncio.to_thread(kube.kubectl, "label", "-n", ns, "deployment/chat-stable", "team=inference")
-    await asyncio.to_thread(kube.kubectl, "scale", "-n", ns, "deployment/chat-stable", "--replicas=7")
+    await asyncio.to_thread(kube.kubectl, "annotate", "-n", ns, "deployment/chat-gpu-only", f"{OTHERS_ANNOTATION}=llm")
+    await asyncio.to_thread(kube.kubectl, "label", "-n", ns, "deployment/chat-gpu-only", "team=inference")
+    await asyncio.to_thread(kube.kubectl, "scale", "-n", ns, "deployment/chat-gpu-only", "--replicas=7")
     # An edit of the spec changes the rendered engine, so the next cycle writes the Deployment.
     patch = {"spec": {"model": {"env": [{"name": "VLLM_LOGGING_LEVEL", "value": "DEBUG"}]}}}
     await asyncio.to_thread(kube.kubectl, "patch", PLURAL, "-n", ns, "chat", "--type=merge", "-p", json.dumps(patch))
 
     await controller.reconcile(await asyncio.to_thread(kube.get, PLURAL, "-n", ns, "chat"))
 
-    after = await asyncio.to_thread(kube.get, "deployment", "-n", ns, "chat-stable", "--show-managed-fields")
+    after = await asyncio.to_thread(kube.get, "deployment", "-n", ns, "chat-gpu-only", "--show-managed-fields")
     assert after["metadata"]["annotations"][OTHERS_ANNOTATION] == "llm"
     assert after["metadata"]["labels"]["team"] == "inference"
     assert after["metadata"]["annotations"][ANNOTATION_APPLIED] != first["metadata"]["annotations"][ANNOTATION_APPLIED]
@@ -123,7 +123,7 @@ async def test_apply_creates_then_changes_only_what_it_renders(kube_crd: Kube) -
     ns = await asyncio.to_thread(kube.namespace, "ssa")
     owner = PolicyRef.from_body(await asyncio.to_thread(create_policy, kube, ns))
     api = gateway(kube)
-    manifest = in_namespace(engine("chat-stable", "chat"), ns)
+    manifest = in_namespace(engine("chat-gpu-only", "chat"), ns)
     manifest["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "A", "value": "1"}, {"name": "B"}]
 
     created = await api.apply(manifest, owner)
@@ -138,7 +138,7 @@ async def test_apply_creates_then_changes_only_what_it_renders(kube_crd: Kube) -
         "patch",
         "-n",
         ns,
-        "deployment/chat-stable",
+        "deployment/chat-gpu-only",
         "--type=merge",
         "-p",
         json.dumps({"metadata": {"annotations": {OTHERS_ANNOTATION: "llm"}, "finalizers": ["example.com/keep"]}}),
@@ -159,7 +159,7 @@ async def test_apply_creates_then_changes_only_what_it_renders(kube_crd: Kube) -
         "patch",
         "-n",
         ns,
-        "deployment/chat-stable",
+        "deployment/chat-gpu-only",
         "--type=json",
         "-p",
         '[{"op":"remove","path":"/metadata/finalizers"}]',
@@ -171,14 +171,14 @@ async def test_a_conflict_is_forced_by_default_and_reported_when_not(kube_crd: K
     ns = await asyncio.to_thread(kube.namespace, "ssa")
     owner = PolicyRef.from_body(await asyncio.to_thread(create_policy, kube, ns))
     api = gateway(kube)
-    manifest = in_namespace(engine("chat-stable", "chat", replicas=2), ns)
+    manifest = in_namespace(engine("chat-gpu-only", "chat", replicas=2), ns)
     await api.apply(manifest, owner)
-    await asyncio.to_thread(kube.kubectl, "scale", "-n", ns, "deployment/chat-stable", "--replicas=5")
+    await asyncio.to_thread(kube.kubectl, "scale", "-n", ns, "deployment/chat-gpu-only", "--replicas=5")
 
     manifest["spec"]["replicas"] = 3
     with pytest.raises(FieldConflictError, match=r'\.spec\.replicas \(conflict with "kubectl"'):
         await api.apply(manifest, owner, force=False)
-    still = await asyncio.to_thread(kube.get, "deployment", "-n", ns, "chat-stable", "--show-managed-fields")
+    still = await asyncio.to_thread(kube.get, "deployment", "-n", ns, "chat-gpu-only", "--show-managed-fields")
     assert still["spec"]["replicas"] == 5
 
     forced = await api.apply(manifest, owner)
@@ -189,14 +189,14 @@ async def test_apply_neither_adopts_nor_changes_an_object_it_does_not_own(kube_c
     kube = kube_crd
     ns = await asyncio.to_thread(kube.namespace, "ssa")
     owner = PolicyRef.from_body(await asyncio.to_thread(create_policy, kube, ns))
-    theirs = in_namespace(engine("chat-stable", "chat"), ns)
+    theirs = in_namespace(engine("chat-gpu-only", "chat"), ns)
     await asyncio.to_thread(kube.kubectl, "create", "-f", "-", stdin=json.dumps(theirs))
-    before = await asyncio.to_thread(kube.get, "deployment", "-n", ns, "chat-stable", "--show-managed-fields")
+    before = await asyncio.to_thread(kube.get, "deployment", "-n", ns, "chat-gpu-only", "--show-managed-fields")
 
     with pytest.raises(NotOwnedError, match="not owned by it"):
-        await gateway(kube).apply(in_namespace(engine("chat-stable", "chat", replicas=3), ns), owner)
+        await gateway(kube).apply(in_namespace(engine("chat-gpu-only", "chat", replicas=3), ns), owner)
 
-    after = await asyncio.to_thread(kube.get, "deployment", "-n", ns, "chat-stable", "--show-managed-fields")
+    after = await asyncio.to_thread(kube.get, "deployment", "-n", ns, "chat-gpu-only", "--show-managed-fields")
     assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
     assert "ownerReferences" not in after["metadata"]
 

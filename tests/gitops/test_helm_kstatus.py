@@ -212,9 +212,7 @@ async def test_helm_waits_for_a_policy_through_its_whole_climb_until_it_is_stabl
 async def test_helm_fails_the_install_when_the_policy_rolls_back(
     local_cluster: LocalCluster, operator: OperatorProcess
 ) -> None:
-    await local_cluster.set_faults(
-        "kvoffload.io/variant=canary,kvoffload.io/level=nvme", {"ttft_multiplier": 10}, sticky=True
-    )
+    await local_cluster.set_faults("kvoffload.io/level=nvme", {"ttft_multiplier": 10}, sticky=True)
     doc = policy("chat", local_cluster.prometheus.url)
     async with load_on(local_cluster, "chat"):
         result = await asyncio.to_thread(

@@ -27,7 +27,7 @@ from tests.support.cluster import POLICY_API_VERSION, OperatorProcess, eventuall
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus, pytest.mark.timeout(240)]
 
 KIND = "KVOffloadPolicy"
-NVME_CANARY = "kvoffload.io/variant=canary,kvoffload.io/level=nvme"
+NVME_CANARY = "kvoffload.io/level=nvme"  # nvme engines are the canary until nvme is promoted
 
 
 def policy_doc(
@@ -191,11 +191,11 @@ async def test_a_two_tier_policy_climbs_from_baseline_through_the_pilot_to_nvme_
         "Promoted",
         "LevelPromoted",
     ]
-    stable = local_cluster.get("apps/v1", "Deployment", "default", "chat-stable")
+    await eventually(lambda: local_cluster.get("apps/v1", "Deployment", "default", "chat-cpu") is None, "cpu drained")
+    stable = local_cluster.get("apps/v1", "Deployment", "default", "chat-nvme")  # the canary's, kept
     assert stable is not None
     assert stable["spec"]["replicas"] == 2
     assert stable["metadata"]["labels"][LABEL_CONFIG_HASH] == level_hash(doc, "nvme")
-    assert local_cluster.get("apps/v1", "Deployment", "default", "chat-canary") is None
     await eventually(lambda: sorted(pod_levels(local_cluster, "chat")) == ["nvme", "nvme"], "both pods on nvme")
 
 
@@ -222,7 +222,7 @@ async def test_a_ttft_regression_on_the_nvme_canary_rolls_back_to_the_cpu_level(
     warnings = [e for e in await events_of(local_cluster, "chat") if e["type"] == "Warning"]
     assert any("canary nvme removed" in e["message"] for e in warnings), warnings
     await eventually(
-        lambda: local_cluster.get("apps/v1", "Deployment", "default", "chat-canary") is None, "the canary gone"
+        lambda: local_cluster.get("apps/v1", "Deployment", "default", "chat-nvme") is None, "the canary gone"
     )
     current = local_cluster.get(POLICY_API_VERSION, KIND, "default", "chat")
     assert current is not None
@@ -261,7 +261,7 @@ async def test_an_oomkilled_canary_pod_rolls_back_at_once(
 
     async with load_on(local_cluster, "chat"):
         await eventually(lambda: canary_on(local_cluster, "chat", "cpu"), "the cpu canary", 60)
-        (canary,) = local_cluster.pods("kvoffload.io/policy=chat,kvoffload.io/variant=canary")
+        (canary,) = local_cluster.pods("kvoffload.io/policy=chat,kvoffload.io/level=cpu")
         failures_before = (status_of(local_cluster, "chat").get("lastAnalysis") or {}).get("consecutiveFailures", 0)
         await local_cluster.oom_kill(canary.pod)
         status = await eventually(lambda: in_phase(local_cluster, "chat", "RolledBack"), "RolledBack", 30)
@@ -273,7 +273,7 @@ async def test_an_oomkilled_canary_pod_rolls_back_at_once(
     assert canary.pod in last["message"]
     assert status["stable"]["level"] == level_index(doc, "gpu-only")
     await eventually(
-        lambda: local_cluster.get("apps/v1", "Deployment", "default", "chat-canary") is None, "the canary gone"
+        lambda: local_cluster.get("apps/v1", "Deployment", "default", "chat-cpu") is None, "the canary gone"
     )
 
 
@@ -285,12 +285,12 @@ async def test_the_operator_killed_during_a_canary_continues_where_it_was_after_
 
     async with load_on(local_cluster, "chat"):
         await eventually(lambda: canary_on(local_cluster, "chat", "cpu"), "the cpu canary", 60)
-        canary_uid = local_cluster.get("apps/v1", "Deployment", "default", "chat-canary")["metadata"]["uid"]  # type: ignore[index]
+        canary_uid = local_cluster.get("apps/v1", "Deployment", "default", "chat-cpu")["metadata"]["uid"]  # type: ignore[index]
         operator.kill()
         killed_at = datetime.now(UTC)
         assert await names(local_cluster, "/apis/apps/v1/namespaces/default/deployments") == {
-            "chat-stable",
-            "chat-canary",
+            "chat-gpu-only",
+            "chat-cpu",
         }
         operator.start()
         resumed = await eventually(
@@ -298,7 +298,7 @@ async def test_the_operator_killed_during_a_canary_continues_where_it_was_after_
         )
         if resumed.get("canary") and resumed["stage"]["name"] == "cpu":
             # Still the cpu canary: the one the first operator made, adopted rather than made again.
-            current = local_cluster.get("apps/v1", "Deployment", "default", "chat-canary")
+            current = local_cluster.get("apps/v1", "Deployment", "default", "chat-cpu")
             assert current is not None
             assert current["metadata"]["uid"] == canary_uid
         status = await eventually(
@@ -314,7 +314,10 @@ async def test_the_operator_killed_during_a_canary_continues_where_it_was_after_
         "Promoted",
         "LevelPromoted",
     ]
-    assert await names(local_cluster, "/apis/apps/v1/namespaces/default/deployments") == {"chat-stable"}
+    await eventually(
+        lambda: local_cluster.get("apps/v1", "Deployment", "default", "chat-cpu") is None, "cpu drained", 30
+    )
+    assert await names(local_cluster, "/apis/apps/v1/namespaces/default/deployments") == {"chat-nvme"}
     assert operator.starts == 2
 
 
@@ -355,8 +358,8 @@ async def test_an_invalid_policy_ends_invalid_naming_the_field_while_a_valid_one
     assert "spec.gpu.class" in invalid["message"]
     assert await names(local_cluster, "/apis/apps/v1/deployments", f"{LABEL_POLICY}=broken") == set()
     assert await names(local_cluster, "/apis/apps/v1/deployments", f"{LABEL_POLICY}=chat") == {
-        "chat-stable",
-        "chat-canary",
+        "chat-gpu-only",
+        "chat-cpu",
     }
 
 

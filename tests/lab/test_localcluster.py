@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from kvoffload.api.conventions import LABEL_CONFIG_HASH
+from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_LEVEL
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.controller.gateway import parse_deployment, parse_pod
 from kvoffload.lab.cluster.deployments import rolling_limits
@@ -29,11 +29,11 @@ def policy() -> KVOffloadPolicy:
     return load_policy(EXAMPLE)
 
 
-def deployment(policy: KVOffloadPolicy, level: int = 0, replicas: int = 2, variant: str = "stable") -> dict[str, Any]:
-    return render_deployment(policy, build_ladder(policy.spec)[level], variant, replicas)  # type: ignore[arg-type]
+def deployment(policy: KVOffloadPolicy, level: int = 0, replicas: int = 2) -> dict[str, Any]:
+    return render_deployment(policy, build_ladder(policy.spec)[level], replicas)
 
 
-def status(cluster: LocalCluster, name: str = "demo-stable") -> dict[str, Any]:
+def status(cluster: LocalCluster, name: str = "demo-gpu-only") -> dict[str, Any]:
     return (cluster.get("apps/v1", "Deployment", "default", name) or {}).get("status") or {}
 
 
@@ -45,7 +45,7 @@ def pods(cluster: LocalCluster, selector: str = "kvoffload.io/policy=demo") -> l
     ]
 
 
-def rolled_out(cluster: LocalCluster, replicas: int, name: str = "demo-stable") -> bool:
+def rolled_out(cluster: LocalCluster, replicas: int, name: str = "demo-gpu-only") -> bool:
     obj = cluster.get("apps/v1", "Deployment", "default", name)
     if obj is None:
         return False
@@ -67,7 +67,7 @@ async def health(url: str) -> int:
 
 def test_the_engine_runs_exactly_the_rendered_vllm_serve_arguments(policy: KVOffloadPolicy) -> None:
     for level in build_ladder(policy.spec):
-        container = render_deployment(policy, level, "canary", 1)["spec"]["template"]["spec"]["containers"][0]
+        container = render_deployment(policy, level, 1)["spec"]["template"]["spec"]["containers"][0]
         assert vllm_serve_args(container) == engine_args(policy, level)
 
 
@@ -96,13 +96,13 @@ async def test_a_deployment_gets_ready_engines_that_prometheus_scrapes_with_the_
     await local_cluster.apply(deployment(policy, replicas=2))
 
     await eventually(lambda: rolled_out(local_cluster, 2), "2 ready replicas")
-    owner_uid = local_cluster.get("apps/v1", "Deployment", "default", "demo-stable")["metadata"]["uid"]  # type: ignore[index]
+    owner_uid = local_cluster.get("apps/v1", "Deployment", "default", "demo-gpu-only")["metadata"]["uid"]  # type: ignore[index]
     running = pods(local_cluster)
     assert len(running) == 2
     for pod in running:
-        assert pod["metadata"]["name"].startswith("demo-stable-")
+        assert pod["metadata"]["name"].startswith("demo-gpu-only-")
         assert pod["metadata"]["ownerReferences"][0]["uid"] == owner_uid
-        assert pod["metadata"]["labels"]["kvoffload.io/variant"] == "stable"
+        assert pod["metadata"]["labels"]["kvoffload.io/level"] == "gpu-only"
         assert pod["status"]["podIP"] == "127.0.0.1"
         assert parse_pod(pod).ready
         assert parse_pod(pod).phase == "Running"
@@ -114,8 +114,10 @@ async def test_a_deployment_gets_ready_engines_that_prometheus_scrapes_with_the_
     series = await asyncio.to_thread(
         local_cluster.prometheus.wait_for_series, 'up{kvoffload_io_policy="demo"} == 1', 30.0, 2
     )
-    labels = sorted((s["metric"]["namespace"], s["metric"]["pod"], s["metric"]["kvoffload_io_variant"]) for s in series)
-    assert labels == sorted(("default", pod["metadata"]["name"], "stable") for pod in running)
+    labels = sorted((s["metric"]["namespace"], s["metric"]["pod"], s["metric"]["kvoffload_io_level"]) for s in series)
+    assert labels == sorted(("default", pod["metadata"]["name"], "gpu-only") for pod in running)
+    config_hashes = {s["metric"]["kvoffload_io_config_hash"] for s in series}
+    assert config_hashes == {running[0]["metadata"]["labels"][LABEL_CONFIG_HASH]}
     assert await asyncio.to_thread(
         local_cluster.prometheus.wait_for_series, 'vllm:cache_config_info{kvoffload_io_policy="demo"}', 30.0, 2
     )
@@ -154,7 +156,11 @@ async def test_a_template_change_rolls_the_pods_one_at_a_time(
     before = deployment(policy, level=0, replicas=2)
     await local_cluster.apply(before)
     await eventually(lambda: rolled_out(local_cluster, 2), "2 ready replicas on gpu-only")
-    after = deployment(policy, level=2, replicas=2)  # the full CPU tier
+    # The full CPU tier's engine in gpu-only's Deployment (its name and selector): a changed pod template.
+    after = deployment(policy, level=2, replicas=2)
+    after["metadata"]["name"] = before["metadata"]["name"]
+    after["spec"]["selector"] = before["spec"]["selector"]
+    after["spec"]["template"]["metadata"]["labels"][LABEL_LEVEL] = "gpu-only"
     new_hash = after["metadata"]["labels"][LABEL_CONFIG_HASH]
     assert new_hash != before["metadata"]["labels"][LABEL_CONFIG_HASH]
 
@@ -208,31 +214,31 @@ async def test_deleting_a_deployment_collects_its_pods_and_stops_their_engines(
     local_cluster: LocalCluster, policy: KVOffloadPolicy
 ) -> None:
     await local_cluster.apply(deployment(policy, replicas=2))
-    await local_cluster.apply(deployment(policy, replicas=1, variant="canary"))
-    await eventually(lambda: rolled_out(local_cluster, 2) and rolled_out(local_cluster, 1, "demo-canary"), "both up")
-    canary_engines = local_cluster.pods("kvoffload.io/variant=canary")
+    await local_cluster.apply(deployment(policy, level=1, replicas=1))
+    await eventually(lambda: rolled_out(local_cluster, 2) and rolled_out(local_cluster, 1, "demo-cpu-pilot"), "both up")
+    canary_engines = local_cluster.pods("kvoffload.io/level=cpu-pilot")
 
-    await local_cluster.delete("apps/v1", "Deployment", "default", "demo-canary")
+    await local_cluster.delete("apps/v1", "Deployment", "default", "demo-cpu-pilot")
 
     await eventually(lambda: not any(engine.alive() for engine in canary_engines), "the canary engine to exit")
-    assert pods(local_cluster, "kvoffload.io/variant=canary") == []
-    assert len(pods(local_cluster, "kvoffload.io/variant=stable")) == 2
-    assert all(pod["metadata"]["labels"]["kvoffload.io/variant"] == "stable" for pod in pods(local_cluster))
+    assert pods(local_cluster, "kvoffload.io/level=cpu-pilot") == []
+    assert len(pods(local_cluster, "kvoffload.io/level=gpu-only")) == 2
+    assert all(pod["metadata"]["labels"]["kvoffload.io/level"] == "gpu-only" for pod in pods(local_cluster))
 
 
 @pytest.mark.e2e
 async def test_sticky_faults_reach_an_engine_started_later(
     local_cluster: LocalCluster, policy: KVOffloadPolicy
 ) -> None:
-    await local_cluster.set_faults("kvoffload.io/variant=canary", {"ttft_multiplier": 3}, sticky=True)
+    await local_cluster.set_faults("kvoffload.io/level=cpu-pilot", {"ttft_multiplier": 3}, sticky=True)
     await local_cluster.apply(deployment(policy, replicas=1))
-    await local_cluster.apply(deployment(policy, replicas=1, variant="canary"))
-    await eventually(lambda: rolled_out(local_cluster, 1) and rolled_out(local_cluster, 1, "demo-canary"), "both up")
+    await local_cluster.apply(deployment(policy, level=1, replicas=1))
+    await eventually(lambda: rolled_out(local_cluster, 1) and rolled_out(local_cluster, 1, "demo-cpu-pilot"), "both up")
 
-    async def faults(variant: str) -> dict[str, Any]:
-        (url,) = local_cluster.endpoints("demo", variant=variant)
+    async def faults(level: str) -> dict[str, Any]:
+        (url,) = local_cluster.endpoints("demo", level=level)
         async with aiohttp.ClientSession() as session, session.get(f"{url}/emulator/faults") as response:
             return copy.deepcopy(await response.json())
 
-    assert (await faults("canary"))["ttft_multiplier"] == 3
-    assert (await faults("stable"))["ttft_multiplier"] == 1
+    assert (await faults("cpu-pilot"))["ttft_multiplier"] == 3
+    assert (await faults("gpu-only"))["ttft_multiplier"] == 1

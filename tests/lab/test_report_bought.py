@@ -86,7 +86,7 @@ def test_on_a_launch_bound_class_the_tokens_come_back_but_save_no_gpu_and_p50_tt
     assert cpu["ttft_p50_stable"] > gpu_only["ttft_p50_stable"]
 
 
-def test_the_saved_meter_turns_engine_totals_into_a_rate_per_variant() -> None:
+def test_the_saved_meter_turns_engine_totals_into_a_rate_per_role() -> None:
     meter = SavedMeter()
     assert meter.update(0.0, [("stable", "p1", 0.0), ("canary", "p2", 1.0)]) == {}  # first sight: no rate yet
     rates = meter.update(2.0, [("stable", "p1", 0.0), ("canary", "p2", 2.0), ("canary", "p3", 5.0)])
@@ -98,6 +98,6 @@ def test_the_queries_read_vllms_ttft_histogram_and_the_external_source() -> None
     from kvoffload.analysis.dialects import dialect_for
 
     q = bought_queries(dialect_for("0.32.0"), "default", "demo", "20s")
-    assert q["ttft_p50"].startswith("histogram_quantile(0.5, sum by (le, kvoffload_io_variant) (rate(vllm:time_to")
+    assert q["ttft_p50"].startswith("histogram_quantile(0.5, sum by (le, kvoffload_io_config_hash) (rate(vllm:time_to")
     assert 'source="external_kv_transfer"' in q["avoided_tokens_per_s"]
     assert 'kvoffload_io_policy="demo"' in q["avoided_tokens_per_s"]

@@ -199,7 +199,8 @@ def test_the_chart_s_prometheus_rule_holds_the_file_promtool_tests(chart: helm.C
 
 
 def test_the_chart_s_rules_select_the_series_labels_the_values_name(chart: helm.Chart, tmp_path: Path) -> None:
-    values = {"prometheusRule": {"enabled": True}, "seriesLabels": {"policy": "app_policy", "variant": "track"}}
+    labels = {"policy": "app_policy", "level": "tier", "configHash": "build"}
+    values = {"prometheusRule": {"enabled": True}, "seriesLabels": labels}
     (rule,) = prometheus_rules(chart, values)
     text = yaml.safe_dump(rule["spec"])
     assert "kvoffload_io_policy" not in text

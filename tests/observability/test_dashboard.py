@@ -139,7 +139,7 @@ def test_the_dashboard_follows_the_values(chart: helm.Chart) -> None:
             "annotations": {"grafana_folder": "LLM serving"},
             "namespace": "monitoring",
         },
-        "seriesLabels": {"policy": "app_policy", "variant": "track"},
+        "seriesLabels": {"policy": "app_policy", "level": "tier", "configHash": "build"},
     }
     (config_map,) = config_maps(chart, values)
     meta = config_map["metadata"]
@@ -154,7 +154,7 @@ def test_the_dashboard_follows_the_values(chart: helm.Chart) -> None:
     assert "grafana_dashboard" not in dropped["metadata"]["labels"]
     text = config_map["data"]["kvoffload.json"]
     assert "kvoffload_io_policy" not in text
-    assert "kvoffload_io_variant" not in text
+    assert "kvoffload_io_level" not in text
     dashboard = json.loads(text)
     assert 'app_policy="$policy"' in dashboard["panels"][3]["targets"][0]["expr"]
 
@@ -203,7 +203,7 @@ def summary(result: list[Obj]) -> str:
     lines = []
     for series in result:
         metric = series["metric"]
-        keys = ("kvoffload_io_variant", "variant", "level", "source", "tier", "phase", "decision", "stage")
+        keys = ("kvoffload_io_level", "variant", "level", "source", "tier", "phase", "decision", "stage")
         labels = ",".join(f"{k}={metric[k]}" for k in keys if k in metric)
         value = series["values"][-1][1] if "values" in series else series["value"][1]
         lines.append(f"    {{{labels}}} last={value}")
@@ -231,7 +231,7 @@ async def test_every_panel_variable_and_annotation_query_returns_data_from_the_l
                     'source="disk"}[20s])) > 0'
                 )
                 await eventually(lambda: asyncio.to_thread(query, url, disk_hits), "hits on the nvme tier", 60)
-                (canary,) = lab.pods("kvoffload.io/policy=chat,kvoffload.io/variant=canary")
+                (canary,) = lab.pods("kvoffload.io/policy=chat,kvoffload.io/level=nvme")
                 await lab.oom_kill(canary.pod)
                 await eventually(lambda: in_phase(lab, "chat", "RolledBack"), "RolledBack", 60)
                 rollback = 'kvoffload_policy_last_decision_timestamp_seconds{policy="chat",decision="Rollback"}'

@@ -277,22 +277,24 @@ def test_gib_is_an_exact_decimal(n_bytes: int, text: str) -> None:
 # --- the pod and its neighbours ---------------------------------------------------------
 
 
-def test_deployment_is_named_and_selected_by_policy_and_variant() -> None:
+def test_a_deployment_is_named_and_selected_by_policy_and_level_and_its_role_changes_nothing_but_replicas() -> None:
     policy = make_policy()
     cpu = level(policy, "cpu")
-    for variant, replicas in (("stable", 3), ("canary", 1)):
-        dep = deployment(render(policy, cpu, variant, replicas))  # type: ignore[arg-type]
-        assert dep["metadata"]["name"] == f"chat-{variant}"
+    stable, canary = (
+        deployment(render(policy, cpu, role, replicas)) for role, replicas in (("stable", 3), ("canary", 1))
+    )
+    for dep, replicas in ((stable, 3), (canary, 1)):
+        assert dep["metadata"]["name"] == "chat-cpu"
         assert dep["metadata"]["namespace"] == "llm"
         assert dep["spec"]["replicas"] == replicas
-        assert dep["spec"]["selector"]["matchLabels"] == {
-            "kvoffload.io/policy": "chat",
-            "kvoffload.io/variant": variant,
-        }
+        assert dep["spec"]["selector"]["matchLabels"] == {"kvoffload.io/policy": "chat", "kvoffload.io/level": "cpu"}
         labels = dep["spec"]["template"]["metadata"]["labels"]
-        assert labels["kvoffload.io/variant"] == variant
+        assert "kvoffload.io/variant" not in labels  # a role label would restart the pods when the role moves
         assert labels["kvoffload.io/level"] == "cpu"
         assert labels["kvoffload.io/config-hash"] == config_hash(policy, cpu)
+    # the role moves without touching the pod template: promotion never restarts an engine
+    assert stable["spec"]["template"] == canary["spec"]["template"]
+    assert {**stable, "spec": {**stable["spec"], "replicas": 1}} == canary
 
 
 def test_default_replicas_are_the_fleet_for_stable_and_the_canary_count_for_canary() -> None:
@@ -313,12 +315,18 @@ def test_service_splits_traffic_across_variants_by_selecting_the_policy_only() -
 @pytest.mark.parametrize(
     ("interval", "expected"), [("30s", "30s"), ("1500ms", "1s500ms"), ("2m", "2m"), ("1.5m", "1m30s")]
 )
-def test_pod_monitor_copies_policy_and_variant_labels_and_scrapes_every_interval(interval: str, expected: str) -> None:
+def test_pod_monitor_copies_policy_level_and_config_hash_labels_and_scrapes_every_interval(
+    interval: str, expected: str
+) -> None:
     policy = make_policy(analysis={"interval": interval})
     monitor = next(d for d in render_level(policy, level(policy, "cpu")) if d["kind"] == "PodMonitor")
     assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
     assert monitor["spec"]["selector"] == {"matchLabels": {"kvoffload.io/policy": "chat"}}
-    assert monitor["spec"]["podTargetLabels"] == ["kvoffload.io/policy", "kvoffload.io/variant"]
+    assert monitor["spec"]["podTargetLabels"] == [
+        "kvoffload.io/policy",
+        "kvoffload.io/level",
+        "kvoffload.io/config-hash",
+    ]
     assert monitor["spec"]["podMetricsEndpoints"] == [{"port": "http", "path": "/metrics", "interval": expected}]
 
 

@@ -13,9 +13,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
+import yaml
 from click.testing import CliRunner
 
 from kvoffload.cli.main import main
+from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.loading import parse_policy
+from kvoffload.policy.render import config_hash
 from tests.support.prometheus import PrometheusServer
 from tests.support.vllm import TINY_MODEL_NAME, http_post_json
 
@@ -39,7 +43,10 @@ spec:
 
 def test_analyze_reads_numbers_from_a_live_vllm(live_vllm: str, prometheus: PrometheusServer, tmp_path: Path) -> None:
     # Given the live engine scraped as the stable variant of policy llm/tiny, as a PodMonitor would label it
-    prometheus.add_engine(urlsplit(live_vllm).netloc, policy="tiny", variant="stable")
+    # (the GPU-only level's name and config hash: vLLM for CPU refuses offloading)
+    gpu_only = build_ladder(parse_policy(yaml.safe_load(POLICY_YAML), "tiny").spec)[0]
+    engine_hash = config_hash(parse_policy(yaml.safe_load(POLICY_YAML), "tiny"), gpu_only)
+    prometheus.add_engine(urlsplit(live_vllm).netloc, policy="tiny", level=gpu_only.name, config_hash=engine_hash)
     stop = threading.Event()
     sent: list[int] = []
 

@@ -170,6 +170,7 @@ class World:
     ) -> Observations:
         variants = self.plan.variants if self.plan is not None else None
         stable = canary = VariantObservation()
+        retiring: tuple[VariantObservation, ...] = ()
         if variants is not None:
             s = variants.stable
             stable = VariantObservation(
@@ -186,12 +187,27 @@ class World:
                 if canary_fault:
                     pods[0] = replace(pods[0], **canary_fault)
                 canary = VariantObservation(True, c.config_hash, c.level, c.replicas, ready, tuple(pods))
+            retiring = tuple(
+                VariantObservation(
+                    True,
+                    r.config_hash,
+                    None,
+                    r.replicas,
+                    r.replicas,
+                    tuple(
+                        PodObservation(f"{r.level_name}-{i}", True, config_hash=r.config_hash)
+                        for i in range(r.replicas)
+                    ),
+                )
+                for r in variants.retiring
+            )
         return Observations(
             generation=self.generation,
             level_hashes=level_hashes(self.spec),
             annotations=dict(self.annotations),
             stable=stable,
             canary=canary,
+            retiring=retiring,
             assessment=assessment,
             measurements=measurements,
             price=self.price,
@@ -210,8 +226,10 @@ class World:
         assessment, measurements = None, None
         if verdict is not None:
             assessment = crafted(verdict)
-            if self.crafted_stable is not None:
-                measurements = Measurements(canary=None, stable=self.crafted_stable)
+            # A crafted verdict comes with a busy canary (its warm-up can end) and any stable figures asked for.
+            busy = VariantSample(requests=1000) if self.status is not None and self.status.canary else None
+            if self.crafted_stable is not None or busy is not None:
+                measurements = Measurements(canary=busy, stable=self.crafted_stable)
         elif traffic is not None:
             subject = analysis_subject(self.spec, self.status, self.now)
             has_canary = self.status is not None and self.status.canary is not None
@@ -229,6 +247,7 @@ class World:
                 warmed_up=subject.warmed_up,
                 baseline=baseline,
                 stable_side=subject.stable_side,
+                comparing=subject.comparing,
             )
         before = self.status.model_dump() if self.status is not None else None
         obs = self.observe(assessment, measurements, **observe)
@@ -255,6 +274,15 @@ class World:
             self.tick(traffic, advance=self.spec.analysis.interval, **kwargs)
         assert self.plan is not None
         return self.plan
+
+    def settle(self, limit: int = 50) -> Plan:
+        """Tick without analysis until the paced moves of replicas are done (the plan stops changing)."""
+        for _ in range(limit):
+            before = self.plan.variants if self.plan is not None else None
+            plan = self.tick(traffic=None, advance="10s")
+            if plan.variants == before:
+                return plan
+        raise AssertionError(f"replicas still moving after {limit} cycles: {self.plan}")
 
     def annotate(self, key: str, value: str) -> None:
         self.annotations[key] = value
@@ -320,7 +348,8 @@ def test_a_whole_climb_with_healthy_traffic_ends_stable_at_the_top_level():
     assert world.fleet == (("nvme", 4), None)
     assert world.st.stable is not None
     assert world.st.stable.tiers == ["cpu", "nvme"]
-    assert world.reasons() == [
+    assert "WarmedUp" in world.reasons()  # each step's canary warmed up before its comparisons counted
+    assert [r for r in world.reasons() if r != "WarmedUp"] == [
         "NewLadder",
         "BaselineTaken",  # → cpu-pilot canary
         "PilotPassed",  # → cpu canary, stable still gpu-only
@@ -714,6 +743,7 @@ def test_the_stable_guard_takes_away_nvme_and_lands_on_cpu_not_gpu_only():
     hashes = level_hashes(world.spec)
 
     world.run_until(in_phase(Phase.ROLLED_BACK), Traffic(stable=SLOW), limit="5m")
+    world.settle()  # nvme's Deployment drains as cpu's pods become Ready
 
     assert world.fleet == (("cpu", 4), None)
     assert world.plan is not None
@@ -727,6 +757,7 @@ def test_the_stable_guard_from_cpu_skips_the_canary_only_pilot_and_lands_on_gpu_
     assert world.fleet == (("cpu", 4), None)
 
     world.run_until(in_phase(Phase.ROLLED_BACK), Traffic(stable=SLOW), limit="5m")
+    world.settle()
 
     assert world.fleet == (("gpu-only", 4), None)
 
@@ -919,6 +950,7 @@ def test_a_spec_change_that_removes_the_stable_level_lands_on_the_nearest_level_
 
     world.change_spec(make_spec(**{"offload.secondaryTiers": [], "rollout.pilotCpu": None}))
     world.tick()
+    world.settle()
 
     assert world.st.ladder == ["gpu-only", "cpu"]
     assert world.fleet == (("cpu", 4), None)
@@ -1045,3 +1077,49 @@ def test_every_condition_and_the_status_carry_the_observed_generation_as_an_inte
     world.run_until(at_stage("cpu-pilot"))
     assert world.st.observed_generation == 7
     assert {c.observed_generation for c in world.st.conditions} == {7}
+
+
+# --- a scale subresource: replicas change mid-rollout (issue 9) --------------------------
+
+
+def test_a_replicas_change_mid_step_resizes_both_shares_by_the_steps_percentage_without_restarting_it():
+    # Given 4 replicas, maxSurge 1, steps 50/100, in the cpu canary's 50% step (2 of 4 on cpu)
+    spec = make_spec(**{"rollout.maxSurge": 1, "rollout.promotionSteps": [50, 100]})
+    world = World.given(spec)
+    world.run_until(at_stage("cpu", 1))
+    world.settle()
+    stage_before = world.st.stage
+    canary_before = world.st.canary
+    assert world.fleet == (("gpu-only", 3), ("cpu", 2))  # 50% of 4 on cpu, one surge replica kept
+
+    # When an autoscaler sets replicas to 10 through /scale (a new generation, only replicas changed)
+    world.change_spec(spec.model_copy(update={"replicas": 10}))
+    world.tick()
+    world.settle()
+
+    # Then the step goes on where it was, and the shares follow: 50% of 10 on cpu, the rest stable
+    assert world.phase is Phase.PROMOTING
+    assert world.st.stage == stage_before  # same step, same start: the step clock did not restart
+    assert world.st.canary is not None
+    assert canary_before is not None
+    assert world.st.canary.config_hash == canary_before.config_hash
+    assert world.fleet == (("gpu-only", 6), ("cpu", 5))  # 10 - max(0, 5 - maxSurge 1) = 6
+    assert world.st.replicas == 11  # within (replicas + maxSurge) = 11
+    assert "SpecChanged" not in world.reasons()
+    # and the GPU budget held on every cycle of the resize
+    for plan in world.plans:
+        assert plan.variants is not None
+        assert plan.variants.total_replicas == plan.status.replicas
+        assert plan.variants.total_replicas <= 10 + 1
+
+
+def test_any_other_spec_change_still_starts_a_new_ladder():
+    spec = make_spec(**{"rollout.maxSurge": 1, "rollout.promotionSteps": [50, 100]})
+    world = World.given(spec)
+    world.run_until(at_stage("cpu", 1))
+    world.change_spec(
+        spec.model_copy(update={"replicas": 6, "rollout": spec.rollout.model_copy(update={"step_duration": "20m"})})
+    )
+    world.tick()
+    assert world.phase is Phase.BASELINE
+    assert world.events[-1].reason == "SpecChanged"

@@ -194,7 +194,11 @@ def test_with_healthy_evidence_every_spec_climbs_to_the_top(spec: KVOffloadPolic
             n += 1
             world.annotate(PROMOTE, str(n))
         world.tick(traffic=None, advance="30s", verdict=Verdict.PASS)
-    assert world.fleet[0] == (build_ladder(spec)[-1].name, spec.replicas)
+    world.settle()
+    assert world.fleet == ((build_ladder(spec)[-1].name, spec.replicas), None)
+    assert world.plan is not None
+    assert world.plan.variants is not None
+    assert not world.plan.variants.retiring
 
 
 PRICES = [CHEAP_RESTORE, SLOW_RESTORE, RestorePrice(1480, error="no profile"), None]

@@ -5,7 +5,7 @@ this module wraps it so a timeout fails the test, and adds a synthetic fleet exp
 
 Targets are added at runtime through ``file_sd_configs``; each target carries
 the labels the rendered PodMonitor would give its series (``namespace``,
-``pod``, ``kvoffload_io_policy``, ``kvoffload_io_variant``), so queries run
+``pod``, ``kvoffload_io_policy``, ``kvoffload_io_level``, ``kvoffload_io_config_hash``), so queries run
 against the same label layout as in a cluster.
 """
 
@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import pytest
 
 from kvoffload.analysis.dialects import NEWEST, Dialect
+from kvoffload.analysis.prometheus import Target
 from kvoffload.lab import promserver
 from kvoffload.lab.engine import families
 from kvoffload.lab.promserver import PROMETHEUS_BIN, SCRAPE_INTERVAL_S, PrometheusError, free_port  # noqa: F401  (re-exported)
@@ -148,10 +149,31 @@ class SyntheticEngine:
     """vLLM 0.33's vllm:kv_offload_config_info: (tier label or "", CPU bytes, chunks) per series."""
 
 
+def _level_labels(engine: SyntheticEngine) -> str:
+    """The level and config-hash labels the PodMonitor copies; a synthetic engine's config hash is its variant's
+    name (``synthetic_target`` asks for those)."""
+    return f'kvoffload_io_level="{engine.variant}",kvoffload_io_config_hash="{engine.variant}"'
+
+
+def synthetic_target(
+    namespace: str, policy: str, window: str = "2m", *args: Any, with_canary: bool = True, **kwargs: Any
+) -> Target:
+    """A Target whose stable and canary are the synthetic engines of variant ``stable`` and ``canary``."""
+    return Target(
+        namespace,
+        policy,
+        window,
+        *args,
+        stable_hash="stable",
+        canary_hash="canary" if with_canary else None,
+        **kwargs,
+    )
+
+
 def _series(engine: SyntheticEngine, dialect: Dialect) -> list[tuple[str, float]]:
     """(series line prefix, growth per second or fixed value) for one engine."""
     base = (
-        f'engine="0",kvoffload_io_policy="{engine.policy}",kvoffload_io_variant="{engine.variant}",'
+        f'engine="0",kvoffload_io_policy="{engine.policy}",{_level_labels(engine)},'
         f'model_name="m",namespace="{engine.namespace}",pod="{engine.policy}-{engine.variant}-0"'
     )
     rows: list[tuple[str, float]] = []
@@ -219,7 +241,7 @@ class SyntheticFleet:
         for engine in engines:
             self._counters.extend(_series(engine, dialect))
             labels = (
-                f'kvoffload_io_policy="{engine.policy}",kvoffload_io_variant="{engine.variant}",'
+                f'kvoffload_io_policy="{engine.policy}",{_level_labels(engine)},'
                 f'namespace="{engine.namespace}",pod="{engine.policy}-{engine.variant}-0"'
             )
             usage = f'{dialect.kv_cache_usage}{{engine="0",{labels}}}'

@@ -263,7 +263,7 @@ async def paused_by_person(run: Runner) -> None:
 async def rolled_back(run: Runner) -> None:
     name = "rollback"
     await run.cluster.set_faults(
-        f"kvoffload.io/policy={name},kvoffload.io/variant=canary,kvoffload.io/level=nvme",
+        f"kvoffload.io/policy={name},kvoffload.io/level=nvme",
         {"ttft_multiplier": 10},
         sticky=True,
     )

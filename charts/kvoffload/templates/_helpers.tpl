@@ -96,9 +96,9 @@ verbs: ["list", "watch", "patch"]
 
 {{/*
 A file written for the series labels the operator's PodMonitor gives the engines (kvoffload_io_policy,
-kvoffload_io_variant), with seriesLabels in their place. Call with (dict "text" TEXT "root" .).
+kvoffload_io_level, kvoffload_io_config_hash), with seriesLabels in their place. Call with (dict "text" TEXT "root" .).
 */}}
 {{- define "kvoffload.withSeriesLabels" -}}
 {{- $labels := .root.Values.seriesLabels }}
-{{- .text | replace "kvoffload_io_policy" $labels.policy | replace "kvoffload_io_variant" $labels.variant }}
+{{- .text | replace "kvoffload_io_policy" $labels.policy | replace "kvoffload_io_level" $labels.level | replace "kvoffload_io_config_hash" $labels.configHash }}
 {{- end }}

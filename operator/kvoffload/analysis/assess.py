@@ -193,6 +193,7 @@ def assess(
     warmed_up: bool,
     baseline: BaselineStatus | None = None,
     stable_side: bool = True,
+    comparing: bool = True,
 ) -> Assessment:
     """Judge one cycle. Pure: the same inputs always give the same Assessment.
 
@@ -206,7 +207,10 @@ def assess(
     - ``stable_side=False``: the canary runs every replica (the last promotion step with
       ``maxSurge: 0``), so no control group shares the window; the canary is held to the absolute
       budgets, and its ratio to the baseline is reported. Earlier steps already gated the ratio.
+    - ``comparing=False``: the canary is still warming up (``analysis.warmup``): its ratios to the stable
+      engines are reported, not gated, and so are the offload hit checks; the absolute budgets still are.
     """
+    warmed_up = warmed_up and comparing
     analysis = spec.analysis if isinstance(spec, KVOffloadPolicySpec) else spec
     if measurements.error is not None:
         return Assessment(Verdict.INCONCLUSIVE, (), f"no measurements: {measurements.error}")
@@ -304,6 +308,16 @@ def assess(
                     None,
                     f"stable served fewer than minRequests {min_requests}: ratio {ratio:.2f} not judged",
                     gated=True,
+                )
+            elif not comparing:
+                add(
+                    ratio_name,
+                    ratio,
+                    None,
+                    limit,
+                    None,
+                    f"warming up: canary/stable p99 = {ratio:.2f} reported, gated once the canary is warm",
+                    gated=False,
                 )
             else:
                 ok = ratio <= limit

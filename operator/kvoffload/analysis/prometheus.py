@@ -1,8 +1,11 @@
 """The Prometheus provider: one cycle's measurements for every policy, in a fixed number of queries.
 
 Engines are selected by the labels the rendered PodMonitor copies from the pods
-(``kvoffload_io_policy``, ``kvoffload_io_variant``, plus ``namespace``). Each
-query covers every policy at once and groups by (namespace, policy, variant), so
+(``kvoffload_io_policy``, ``kvoffload_io_level``, ``kvoffload_io_config_hash``,
+plus ``namespace``): labels that never change while a pod runs, so a role moving
+from one level to another relabels nothing. A target names the config hash of
+its stable and of its canary (``status.stable``/``status.canary``). Each query
+covers every policy at once and groups by (namespace, policy, level, hash), so
 the queries per cycle depend on how many distinct (window, dialect, extra
 matchers) the policies use, never on how many policies there are.
 
@@ -55,18 +58,15 @@ PolicyKey = tuple[str, str]
 
 @dataclass(frozen=True)
 class LabelNames:
-    """The series labels that tell policies and variants apart (an operator setting may rename them)."""
+    """The series labels that tell policies and levels apart (an operator setting may rename them)."""
 
     policy: str = "kvoffload_io_policy"
-    variant: str = "kvoffload_io_variant"
+    level: str = "kvoffload_io_level"
+    config_hash: str = "kvoffload_io_config_hash"
     namespace: str = "namespace"
-    canary_value: str = "canary"
-    """Value of the variant label on canary pods."""
-    stable_value: str = "stable"
-    """Value of the variant label on stable pods."""
 
     def grouping(self) -> str:
-        return f"{self.namespace}, {self.policy}, {self.variant}"
+        return f"{self.namespace}, {self.policy}, {self.level}, {self.config_hash}"
 
 
 @dataclass(frozen=True)
@@ -80,8 +80,10 @@ class Target:
     dialect: Dialect = NEWEST
     extra_matchers: str | None = None
     """Label matchers added to every query, e.g. ``cluster="prod"`` (spec.prometheus.extraMatchers)."""
-    with_canary: bool = True
-    """False when no canary runs (the Stable guard, the baseline): only the stable variant is read."""
+    stable_hash: str | None = None
+    """The config hash the stable level's pods run (``status.stable.configHash``)."""
+    canary_hash: str | None = None
+    """The canary level's config hash; None when no canary runs (the Stable guard, the baseline)."""
     workload: bool = False
     """True while the ladder is in its baseline: also read the workload figures (``WorkloadSample``)."""
 
@@ -141,7 +143,7 @@ def build_queries(
 ) -> tuple[Query, ...]:
     """The queries of one group of policies sharing (window, dialect, extra matchers).
 
-    Each selects every policy (``<policy label>!=""``) and groups by namespace, policy and variant.
+    Each selects every policy (``<policy label>!=""``) and groups by namespace, policy, level and config hash.
     Metrics the dialect lacks are left out. ``workload`` adds the ``WORKLOAD_QUERIES`` of the
     baseline's workload figures, at the end.
     """
@@ -307,10 +309,10 @@ class PrometheusProvider:
                 continue
             window_s = parse_duration(window)
             for t in members:
-                stable = _sample(collected.get((t.namespace, t.policy, self.labels.stable_value)), window_s, t.workload)
+                stable = _sample(collected.get((t.namespace, t.policy, t.stable_hash or "")), window_s, t.workload)
                 canary = (
-                    _sample(collected.get((t.namespace, t.policy, self.labels.canary_value)), window_s, t.workload)
-                    if t.with_canary
+                    _sample(collected.get((t.namespace, t.policy, t.canary_hash)), window_s, t.workload)
+                    if t.canary_hash is not None
                     else None
                 )
                 out[t.key] = Measurements(canary=canary, stable=stable)
@@ -322,7 +324,11 @@ class PrometheusProvider:
         for query in queries:
             for item in self._query(query.expr, at):
                 metric = item["metric"]
-                key = (metric.get(labels.namespace, ""), metric.get(labels.policy, ""), metric.get(labels.variant, ""))
+                key = (
+                    metric.get(labels.namespace, ""),
+                    metric.get(labels.policy, ""),
+                    metric.get(labels.config_hash, ""),
+                )
                 entry = found[key]
                 if query.field == "tier_hits":
                     number = _value(item)

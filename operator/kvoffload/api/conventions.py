@@ -31,9 +31,17 @@ VARIANTS: tuple[Variant, ...] = ("stable", "canary")
 # --- labels and annotations on rendered objects ------------------------------------------
 
 LABEL_POLICY = f"{API_GROUP}/policy"
-LABEL_VARIANT = f"{API_GROUP}/variant"
 LABEL_LEVEL = f"{API_GROUP}/level"
+"""On engine pods: the ladder level's name. With the config hash, it tells the variants apart in Prometheus."""
 LABEL_CONFIG_HASH = f"{API_GROUP}/config-hash"
+LABEL_VARIANT = f"{API_GROUP}/variant"
+"""Legacy: the role label that pods of ``<policy>-stable`` and ``<policy>-canary`` carried before roles moved
+into status (issue 9). Read only to adopt such Deployments without restarting their pods; never written."""
+LEGACY_DEPLOYMENT_ROLES: tuple[Variant, ...] = ("stable", "canary")
+"""Legacy Deployments were ``<policy>-<role>``."""
+SERIES_POD_LABELS = (LABEL_POLICY, LABEL_LEVEL, LABEL_CONFIG_HASH)
+"""The pod labels the PodMonitor copies onto every series (as kvoffload_io_policy, kvoffload_io_level,
+kvoffload_io_config_hash): none of them changes while a pod runs."""
 ANNOTATION_LEVEL_INDEX = f"{API_GROUP}/level-index"
 ANNOTATION_TIERS = f"{API_GROUP}/tiers"
 ANNOTATION_APPLIED = f"{API_GROUP}/applied-digest"
@@ -121,6 +129,12 @@ class Reason(StrEnum):
     CANARY_RESTARTED = "CanaryRestarted"
     PROGRESS_DEADLINE_EXCEEDED = "ProgressDeadlineExceeded"
     ABORTED = "Aborted"
+    # Warm-up
+    WARMED_UP = "WarmedUp"
+    """The step's canary is warm: its comparisons with the stable engines count from now."""
+    # Capacity
+    CAPACITY_DIP = "CapacityDip"
+    """maxSurge 0: a move of replicas onto a level takes Ready engines away before their replacements are Ready."""
     # Paused / AnalysisInconclusive
     PAUSED = "Paused"
     NOT_PAUSED = "NotPaused"

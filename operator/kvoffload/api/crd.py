@@ -189,7 +189,16 @@ def crd_manifest() -> dict[str, Any]:
                     "name": API_VERSION,
                     "served": True,
                     "storage": True,
-                    "subresources": {"status": {}},
+                    # /scale lets HPA or KEDA drive spec.replicas; a change mid-rollout resizes the stable
+                    # and canary shares by the step's percentages, restarting neither pods nor the step.
+                    "subresources": {
+                        "status": {},
+                        "scale": {
+                            "specReplicasPath": ".spec.replicas",
+                            "statusReplicasPath": ".status.replicas",
+                            "labelSelectorPath": ".status.selector",
+                        },
+                    },
                     "additionalPrinterColumns": PRINTER_COLUMNS,
                     "schema": {"openAPIV3Schema": openapi_schema()},
                 }

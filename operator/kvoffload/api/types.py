@@ -495,6 +495,23 @@ class RolloutSpec(Model):
         return steps
 
 
+class WarmupSpec(Model):
+    """How long a fresh canary's cache fills before its comparison with the warm stable engines counts."""
+
+    enabled: bool = Field(default=True, description="False: canary/stable comparisons count from the step start.")
+    duration: Duration | None = Field(
+        default=None,
+        description="Least time from the step start; default: analysis.window (then no cold request is left in it).",
+    )
+    requests: int | None = Field(
+        default=None,
+        ge=0,
+        le=10_000_000,
+        description="Least canary requests in the analysis window; default: analysis.minRequests. "
+        "The later of the two ends the warm-up.",
+    )
+
+
 class AnalysisSpec(Model):
     """What Prometheus must show for a level to advance."""
 
@@ -509,6 +526,19 @@ class AnalysisSpec(Model):
     sustained_for: Duration = Field(default="2m", description="How long a breach must last to roll back.")
     min_requests: int = Field(default=50, ge=1, le=10_000_000, description="Fewer in the window: inconclusive.")
     max_inconclusive: int = Field(default=10, ge=1, le=10_000, description="Inconclusive verdicts in a row that pause.")
+    warmup: WarmupSpec = Field(
+        default_factory=WarmupSpec,
+        description="Before it ends, canary/stable ratios and offload hit checks are reported, not gated; "
+        "the absolute budgets and hard failures act at once (like Argo Rollouts' initialDelay).",
+    )
+
+    def warmup_seconds(self) -> float:
+        """The warm-up's least duration: ``warmup.duration``, else the analysis window."""
+        return parse_duration(self.warmup.duration if self.warmup.duration is not None else self.window)
+
+    def warmup_requests(self) -> int:
+        """The canary requests the window must hold: ``warmup.requests``, else ``minRequests``."""
+        return self.warmup.requests if self.warmup.requests is not None else self.min_requests
 
 
 class SecretKeyRef(Model):
@@ -670,12 +700,33 @@ class StageStatus(Status):
     started_at: datetime | None = Field(default=None, description="When this level or step started.")
 
 
+class WarmupStatus(Status):
+    """The current step's warm-up: comparisons with the stable engines count once ``warmAt`` is set."""
+
+    since: datetime = Field(description="When the warm-up started (the step start).")
+    duration: str = Field(description="Least warm-up time.")
+    requests: int = Field(description="Least canary requests in the analysis window.")
+    served: float | None = Field(default=None, description="Canary requests in the window at the latest analysis.")
+    warm_at: datetime | None = Field(default=None, description="When the warm-up ended; unset while it runs.")
+
+
 class VariantStatus(Status):
     config_hash: str = Field(description="Hash of the rendered engine config.")
     level: int = Field(description="Ladder level index.")
     tiers: list[str] = Field(default_factory=list, description="Offload tiers.")
     cpu_size: str | None = Field(default=None, description="CPU tier size, if any.")
     replicas: int = Field(default=0, description="Desired replicas.")
+    ready: int = Field(default=0, description="Ready replicas.")
+
+
+class RetiringStatus(Status):
+    """A level whose Deployment drains after the roles moved off it (the old stable after a promotion)."""
+
+    level_name: str = Field(description="Ladder level name; the Deployment is <policy>-<level name>.")
+    config_hash: str = Field(description="Hash of the engine config its pods run.")
+    replicas: int = Field(
+        default=0, description="Replicas it keeps this cycle; they go as the new level's pods become Ready."
+    )
     ready: int = Field(default=0, description="Ready replicas.")
 
 
@@ -776,6 +827,10 @@ class KVOffloadPolicyStatus(Status):
     ladder: list[str] = Field(default_factory=list, description="Ladder level names, bottom first.")
     stable: VariantStatus | None = Field(default=None, description="The stable variant.")
     canary: VariantStatus | None = Field(default=None, description="The canary variant, while one runs.")
+    retiring: list[RetiringStatus] = Field(
+        default_factory=list, description="Levels draining after the roles moved off them, while they have pods."
+    )
+    warmup: WarmupStatus | None = Field(default=None, description="The current step's canary warm-up.")
     baseline: BaselineStatus | None = Field(default=None, description="The GPU-only baseline.")
     preflight: PreflightStatus | None = Field(
         default=None, description="The preflight's verdict on this ladder, when spec.rollout.preflight judged one."
@@ -788,6 +843,17 @@ class KVOffloadPolicyStatus(Status):
         default_factory=dict, description="Manual-control annotation values already acted on."
     )
     message: str = Field(default="", description="A one-line summary.")
+    replicas: int | None = Field(
+        default=None, description="Engine replicas the policy's Deployments run now, every level together (/scale)."
+    )
+    selector: str | None = Field(
+        default=None, description="Label selector of every engine pod of the policy (/scale, for HPA and KEDA)."
+    )
+    spec_digest: str | None = Field(
+        default=None,
+        description="Digest of the spec without replicas: a change of replicas alone resizes the shares, "
+        "any other change starts a new ladder.",
+    )
     # Display strings for `kubectl get kvop`: printer columns take one JSONPath and cannot join or format.
     tiers_summary: str = Field(
         default="",

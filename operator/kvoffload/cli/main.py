@@ -186,13 +186,19 @@ def crd() -> None:
 @POLICY_FILE
 @click.option("--prometheus", "prometheus_url", default=None, help="Prometheus base URL. Default: spec.prometheus.url.")
 @click.option("--level", type=int, default=None, help="Ladder level the canary runs (0 = GPU-only). Default: the top.")
-@click.option("--guard", is_flag=True, help="No canary runs: judge the stable variant against the absolute budgets.")
+@click.option(
+    "--stable-level",
+    type=int,
+    default=None,
+    help="Ladder level the stable engines run. Default: the nearest level below --level that may hold the fleet.",
+)
+@click.option("--guard", is_flag=True, help="No canary runs: judge --level's engines against the absolute budgets.")
 @click.option("--warming-up", is_flag=True, help="Judge as in a step's first half: offload hit checks not gated.")
 @click.option(
-    "--variant-labels",
-    default="kvoffload_io_policy,kvoffload_io_variant",
+    "--series-labels",
+    default="kvoffload_io_policy,kvoffload_io_level,kvoffload_io_config_hash",
     show_default=True,
-    help="The series labels naming the policy and the variant, as POLICY_LABEL,VARIANT_LABEL.",
+    help="The series labels naming the policy, the level and the config hash, as POLICY,LEVEL,CONFIG_HASH.",
 )
 @click.option("--bearer-token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
 @click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), default=None, help="CA bundle for TLS.")
@@ -204,9 +210,10 @@ def analyze(
     file: Path,
     prometheus_url: str | None,
     level: int | None,
+    stable_level: int | None,
     guard: bool,
     warming_up: bool,
-    variant_labels: str,
+    series_labels: str,
     bearer_token_file: Path | None,
     ca_bundle: str | None,
     insecure_skip_tls_verify: bool,
@@ -227,16 +234,28 @@ def analyze(
     from kvoffload.api.types import Verdict
     from kvoffload.policy.ladder import build_ladder, find_level
     from kvoffload.policy.loading import load_policy
+    from kvoffload.policy.render import config_hash
 
     policy = load_policy(file)
     spec = policy.spec
-    labels = [part.strip() for part in variant_labels.split(",")]
-    if len(labels) != 2 or not all(labels):
-        raise click.BadParameter("want POLICY_LABEL,VARIANT_LABEL", param_hint="--variant-labels")
+    labels = [part.strip() for part in series_labels.split(",")]
+    if len(labels) != 3 or not all(labels):
+        raise click.BadParameter("want POLICY,LEVEL,CONFIG_HASH", param_hint="--series-labels")
+    ladder = build_ladder(spec)
     try:
-        chosen = find_level(build_ladder(spec), index=level)
+        chosen = find_level(ladder, index=level)
     except KeyError as exc:
         raise click.BadParameter(str(exc.args[0]), param_hint="--level") from None
+    if guard:
+        stable = chosen
+    elif stable_level is not None:
+        try:
+            stable = find_level(ladder, index=stable_level)
+        except KeyError as exc:
+            raise click.BadParameter(str(exc.args[0]), param_hint="--stable-level") from None
+    else:
+        below = [lv for lv in ladder[: chosen.index] if not lv.canary_only]
+        stable = below[-1] if below else chosen
     try:
         dialect = dialect_for(spec.model.vllm_version or version_from_image(spec.model.image))
     except ValueError as exc:
@@ -247,7 +266,7 @@ def analyze(
         bearer_token_file=bearer_token_file,
         verify=False if insecure_skip_tls_verify else (ca_bundle or True),
         timeout=timeout,
-        labels=LabelNames(policy=labels[0], variant=labels[1]),
+        labels=LabelNames(policy=labels[0], level=labels[1], config_hash=labels[2]),
     )
     namespace = policy.metadata.namespace
     target = Target(
@@ -256,7 +275,8 @@ def analyze(
         spec.analysis.window,
         dialect,
         spec.prometheus.extra_matchers,
-        with_canary=not guard,
+        stable_hash=config_hash(policy, stable),
+        canary_hash=None if guard else config_hash(policy, chosen),
     )
     # The image tag can be off by a release: the series Prometheus holds decide.
     target = replace(target, dialect=confirm_dialect(dialect, set(provider.present_metric_names(target))))
@@ -442,10 +462,17 @@ def status(name: str, namespace: str | None, kubeconfig: Path | None, output: st
     help="The series label that names the policy (the PodMonitor's sanitised kvoffload.io/policy).",
 )
 @click.option(
-    "--variant-label",
-    default="kvoffload_io_variant",
+    "--level-label",
+    default="kvoffload_io_level",
     show_default=True,
-    help="The series label that names the variant, stable or canary (sanitised kvoffload.io/variant).",
+    help="The series label that names the ladder level (the PodMonitor's sanitised kvoffload.io/level).",
+)
+@click.option(
+    "--config-hash-label",
+    default="kvoffload_io_config_hash",
+    show_default=True,
+    help="The series label with the engine's config hash (sanitised kvoffload.io/config-hash); with the level it "
+    "tells stable and canary apart.",
 )
 @click.option(
     "--prometheus-url",
@@ -489,7 +516,8 @@ def run(
     standalone: bool,
     metrics_port: int,
     policy_label: str,
-    variant_label: str,
+    level_label: str,
+    config_hash_label: str,
     prometheus_url: str | None,
     prometheus_token_secret: str | None,
     prometheus_token_key: str,
@@ -539,7 +567,8 @@ def run(
                 metrics_port=metrics_port,
                 controller_settings=ControllerSettings(prometheus_url=prometheus_url, prometheus_token=token),
                 policy_label=policy_label,
-                variant_label=variant_label,
+                level_label=level_label,
+                config_hash_label=config_hash_label,
                 webhook=webhook,
             )
         )

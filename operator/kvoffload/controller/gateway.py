@@ -47,6 +47,7 @@ from kvoffload.api.conventions import (
     COMPONENT,
     KIND,
     LABEL_CONFIG_HASH,
+    LABEL_LEVEL,
     LABEL_POLICY,
     LABEL_VARIANT,
     PLURAL,
@@ -179,8 +180,9 @@ class PodState:
     """What the rollout needs to know about one engine pod."""
 
     name: str
-    variant: str | None
+    variant: str | None  # legacy: the role label of pods from <policy>-stable/-canary (issue 9); None on new pods
     config_hash: str | None  # the engine config the pod runs (its template's config-hash label)
+    level: str | None  # the ladder level's name (its template's level label)
     ready: bool
     restarts: int
     oom_killed: bool  # a container's current or last termination was OOMKilled
@@ -195,7 +197,8 @@ class DeploymentState:
     """One owned engine Deployment and how far its rollout got."""
 
     name: str
-    variant: str | None
+    variant: str | None  # legacy role label on <policy>-stable/-canary; None on per-level Deployments
+    level: str | None  # the ladder level's name its pods run
     replicas: int
     ready_replicas: int
     updated_replicas: int
@@ -285,6 +288,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodState:
         name=meta["name"],
         variant=labels.get(LABEL_VARIANT),
         config_hash=labels.get(LABEL_CONFIG_HASH),
+        level=labels.get(LABEL_LEVEL),
         ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
         restarts=sum(int(container.get("restartCount") or 0) for container in containers),
         oom_killed=any(term.get("reason") == "OOMKilled" for term in terminations),
@@ -301,6 +305,7 @@ def parse_deployment(deployment: Mapping[str, Any]) -> DeploymentState:
     return DeploymentState(
         name=meta["name"],
         variant=labels.get(LABEL_VARIANT),
+        level=labels.get(LABEL_LEVEL),
         replicas=int(spec.get("replicas", 1)),
         ready_replicas=int(status.get("readyReplicas") or 0),
         updated_replicas=int(status.get("updatedReplicas") or 0),
@@ -417,6 +422,26 @@ class KubernetesGateway:
             return True
 
         return await self._retrying(attempt, f"delete {kind} {owner.namespace}/{name}")
+
+    async def scale_owned(self, name: str, replicas: int, owner: PolicyRef) -> Obj:
+        """Set an owned Deployment's ``spec.replicas`` and nothing else, by merge patch (its pod template is
+        left exactly as it is, so no pod restarts). For Deployments adopted from an older naming, which the
+        operator no longer renders."""
+        path = resource_path("apps/v1", "deployments", owner.namespace, name)
+
+        async def attempt() -> Obj:
+            current = await self._get(path)
+            if current is None:
+                raise MissingObjectError(f"Deployment {owner.namespace}/{name} is gone")
+            self._require_owned(current, owner, "Deployment")
+            body = {
+                "metadata": {"resourceVersion": current["metadata"]["resourceVersion"]},
+                "spec": {"replicas": replicas},
+            }
+            query = {"fieldManager": FIELD_MANAGER}
+            return await self._call("PATCH", path, body=body, query=query, content_type=MERGE_PATCH)
+
+        return await self._retrying(attempt, f"scale Deployment {owner.namespace}/{name}")
 
     async def list_owned(self, policy: PolicyRef) -> OwnedWorkloads:
         """The policy's Deployments (by label and ownerReference) and the pods with its label."""

@@ -239,7 +239,8 @@ async def run_operator(
     metrics_port: int = 8080,
     controller_settings: ControllerSettings | None = None,
     policy_label: str = "kvoffload_io_policy",
-    variant_label: str = "kvoffload_io_variant",
+    level_label: str = "kvoffload_io_level",
+    config_hash_label: str = "kvoffload_io_config_hash",
     stop_flag: Any = None,
     ready_flag: Any = None,
     webhook: WebhookSettings | None = None,
@@ -255,7 +256,7 @@ async def run_operator(
     from kvoffload.controller.gateway import KubernetesGateway, api_client_from_environment
 
     metrics = OperatorMetrics()
-    labels = LabelNames(policy=policy_label, variant=variant_label)
+    labels = LabelNames(policy=policy_label, level=level_label, config_hash=config_hash_label)
     # Built before kopf starts, so a missing kubeconfig fails at once instead of in a retry loop.
     gateway = KubernetesGateway(api_client_from_environment())
     hub = MeasurementHub(

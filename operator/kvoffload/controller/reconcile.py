@@ -17,10 +17,16 @@ only call it at the right times (``kvoffload.handlers``). One cycle:
    the cycle also prices restore against recompute for the preflight
    (``economics.breakeven`` on the shipped profile of the GPU class, the prompt from
    ``rollout.preflight.prompt_tokens_for``), which ``decide`` judges when the baseline ends.
-4. ``rollout.decide`` the Plan, then apply it: the Deployment that shrinks first, then
-   the one that grows, so the fleet never holds more GPUs than the plan allows; the
-   canary deleted when the plan has none; Service and PodMonitor; the status (only
-   when it changed); the plan's Events. Spec is never written.
+4. ``rollout.decide`` the Plan, then apply it: one Deployment per ladder level
+   (``<policy>-<level>``), whichever role status gives it; those that shrink first, then
+   those that grow, so the fleet never holds more GPUs than the plan allows; a level's
+   Deployment that the plan no longer names (or names at 0 replicas) deleted; Service and
+   PodMonitor; the status (only when it changed); the plan's Events. Spec is never written.
+
+Deployments of the older naming (``<policy>-stable`` and ``<policy>-canary``, told apart by
+a role label on their pods) are adopted as the Deployment of the level their pods run while
+that config is wanted: they are only ever scaled (``spec.replicas`` by merge patch), never
+rendered again, so their pods do not restart; they go once their level drains.
 
 A Deployment is written only when its rendered content (recorded as a digest
 annotation) or its replicas differ, so a quiet cycle writes nothing at all.
@@ -50,10 +56,24 @@ from kvoffload.analysis.assess import Measurements, assess
 from kvoffload.analysis.dialects import Dialect, confirm_dialect, dialect_for, version_from_image
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import Target
-from kvoffload.api.conventions import ANNOTATION_APPLIED, ANNOTATION_LEVEL_INDEX, LABEL_CONFIG_HASH, Reason, Variant
+from kvoffload.api.conventions import (
+    ANNOTATION_APPLIED,
+    ANNOTATION_LEVEL_INDEX,
+    LABEL_CONFIG_HASH,
+    LABEL_POLICY,
+    LEGACY_DEPLOYMENT_ROLES,
+    Reason,
+)
 from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.quantity import parse_duration, to_quantity
-from kvoffload.api.types import HostMemoryStatus, KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode
+from kvoffload.api.types import (
+    HostMemoryStatus,
+    KVOffloadPolicy,
+    KVOffloadPolicySpec,
+    KVOffloadPolicyStatus,
+    Mode,
+    VariantStatus,
+)
 from kvoffload.controller.gateway import (
     ApiRejectedError,
     DeploymentState,
@@ -62,6 +82,7 @@ from kvoffload.controller.gateway import (
     MissingObjectError,
     NotOwnedError,
     OwnedWorkloads,
+    PodState,
     PolicyRef,
 )
 from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
@@ -73,6 +94,7 @@ from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.render import (
     check_renderable,
     config_hash,
+    deployment_name,
     render_deployment,
     render_pod_monitor,
     render_service,
@@ -90,7 +112,6 @@ from kvoffload.rollout.decide import (
     PodObservation,
     TokenCheck,
     VariantObservation,
-    VariantPlan,
     Variants,
     analysis_subject,
     decide,
@@ -228,20 +249,22 @@ class Controller:
         ctx.spec, ctx.ladder = spec, ladder
         level_hashes = {level.index: config_hash(policy, level) for level in ladder}
         owned = await self._api("list", self.gateway.list_owned(ctx.ref), ctx.ref)
-        stable_seen = _observe(owned, ctx.ref.name, "stable")
-        canary_seen = _observe(owned, ctx.ref.name, "canary")
+        stable_seen, canary_seen, retiring_seen = _observe_roles(owned, ctx.ref.name, ctx.status)
 
         assessment = measurements = price = token = None
         if self._analysis_due(policy, ctx, generation):
             subject = analysis_subject(spec, ctx.status, ctx.now)
             in_baseline = ctx.status is None or ctx.status.mode is Mode.BASELINE
+            stable_role = ctx.status.stable if ctx.status is not None else None
+            canary_role = ctx.status.canary if ctx.status is not None else None
             target = Target(
                 namespace=ctx.ref.namespace,
                 policy=ctx.ref.name,
                 window=spec.analysis.window,
                 dialect=dialect,
                 extra_matchers=spec.prometheus.extra_matchers,
-                with_canary=ctx.status is not None and ctx.status.canary is not None,
+                stable_hash=stable_role.config_hash if stable_role is not None else None,
+                canary_hash=canary_role.config_hash if canary_role is not None else None,
                 workload=in_baseline,
             )
             measurements, token = await self._measure(target, spec, ctx.ref, ctx.now)
@@ -253,6 +276,7 @@ class Controller:
                 warmed_up=subject.warmed_up,
                 baseline=baseline,
                 stable_side=subject.stable_side,
+                comparing=subject.comparing,
             )
             self.metrics.verdicts.labels(verdict=assessment.verdict.value).inc()
             if in_baseline and spec.rollout.preflight is not None:
@@ -264,6 +288,7 @@ class Controller:
             annotations=dict(meta.get("annotations") or {}),
             stable=stable_seen,
             canary=canary_seen,
+            retiring=retiring_seen,
             assessment=assessment,
             measurements=measurements,
             price=price,
@@ -272,7 +297,12 @@ class Controller:
         decided = decide(spec, ctx.status, observations, ctx.now)
         variants = decided.variants
         assert variants is not None  # decide always plans Deployments
-        status = decided.status.model_copy(update={"host_memory": _host_memory(policy, ladder, variants)})
+        status = decided.status.model_copy(
+            update={
+                "host_memory": _host_memory(policy, ladder, variants),
+                "selector": f"{LABEL_POLICY}={ctx.ref.name}",  # every engine of the policy, whatever its level
+            }
+        )
         plan = Plan(status=status, variants=variants, events=decided.events, requeue_after=decided.requeue_after)
         await self._apply_deployments(ctx, policy, ladder, variants, owned)
         await self._apply_shared(ctx, policy)
@@ -321,24 +351,39 @@ class Controller:
         variants: Variants,
         owned: OwnedWorkloads,
     ) -> None:
-        """Write the Deployments that differ from the plan, the shrinking one first."""
+        """Write the level Deployments that differ from the plan, the shrinking ones first.
+
+        A role's Deployment is rendered (server-side apply); a draining level's and an adopted legacy one's
+        are only scaled, so their pods never restart; one the plan does not name, or names at 0, goes."""
         steps: list[tuple[int, str, Callable[[], Awaitable[object]]]] = []
-        wanted: tuple[tuple[Variant, VariantPlan | None], ...] = (
-            ("stable", variants.stable),
-            ("canary", variants.canary),
-        )
-        for variant, vp in wanted:
-            name = f"{ctx.ref.name}-{variant}"
-            current = _deployment(owned, name)
-            if vp is None:
-                if current is not None:
-                    steps.append((-current.replicas, f"delete {name}", _bind(self._delete, ctx, name)))
+        kept: set[str] = set()
+        wanted: list[tuple[str, str, int, bool]] = [
+            (ladder[vp.level].name, vp.config_hash, vp.replicas, True)
+            for vp in (variants.stable, variants.canary)
+            if vp is not None
+        ]
+        wanted += [(r.level_name, r.config_hash, r.replicas, False) for r in variants.retiring]
+        levels = {lv.name: lv for lv in ladder}
+        for level_name, config_hash_, replicas, renders in wanted:
+            current = _level_deployment(owned, ctx.ref.name, level_name, config_hash_)
+            name = current.name if current is not None else deployment_name(ctx.ref.name, level_name)
+            if replicas == 0:
+                continue  # goes below, with whatever the plan does not keep
+            kept.add(name)
+            legacy = name != deployment_name(ctx.ref.name, level_name)
+            if legacy or not renders or level_name not in levels:
+                if current is not None and current.replicas != replicas:
+                    scale = _bind(self._scale, ctx, (name, replicas))
+                    steps.append((replicas - current.replicas, f"scale {name}", scale))
                 continue
-            manifest = with_digest(render_deployment(policy, ladder[vp.level], variant, vp.replicas))
+            manifest = with_digest(render_deployment(policy, levels[level_name], replicas))
             if current is not None and _up_to_date(current, manifest):
                 continue
-            grows = vp.replicas - (current.replicas if current is not None else 0)
+            grows = replicas - (current.replicas if current is not None else 0)
             steps.append((grows, f"apply {name}", _bind(self._apply, ctx, manifest)))
+        for d in owned.deployments:
+            if d.name not in kept:
+                steps.append((-d.replicas, f"delete {d.name}", _bind(self._delete, ctx, d.name)))
         for _, what, run in sorted(steps, key=lambda s: s[0]):  # stable sort: shrink before grow
             log.debug("%s: %s", ctx.ref, what)
             await run()
@@ -374,6 +419,9 @@ class Controller:
 
     async def _apply(self, ctx: _Reconcile, manifest: dict[str, Any]) -> None:
         await self._api("apply", self.gateway.apply(manifest, ctx.ref), ctx.ref)
+
+    async def _scale(self, ctx: _Reconcile, target: tuple[str, int]) -> None:
+        await self._api("scale", self.gateway.scale_owned(target[0], target[1], ctx.ref), ctx.ref)
 
     async def _delete(self, ctx: _Reconcile, name: str) -> None:
         await self._api("delete", self.gateway.delete_owned("Deployment", name, ctx.ref), ctx.ref)
@@ -500,11 +548,50 @@ def _deployment(owned: OwnedWorkloads, name: str) -> DeploymentState | None:
     return next((d for d in owned.deployments if d.name == name), None)
 
 
-def _observe(owned: OwnedWorkloads, policy: str, variant: Variant) -> VariantObservation:
-    """One variant's Deployment and its live pods; ready counts only pods on the Deployment's config."""
-    deployment = _deployment(owned, f"{policy}-{variant}")
-    if deployment is None:
-        return VariantObservation()
+def _level_deployment(
+    owned: OwnedWorkloads, policy: str, level: str, config_hash_: str | None
+) -> DeploymentState | None:
+    """The Deployment of one level: ``<policy>-<level>``, else a legacy ``<policy>-stable``/``-canary`` whose
+    pod template runs exactly that level and config (adopted as it is)."""
+    found = _deployment(owned, deployment_name(policy, level))
+    if found is not None:
+        return found
+    for role in LEGACY_DEPLOYMENT_ROLES:
+        legacy = _deployment(owned, f"{policy}-{role}")
+        matches = legacy is not None and legacy.variant == role and legacy.level == level
+        if matches and legacy is not None and legacy.labels.get(LABEL_CONFIG_HASH) in (config_hash_, None):
+            return legacy
+    return None
+
+
+def _observe_roles(
+    owned: OwnedWorkloads, policy: str, status: KVOffloadPolicyStatus | None
+) -> tuple[VariantObservation, VariantObservation, tuple[VariantObservation, ...]]:
+    """The Deployments that hold the stable and canary roles and the draining levels, as status records them.
+
+    A policy without a status (first seen) gets, as its stable candidate for adoption, a legacy
+    ``<policy>-stable`` if there is one, else the level Deployment with the most replicas."""
+    if status is None or status.stable is None:
+        legacy = _deployment(owned, f"{policy}-stable")
+        candidates = [legacy] if legacy is not None else sorted(owned.deployments, key=lambda d: -d.replicas)
+        first = candidates[0] if candidates else None
+        return (_observe(owned, first) if first is not None else VariantObservation()), VariantObservation(), ()
+
+    def role(variant: VariantStatus | None) -> VariantObservation:
+        if variant is None or not 0 <= variant.level < len(status.ladder):
+            return VariantObservation()
+        found = _level_deployment(owned, policy, status.ladder[variant.level], variant.config_hash)
+        return _observe(owned, found) if found is not None else VariantObservation()
+
+    retiring = []
+    for r in status.retiring:
+        found = _level_deployment(owned, policy, r.level_name, r.config_hash)
+        retiring.append(_observe(owned, found) if found is not None else VariantObservation())
+    return role(status.stable), role(status.canary), tuple(retiring)
+
+
+def _observe(owned: OwnedWorkloads, deployment: DeploymentState) -> VariantObservation:
+    """One level's Deployment and its live pods; ready counts only pods on the Deployment's config."""
     current = deployment.labels.get(LABEL_CONFIG_HASH)
     pods = tuple(
         PodObservation(
@@ -516,7 +603,7 @@ def _observe(owned: OwnedWorkloads, policy: str, variant: Variant) -> VariantObs
             config_hash=p.config_hash,
         )
         for p in owned.pods
-        if p.variant == variant and not p.terminating
+        if _belongs(p, deployment) and not p.terminating
     )
     ready = sum(1 for p in pods if p.ready and p.config_hash in (None, current))
     level_text = deployment.annotations.get(ANNOTATION_LEVEL_INDEX, "")
@@ -528,6 +615,13 @@ def _observe(owned: OwnedWorkloads, policy: str, variant: Variant) -> VariantObs
         ready_replicas=ready,
         pods=pods,
     )
+
+
+def _belongs(pod: PodState, deployment: DeploymentState) -> bool:
+    """A legacy Deployment selects its role label; a level Deployment its level (on pods without a role)."""
+    if deployment.variant is not None:
+        return pod.variant == deployment.variant
+    return pod.variant is None and pod.level == deployment.level
 
 
 # --- helpers ---------------------------------------------------------------------------------

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import dataclasses
 import math
 import os
 import shutil
@@ -250,7 +251,7 @@ class Bought:
 
 
 def bought_queries(dialect: Any, namespace: str, policy: str, window: str) -> dict[str, str]:
-    """PromQL per variant: p50 TTFT (vLLM's histogram) and external prompt tokens per second (by source)."""
+    """PromQL per config hash: p50 TTFT (vLLM's histogram) and external prompt tokens per second (by source)."""
     from kvoffload.analysis.dialects import SOURCE_EXTERNAL_KV_TRANSFER
     from kvoffload.analysis.prometheus import LabelNames, promql_duration
 
@@ -258,17 +259,18 @@ def bought_queries(dialect: Any, namespace: str, policy: str, window: str) -> di
     sel = f'{labels.namespace}="{namespace}", {labels.policy}="{policy}"'
     w = promql_duration(window)
     rate = f"rate({dialect.ttft_bucket}{{{sel}}}[{w}])"
-    out = {"ttft_p50": f"histogram_quantile(0.5, sum by (le, {labels.variant}) ({rate}))"}
+    out = {"ttft_p50": f"histogram_quantile(0.5, sum by (le, {labels.config_hash}) ({rate}))"}
     if dialect.prompt_tokens_by_source:
         source = f'source="{SOURCE_EXTERNAL_KV_TRANSFER}"'
         out["avoided_tokens_per_s"] = (
-            f"sum by ({labels.variant}) (rate({dialect.prompt_tokens_by_source}{{{sel}, {source}}}[{w}]))"
+            f"sum by ({labels.config_hash}) (rate({dialect.prompt_tokens_by_source}{{{sel}, {source}}}[{w}]))"
         )
     return out
 
 
-def query_by_variant(prometheus_url: str, expr: str) -> dict[str, float | None]:
-    """An instant query's value per variant label; empty when Prometheus has nothing (or cannot be reached)."""
+def query_by_variant(prometheus_url: str, expr: str, roles: Mapping[str, str]) -> dict[str, float | None]:
+    """An instant query's value per role (``roles``: config hash to stable or canary); empty when Prometheus
+    has nothing (or cannot be reached)."""
     import requests
 
     from kvoffload.analysis.prometheus import LabelNames
@@ -280,9 +282,9 @@ def query_by_variant(prometheus_url: str, expr: str) -> dict[str, float | None]:
         return {}
     out: dict[str, float | None] = {}
     for item in result:
-        variant = item.get("metric", {}).get(LabelNames().variant)
-        if variant:
-            out[variant] = _finite(float(item["value"][1]))
+        role = roles.get(item.get("metric", {}).get(LabelNames().config_hash, ""))
+        if role:
+            out[role] = _finite(float(item["value"][1]))
     return out
 
 
@@ -304,11 +306,13 @@ class SavedMeter:
         return out
 
 
-async def engine_savings(cluster: Any, policy: str, namespace: str) -> list[tuple[str, str, float]]:
-    """(variant, pod, saved GPU-seconds so far) of every serving engine of ``policy``."""
+async def engine_savings(
+    cluster: Any, policy: str, namespace: str, roles: Mapping[str, str]
+) -> list[tuple[str, str, float]]:
+    """(role, pod, saved GPU-seconds so far) of every serving engine of ``policy`` whose config hash has a role."""
     import aiohttp
 
-    from kvoffload.api.conventions import LABEL_POLICY, LABEL_VARIANT
+    from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_POLICY
 
     out: list[tuple[str, str, float]] = []
     async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=2)) as session:
@@ -321,8 +325,9 @@ async def engine_savings(cluster: Any, policy: str, namespace: str) -> list[tupl
             except (aiohttp.ClientError, TimeoutError, OSError, ValueError):
                 continue
             totals = state.get("totals") if isinstance(state, dict) else None
-            if isinstance(totals, dict) and "saved_gpu_s" in totals:
-                out.append((engine.labels.get(LABEL_VARIANT, ""), engine.key, float(totals["saved_gpu_s"])))
+            role = roles.get(engine.labels.get(LABEL_CONFIG_HASH, ""))
+            if role and isinstance(totals, dict) and "saved_gpu_s" in totals:
+                out.append((role, engine.key, float(totals["saved_gpu_s"])))
     return out
 
 
@@ -483,6 +488,8 @@ class DemoResult:
     timeline: Any  # report.Timeline
     report_files: dict[str, str]
     problems: list[str]
+    summary: dict[str, Any] | None = None
+    """What the kubelet stand-in counted: podsStarted, minReadyReplicas, Ready engines per level over time."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -494,7 +501,7 @@ class DemoResult:
             "problems": self.problems,
             "report": self.report_files,
             "status": self.status,
-            "summary": summary_json(self.timeline),
+            "summary": {**summary_json(self.timeline), **(self.summary or {})},
             "timeline": self.timeline.to_json(),
         }
 
@@ -525,7 +532,7 @@ async def run_demo(
     """Run one scenario end to end and write the report; everything started is stopped on return or cancel."""
     from kvoffload.analysis.dialects import dialect_for, version_from_image
     from kvoffload.analysis.prometheus import PrometheusProvider, Target
-    from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY, LABEL_VARIANT
+    from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY
     from kvoffload.api.types import KVOffloadPolicy
     from kvoffload.lab import load as loadgen
     from kvoffload.lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
@@ -571,6 +578,7 @@ async def run_demo(
         interval = parse_duration(spec.analysis.interval)
         bought_exprs = bought_queries(target.dialect, namespace, name, spec.analysis.window)
         saved_meter = SavedMeter()
+        census, replicas = cluster.kubelet.census, spec.replicas
         started_wall = datetime.now(UTC)
         start = time.monotonic()
         operator = start_operator(cluster)
@@ -613,13 +621,21 @@ async def run_demo(
                 obj = cluster.get(f"{API_GROUP}/{API_VERSION}", KIND, namespace, name) or {}
                 raw_status = obj.get("status")
                 status = KVOffloadPolicyStatus.model_validate(raw_status) if raw_status else None
+                if status is not None:  # stable and canary are the config hashes status gives those roles
+                    target = dataclasses.replace(
+                        target,
+                        stable_hash=status.stable.config_hash if status.stable is not None else None,
+                        canary_hash=status.canary.config_hash if status.canary is not None else None,
+                    )
                 measured = (await asyncio.to_thread(provider.measure, [target])).get(target.key)
-                savings = await engine_savings(cluster, name, namespace)
+                roles = {h: role for role, h in (("stable", target.stable_hash), ("canary", target.canary_hash)) if h}
+                savings = await engine_savings(cluster, name, namespace, roles)
                 bought = Bought(gpu_s_saved_per_s=saved_meter.update(now, savings))
                 for key, expr in bought_exprs.items():
-                    setattr(bought, key, await asyncio.to_thread(query_by_variant, cluster.prometheus.url, expr))
+                    setattr(bought, key, await asyncio.to_thread(query_by_variant, cluster.prometheus.url, expr, roles))
                 sample = sample_from(now, status, measured, bought)
                 timeline.samples.append(sample)
+                cluster.kubelet.census.sample(now, name, cluster.kubelet.engines.values())
                 if status is not None:
                     fresh = decisions_from(status.history, started_wall)
                     for d in fresh[seen:]:
@@ -634,7 +650,8 @@ async def run_demo(
                     and status.canary is not None
                     and status.canary.level == ladder[-1].index
                 ):
-                    selector = f"{LABEL_POLICY}={name},{LABEL_VARIANT}=canary,{LABEL_LEVEL}={ladder[-1].name}"
+                    # the top level's engines: its canary in this scenario, which never promotes it
+                    selector = f"{LABEL_POLICY}={name},{LABEL_LEVEL}={ladder[-1].name}"
                     await cluster.set_faults(
                         selector, {"ttft_multiplier": scenario.ttft_regression}, namespace=namespace, sticky=True
                     )
@@ -683,6 +700,7 @@ async def run_demo(
         timeline=timeline,
         report_files={"png": str(files.png), "markdown": str(files.markdown), "html": str(files.html)},
         problems=problems if not verdict.ok else [],
+        summary=census.to_json(name, replicas),
     )
 
 

@@ -2,7 +2,7 @@
 
 It scrapes every second and discovers targets through ``file_sd_configs``; each
 target carries the labels the rendered PodMonitor would give its series
-(``namespace``, ``pod``, ``kvoffload_io_policy``, ``kvoffload_io_variant``), so
+(``namespace``, ``pod``, ``kvoffload_io_policy``, ``kvoffload_io_level``, ``kvoffload_io_config_hash``), so
 queries run against the same label layout as in a cluster.
 """
 
@@ -141,14 +141,22 @@ class PrometheusServer:
         self._write_sd(self.workdir / "sd" / f"targets-{self._files}.json", groups)
 
     def add_engine(
-        self, address: str, *, policy: str, variant: str, namespace: str = "llm", pod: str | None = None
+        self,
+        address: str,
+        *,
+        policy: str,
+        level: str,
+        config_hash: str,
+        namespace: str = "llm",
+        pod: str | None = None,
     ) -> None:
         """One engine as the PodMonitor would label it."""
         labels = {
             "namespace": namespace,
-            "pod": pod or f"{policy}-{variant}-{address.rsplit(':', 1)[-1]}",
+            "pod": pod or f"{policy}-{level}-{address.rsplit(':', 1)[-1]}",
             "kvoffload_io_policy": policy,
-            "kvoffload_io_variant": variant,
+            "kvoffload_io_level": level,
+            "kvoffload_io_config_hash": config_hash,
         }
         self.add_targets([(address, labels)])
 

@@ -32,7 +32,7 @@ from kvoffload.api.conventions import (
     LABEL_CONFIG_HASH,
     LABEL_LEVEL,
     LABEL_POLICY,
-    LABEL_VARIANT,
+    SERIES_POD_LABELS,
     VARIANTS,
     Variant,
 )
@@ -546,20 +546,26 @@ def _require_renderable(policy: KVOffloadPolicy) -> None:
         raise PolicyError(errors, policy.metadata.name)
 
 
-def render_deployment(policy: KVOffloadPolicy, level: Level, variant: Variant, replicas: int) -> dict[str, Any]:
-    """The engine Deployment ``<policy>-<variant>`` running ``level`` with ``replicas`` pods."""
+def deployment_name(policy: str, level: str) -> str:
+    """The engine Deployment of one ladder level: ``<policy>-<level name>``. One per level, whatever role
+    (stable, canary) it holds: a promotion moves the role, never the pods."""
+    return f"{policy}-{level}"
+
+
+def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> dict[str, Any]:
+    """The engine Deployment ``<policy>-<level>`` running ``level`` with ``replicas`` pods.
+
+    Its pods carry only labels that never change while they run (policy, level, config hash), so that a
+    role moving from one level to another rewrites no pod template."""
     _require_renderable(policy)
-    if variant not in VARIANTS:
-        raise ValueError(f"variant must be one of {', '.join(VARIANTS)}, not {variant!r}")
     if replicas < 0:
         raise ValueError("replicas must not be negative")
     spec = policy.spec
     engine = _engine(policy, level)
     gpu = engine.gpu
-    selector = {LABEL_POLICY: policy.metadata.name, LABEL_VARIANT: variant}
+    selector = {LABEL_POLICY: policy.metadata.name, LABEL_LEVEL: level.name}
     labels = {
         **_common_labels(policy),
-        LABEL_VARIANT: variant,
         LABEL_LEVEL: level.name,
         LABEL_CONFIG_HASH: engine.hash,
     }
@@ -567,7 +573,7 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, variant: Variant, r
     surge = spec.rollout.max_surge
     return _from_template(
         "deployment.yaml.j2",
-        name=f"{policy.metadata.name}-{variant}",
+        name=deployment_name(policy.metadata.name, level.name),
         namespace=policy.metadata.namespace,
         labels=labels,
         annotations={ANNOTATION_LEVEL_INDEX: str(level.index), ANNOTATION_TIERS: tiers},
@@ -625,23 +631,26 @@ def render_pod_monitor(policy: KVOffloadPolicy) -> dict[str, Any]:
         namespace=policy.metadata.namespace,
         labels=_common_labels(policy),
         selector={LABEL_POLICY: policy.metadata.name},
-        pod_target_labels=[LABEL_POLICY, LABEL_VARIANT],
+        pod_target_labels=list(SERIES_POD_LABELS),
         interval=_prometheus_duration(parse_duration(policy.spec.analysis.interval)),
     )
 
 
 def render(
-    policy: KVOffloadPolicy, level: Level, variant: Variant, replicas: int | None = None
+    policy: KVOffloadPolicy, level: Level, role: Variant = "stable", replicas: int | None = None
 ) -> list[dict[str, Any]]:
-    """The manifests of one variant: its Deployment, then the shared Service and PodMonitor.
+    """The manifests of one level: its Deployment, then the shared Service and PodMonitor.
 
-    ``replicas`` defaults to spec.replicas for stable and rollout.canaryReplicas for
-    canary. Raises PolicyError naming the fields when the policy cannot be rendered.
+    ``replicas`` defaults to what the role would run: spec.replicas as stable, rollout.canaryReplicas as
+    canary (the role changes nothing else). Raises PolicyError naming the fields when the policy cannot
+    be rendered.
     """
+    if role not in VARIANTS:
+        raise ValueError(f"role must be one of {', '.join(VARIANTS)}, not {role!r}")
     if replicas is None:
-        replicas = policy.spec.replicas if variant == "stable" else policy.spec.rollout.canary_replicas
+        replicas = policy.spec.replicas if role == "stable" else policy.spec.rollout.canary_replicas
     return [
-        render_deployment(policy, level, variant, replicas),
+        render_deployment(policy, level, replicas),
         render_service(policy),
         render_pod_monitor(policy),
     ]

@@ -16,6 +16,19 @@ The rules (docs/design.md, "The ladder" and "Analysis"):
 - **Canary.** ``canaryReplicas`` run the next level. With ``maxSurge: s`` the
   stable side shrinks by ``max(0, canary - s)``, so the fleet never uses more
   than ``(replicas + maxSurge) × gpu.count`` GPUs.
+- **Roles, not pods.** Every level runs in its own Deployment, named by level;
+  "stable" and "canary" are roles in status. At 100% the canary level's
+  Deployment becomes stable and keeps its pods; the old stable level is
+  recorded as ``retiring`` and drains. Every move of replicas from one level
+  to another is paced (``_pace``): the new level grows as far as the GPU budget
+  ``replicas + maxSurge`` allows, and a Ready pod of the old level goes only
+  while Ready replicas stay at or above ``replicas - max(0, canaryReplicas -
+  maxSurge)`` (``replicas`` itself across a promotion to 100% with ``maxSurge
+  >= 1``); pods that are not Ready go first and cost nothing. With ``maxSurge:
+  0`` there is no spare GPU, so a swap takes a Ready pod away before its
+  replacement is Ready; the transition's Event says so (CapacityDip). A canary
+  with a hard failure goes at once; after a sustained breach, an abort or a new
+  spec it drains, paced, as the stable level's pods become Ready.
 - **Promotion.** The level then takes ``promotionSteps`` percent of the
   replicas (``ceil(pct × replicas / 100)``, at least ``canaryReplicas``; a step
   that would not add a replica is skipped). Every step lasts ``stepDuration``
@@ -66,10 +79,15 @@ The rules (docs/design.md, "The ladder" and "Analysis"):
   name is gone, the nearest level below it in the old ladder whose name is
   still there (never the canary-only pilot), else GPU-only. A manual pause
   is kept.
+- **Replicas changed alone** (``/scale``: a new generation whose spec differs only in
+  ``replicas``, by ``status.specDigest``): no new ladder; the stage and its clock stay, and the
+  shares follow the new count by the step's percentage, paced.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -118,9 +136,11 @@ from kvoffload.api.types import (
     Mode,
     Percentiles,
     PreflightStatus,
+    RetiringStatus,
     StageStatus,
     VariantStatus,
     Verdict,
+    WarmupStatus,
 )
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.sizing import progress_deadline_seconds
@@ -190,6 +210,8 @@ class Observations:
     """The policy's annotations; only the ``kvoffload.io/`` control keys are read."""
     stable: VariantObservation = field(default_factory=VariantObservation)
     canary: VariantObservation = field(default_factory=VariantObservation)
+    retiring: tuple[VariantObservation, ...] = ()
+    """The Deployments of ``status.retiring``, in its order."""
     assessment: Assessment | None = None
     """This cycle's verdict from ``assess()``; None when no analysis ran this cycle."""
     measurements: Measurements | None = None
@@ -214,15 +236,29 @@ class VariantPlan:
 
 
 @dataclass(frozen=True)
+class RetiringPlan:
+    """A level's Deployment that holds no role any more and drains, paced."""
+
+    level_name: str
+    replicas: int
+    config_hash: str
+
+
+@dataclass(frozen=True)
 class Variants:
-    """The desired Deployments. ``canary is None``: delete the canary Deployment."""
+    """The desired Deployments, one per level: the stable and canary roles and what drains.
+
+    ``canary is None``: no canary level. A level's Deployment that none of them names goes.
+    """
 
     stable: VariantPlan
     canary: VariantPlan | None
+    retiring: tuple[RetiringPlan, ...] = ()
 
     @property
     def total_replicas(self) -> int:
-        return self.stable.replicas + (self.canary.replicas if self.canary is not None else 0)
+        roles = self.stable.replicas + (self.canary.replicas if self.canary is not None else 0)
+        return roles + sum(r.replicas for r in self.retiring)
 
 
 @dataclass(frozen=True)
@@ -258,6 +294,8 @@ class AnalysisSubject:
     """True after the first half of a canary or promotion step (external share and tier hits gated)."""
     stable_side: bool = True
     """False when the canary runs every replica: no stable p99 shares the window to compare with."""
+    comparing: bool = True
+    """False while the step's canary warms up (``analysis.warmup``): canary/stable ratios are not gated."""
 
 
 # --- replica arithmetic -------------------------------------------------------------
@@ -301,7 +339,21 @@ def analysis_subject(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus | 
     started = status.stage.started_at if status.stage is not None else None
     half = parse_duration(spec.rollout.step_duration) / 2
     warm = started is not None and (now - started).total_seconds() >= half
-    return AnalysisSubject(ladder[status.canary.level], warmed_up=warm, stable_side=status.stable.replicas > 0)
+    return AnalysisSubject(
+        ladder[status.canary.level],
+        warmed_up=warm,
+        stable_side=status.stable.replicas > 0,
+        comparing=warmed_up_canary(spec, status),
+    )
+
+
+def warmed_up_canary(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus) -> bool:
+    """The step's canary is warm (``analysis.warmup`` done, or off): its comparisons with stable count.
+
+    A step without a warm-up record (a status written before warm-ups existed) compares at once."""
+    if not spec.analysis.warmup.enabled or status.warmup is None:
+        return True
+    return status.warmup.warm_at is not None
 
 
 # --- decide ---------------------------------------------------------------------------
@@ -393,6 +445,8 @@ class _Outcome:
     """A new preflight verdict; None keeps the old one (unless ``new_ladder``)."""
     new_ladder: bool = False
     """A new ladder starts: the old ladder's preflight verdict is dropped."""
+    drop_canary: bool = False
+    """The running canary goes at once, not paced (a hard failure: its pods are broken)."""
 
 
 def decide(
@@ -426,7 +480,8 @@ def decide(
 
     if current.stable is None or current.stage is None:
         return _write(ctx, _start_fresh(ctx))
-    if observations.generation != current.observed_generation or current.ladder != [lv.name for lv in ladder]:
+    changed = observations.generation != current.observed_generation or current.ladder != [lv.name for lv in ladder]
+    if changed and not _resized_only(ctx):  # a change of replicas alone (/scale) resizes the shares in place
         return _write(ctx, _new_spec(ctx))
     mode = _mode_of(current)
     if mode is None:
@@ -522,10 +577,11 @@ def _hard_failure(ctx: _Ctx) -> tuple[Reason, str] | None:
             return Reason.CANARY_RESTARTED, f"canary pod {pod.name} restarted {pod.restarts} time(s) {where}"
     deadline = progress_deadline_seconds(ctx.spec, level)
     ready = _ready(ctx.obs.canary, canary.config_hash)
-    if ready < canary.replicas and ctx.elapsed >= deadline:
+    wanted = canary_replicas(ctx.spec, ctx.stage.step)
+    if ready < wanted and ctx.elapsed >= deadline:
         return (
             Reason.PROGRESS_DEADLINE_EXCEEDED,
-            f"only {ready}/{canary.replicas} canary replicas Ready {format_duration(ctx.elapsed)} after the step "
+            f"only {ready}/{wanted} canary replicas Ready {format_duration(ctx.elapsed)} after the step "
             f"started (progress deadline {format_duration(deadline)}) {where}",
         )
     return None
@@ -576,13 +632,30 @@ def _start_fresh(ctx: _Ctx) -> _Outcome:
     return replace(outcome, seen=seen, paused=False)
 
 
+def spec_digest(spec: KVOffloadPolicySpec) -> str:
+    """A digest of everything in the spec but ``replicas`` (what /scale changes)."""
+    text = json.dumps(spec.model_dump(mode="json", by_alias=True, exclude={"replicas"}), sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _resized_only(ctx: _Ctx) -> bool:
+    """The new generation changed ``replicas`` and nothing else (an autoscaler through /scale): the ladder
+    goes on where it is, and the shares follow the new count by the step's percentages. Not after an
+    invalid generation: a fixed spec starts a new ladder, as any other change does."""
+    same_ladder = ctx.status.ladder == [lv.name for lv in ctx.ladder]
+    digest = ctx.status.spec_digest
+    was_invalid = cond.is_true(ctx.status.conditions, INVALID)
+    return same_ladder and not was_invalid and digest is not None and digest == spec_digest(ctx.spec)
+
+
 def _new_spec(ctx: _Ctx) -> _Outcome:
     level = _map_level(ctx)
     old = ctx.status.observed_generation
     dropped = f"dropped canary {ctx.level_name(ctx.status.canary.level)}; " if ctx.status.canary else ""
-    return _start_ladder(
+    outcome = _start_ladder(
         ctx, level, Reason.SPEC_CHANGED, f"generation {old} → {ctx.obs.generation}: {dropped}stable level {level.name}"
     )
+    return outcome  # the old canary drains, paced, as the new ladder's stable level grows Ready
 
 
 def _start_ladder(ctx: _Ctx, level: Level, reason: Reason, why: str) -> _Outcome:
@@ -719,11 +792,15 @@ def _run_step(ctx: _Ctx) -> _Outcome:
     duration = parse_duration(ctx.spec.rollout.step_duration)
     if ctx.paused or _too_inconclusive(ctx):
         return _hold(ctx, Mode.STEP)
+    warming = "" if warmed_up_canary(ctx.spec, ctx.status) else f", {_warming_text(ctx)}"
     if ctx.elapsed < duration:
-        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: {_progress(ctx, duration)}, {_verdict_text(ctx)}")
+        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: {_progress(ctx, duration)}{warming}, {_verdict_text(ctx)}")
+    if warming:
+        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: step over, {_warming_text(ctx)}; {_verdict_text(ctx)}")
     ready = _ready(ctx.obs.canary, canary.config_hash)
-    if ready < canary.replicas:
-        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: waiting for canaries Ready ({ready}/{canary.replicas})")
+    wanted = canary_replicas(ctx.spec, ctx.stage.step)
+    if ready < wanted:
+        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: waiting for canaries Ready ({ready}/{wanted})")
     verdict = ctx.obs.assessment
     if verdict is None or verdict.verdict is not Verdict.PASS:
         return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: step over, waiting for a Pass; {_verdict_text(ctx)}")
@@ -811,6 +888,9 @@ def _roll_back(ctx: _Ctx, mode: Mode, reason: Reason, why: str) -> _Outcome:
         decision=Decision.ROLLBACK,
         paused=False,
         inconclusive=False,
+        # A broken canary goes at once; a healthy-but-slow one (a breach, an abort) drains as the stable level's
+        # pods become Ready: at the last step with maxSurge 0 it holds every Ready replica (Flagger #1932).
+        drop_canary=reason not in (Reason.ANALYSIS_FAILED, Reason.ABORTED),
     )
 
 
@@ -889,9 +969,9 @@ def _hold(
     event: Event | None = None,
     decision: Decision | None = None,
 ) -> _Outcome:
-    """Keep the Deployments as they are; report why (a pause on too many Inconclusive verdicts included)."""
-    stable = _stable_plan(ctx)
-    canary = _plan_of(ctx.status.canary) if ctx.status.canary is not None else None
+    """Keep the roles where they are (the pacing goes on toward their targets); report why (a pause on
+    too many Inconclusive verdicts included)."""
+    stable, canary = _targets(ctx, mode)
     if reason is None:
         reason = _resting_reason(ctx, mode)
     inconclusive = mode in (Mode.BASELINE, Mode.STEP) and _too_inconclusive(ctx)
@@ -927,6 +1007,8 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
     paused = o.paused if o.paused is not None else ctx.paused
     conditions = _conditions(ctx, o, paused)
     stage_level = ctx.level(o.stage.index)
+    paced = _pace(ctx, o)
+    warmup, warmed = _warmup_of(ctx, o)
     last_analysis = ctx.evidence if ctx.evidence is not None else ctx.status.last_analysis
     history = list(ctx.status.history)
     if o.decision is not None:
@@ -945,8 +1027,22 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
         observed_generation=ctx.obs.generation,
         stage=o.stage,
         ladder=[lv.name for lv in ctx.ladder],
-        stable=_variant_status(ctx.level(o.stable.level), o.stable, ctx.obs.stable),
-        canary=_variant_status(ctx.level(o.canary.level), o.canary, ctx.obs.canary) if o.canary else None,
+        stable=_variant_status(ctx.level(o.stable.level), paced.stable, _seen(ctx, o.stable.config_hash)),
+        canary=(
+            _variant_status(ctx.level(paced.canary.level), paced.canary, _seen(ctx, paced.canary.config_hash))
+            if paced.canary is not None
+            else None
+        ),
+        warmup=warmup,
+        retiring=[
+            RetiringStatus(
+                level_name=r.level_name,
+                config_hash=r.config_hash,
+                replicas=r.replicas,
+                ready=_ready(_seen(ctx, r.config_hash), r.config_hash),
+            )
+            for r in paced.retiring
+        ],
         baseline=o.baseline if o.baseline is not None else ctx.status.baseline,
         preflight=_preflight_of(ctx, o),
         last_analysis=last_analysis,
@@ -955,12 +1051,20 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
         history=history[-HISTORY_LIMIT:],
         annotations_seen=dict(seen),
         message=o.message,
+        replicas=paced.total_replicas,
+        spec_digest=spec_digest(ctx.spec),
         **_display(o, last_analysis),
     )
+    event = o.event
+    if event is not None and (dip := _dip(ctx, o)) is not None:
+        event = replace(event, message=f"{event.message}; {dip}")
+    if event is not None and warmup is not None and warmup.since == ctx.now and warmup.warm_at is None:
+        event = replace(event, message=f"{event.message}; {_warmup_reason(warmup)}")
+    events = tuple(e for e in (event, warmed) if e is not None)
     return Plan(
         status=status,
-        variants=Variants(o.stable, o.canary),
-        events=(*((o.event,) if o.event is not None else ()), *_token_events(ctx)),
+        variants=paced,
+        events=(*events, *_token_events(ctx)),
         requeue_after=_requeue_after(ctx, o, seen, paused),
     )
 
@@ -977,7 +1081,7 @@ def _display(o: _Outcome, analysis: AnalysisStatus | None) -> dict[str, str]:
     ttft, share = subject(TTFT_P99), subject(EXTERNAL_SHARE)
     return {
         "tiers_summary": "+".join(o.stage.tiers) or "none",
-        "canary_summary": f"{o.canary.replicas if o.canary is not None else 0}/{o.stable.replicas}",
+        "canary_summary": f"{o.canary.replicas if o.canary is not None else 0}/{o.stable.replicas}",  # the targets
         "ttft_p99": "" if ttft is None else f"{ttft * 1000:.0f}ms",
         "external_share": "" if share is None else f"{share:.1%}",
     }
@@ -1083,6 +1187,211 @@ def _requeue_after(ctx: _Ctx, o: _Outcome, seen: Mapping[str, str], paused: bool
         return None
     left = duration - (ctx.now - o.stage.started_at).total_seconds()
     return left if left > 0 else None
+
+
+# --- warm-up: a fresh canary's cache fills before comparisons count ---------------------
+
+
+def _warmup_of(ctx: _Ctx, o: _Outcome) -> tuple[WarmupStatus | None, Event | None]:
+    """The step's warm-up after this cycle, and the Event when it ended now.
+
+    A new step starts a new warm-up; it ends at the first cycle at which both the least time has
+    passed and the canary's requests in the window reach the least count (the later of the two)."""
+    analysis = ctx.spec.analysis
+    if o.mode is not Mode.STEP or not analysis.warmup.enabled or o.stage.started_at is None:
+        return None, None
+    before = ctx.status.warmup
+    since = o.stage.started_at
+    if before is None or before.since != since:
+        if before is None and ctx.status.mode is Mode.STEP and ctx.status.stage == o.stage:
+            return None, None  # a step that began before warm-ups existed: it compares at once
+        return (
+            WarmupStatus(
+                since=since,
+                duration=format_duration(analysis.warmup_seconds()),
+                requests=analysis.warmup_requests(),
+            ),
+            None,
+        )
+    if before.warm_at is not None:
+        return before, None
+    sample = ctx.obs.measurements.canary if ctx.obs.measurements is not None else None
+    served = sample.requests if sample is not None and sample.requests is not None else before.served
+    elapsed = (ctx.now - since).total_seconds()
+    if elapsed < analysis.warmup_seconds() or served is None or served < before.requests:
+        return before.model_copy(update={"served": served}), None
+    level = ctx.level(o.canary.level).name if o.canary is not None else o.stage.name
+    message = (
+        f"canary {level} warm after {format_duration(elapsed)}: {served:.0f} requests in the analysis window "
+        f"(at least {before.requests}) and at least {before.duration} passed; canary/stable comparisons count from now"
+    )
+    return before.model_copy(update={"served": served, "warm_at": ctx.now}), Event("Normal", Reason.WARMED_UP, message)
+
+
+def _warmup_reason(warmup: WarmupStatus) -> str:
+    return (
+        f"warm-up: canary/stable ratios and offload hit checks count only after {warmup.duration} and "
+        f"{warmup.requests} canary requests in the analysis window, whichever is later (a fresh canary's cache "
+        "is empty, the stable engines' is full); the absolute budgets and hard failures apply at once"
+    )
+
+
+def _warming_text(ctx: _Ctx) -> str:
+    w = ctx.status.warmup
+    if w is None:
+        return "warming up"
+    served = "no" if w.served is None else f"{w.served:.0f}"
+    return f"warming up ({served} of {w.requests} canary requests in the window, at least {w.duration})"
+
+
+# --- pacing: moving replicas between levels within the capacity rules -------------------
+
+
+def _targets(ctx: _Ctx, mode: Mode) -> tuple[VariantPlan, VariantPlan | None]:
+    """The replicas each role is headed for in ``mode`` at the current stage (what a hold keeps heading to)."""
+    stable = _stable_plan(ctx)
+    canary = ctx.status.canary
+    if mode is not Mode.STEP or canary is None:
+        return replace(stable, replicas=ctx.spec.replicas), None
+    count = canary_replicas(ctx.spec, ctx.stage.step)
+    return replace(stable, replicas=stable_replicas(ctx.spec, count)), replace(_plan_of(canary), replicas=count)
+
+
+def ready_floor(spec: KVOffloadPolicySpec, *, to_full: bool) -> int:
+    """The fewest Ready replicas a paced move may leave: ``replicas - max(0, canaryReplicas - maxSurge)``;
+    ``replicas`` across a promotion to 100% (``to_full``) when ``maxSurge >= 1``."""
+    surge = spec.rollout.max_surge
+    if to_full and surge >= 1:
+        return spec.replicas
+    return spec.replicas - max(0, min(spec.rollout.canary_replicas, spec.replicas) - surge)
+
+
+@dataclass
+class _Slot:
+    """One level's Deployment during pacing: what it runs, has, is headed for, and its Ready pods."""
+
+    name: str
+    config_hash: str
+    level: int | None
+    """Index in the current ladder; None for a level the spec no longer has."""
+    current: int
+    target: int
+    ready: int
+
+
+def _pace(ctx: _Ctx, o: _Outcome) -> Variants:
+    """This cycle's replicas per level, moving from what runs toward the outcome's targets.
+
+    1. A canary that must go (``drop_canary``) goes at once.
+    2. Levels that grow take the room the GPU budget ``replicas + maxSurge`` leaves.
+    3. Levels that shrink lose their pods that are not Ready first (free), then Ready ones only while the
+       Ready total stays at or above ``ready_floor`` (or where it is, if it is already below).
+    4. Growing levels take the room that freed.
+    Pure; the same move over several cycles converges as the new pods become Ready.
+    """
+    spec = ctx.spec
+    slots: dict[str, _Slot] = {}
+    for plan in (o.stable, o.canary):
+        if plan is not None:
+            name = ctx.level(plan.level).name
+            slots[name] = _Slot(name, plan.config_hash, plan.level, 0, plan.replicas, 0)
+    for name, config_hash, replicas, dropped in _running(ctx, o):
+        slot = slots.get(name)
+        if slot is None:
+            level = next((lv.index for lv in ctx.ladder if lv.name == name), None)
+            slot = slots[name] = _Slot(name, config_hash, level, 0, 0, 0)
+        if dropped:
+            continue
+        seen = _seen(ctx, config_hash)
+        slot.current += replicas
+        slot.ready += min(replicas, sum(1 for p in seen.pods if p.ready) if seen.pods else seen.ready_replicas)
+    for slot in slots.values():
+        slot.ready = min(slot.ready, slot.current)
+    budget = spec.replicas + spec.rollout.max_surge
+    to_full = o.mode is Mode.STEP and o.canary is not None and o.canary.replicas >= spec.replicas
+    held = sum(s.ready for s in slots.values())
+    slack = held - min(ready_floor(spec, to_full=to_full), held)
+
+    def grow() -> None:
+        room = budget - sum(s.current for s in slots.values())
+        for slot in slots.values():
+            add = max(0, min(slot.target - slot.current, room))
+            slot.current += add
+            room -= add
+
+    grow()
+    # Where the budget still blocks a level that grows, a Ready pod goes only to make room for it.
+    need = sum(max(0, s.target - s.current) for s in slots.values()) or None
+    for slot in reversed(list(slots.values())):  # what drains first, then the canary, then the stable
+        excess = slot.current - slot.target
+        if excess <= 0:
+            continue
+        free = min(excess, slot.current - slot.ready)
+        if need is not None:
+            need = max(0, need - free)
+        take = min(excess - free, slack if need is None else min(slack, need))
+        slot.current -= free + take
+        slot.ready -= take
+        slack -= take
+        if need is not None:
+            need -= take
+    grow()
+
+    def plan_of(plan: VariantPlan | None) -> VariantPlan | None:
+        return None if plan is None else replace(plan, replicas=slots[ctx.level(plan.level).name].current)
+
+    roles = {ctx.level(p.level).name for p in (o.stable, o.canary) if p is not None}
+    stable = plan_of(o.stable)
+    assert stable is not None
+    return Variants(
+        stable=stable,
+        canary=plan_of(o.canary),
+        retiring=tuple(
+            RetiringPlan(s.name, s.current, s.config_hash) for s in slots.values() if s.name not in roles and s.current
+        ),
+    )
+
+
+def _running(ctx: _Ctx, o: _Outcome) -> list[tuple[str, str, int, bool]]:
+    """(level name, config hash, replicas asked for, goes at once) of every level's Deployment status names."""
+    status = ctx.status
+    out: list[tuple[str, str, int, bool]] = []
+    names = status.ladder
+    for role, variant in (("stable", status.stable), ("canary", status.canary)):
+        if variant is None:
+            continue
+        name = names[variant.level] if 0 <= variant.level < len(names) else ctx.level_name(variant.level)
+        out.append((name, variant.config_hash, variant.replicas, role == "canary" and o.drop_canary))
+    out += [(r.level_name, r.config_hash, r.replicas, False) for r in status.retiring]
+    return out
+
+
+def _seen(ctx: _Ctx, config_hash: str) -> VariantObservation:
+    """The observed Deployment that runs ``config_hash``, whichever role it had when observed."""
+    for seen in (ctx.obs.stable, ctx.obs.canary, *ctx.obs.retiring):
+        if seen.exists and seen.config_hash == config_hash:
+            return seen
+    return VariantObservation()
+
+
+def _dip(ctx: _Ctx, o: _Outcome) -> str | None:
+    """With no spare GPU (maxSurge 0), what a transition that moves replicas tells its Event: how far Ready
+    replicas dip (CapacityDip)."""
+    spec = ctx.spec
+    if o.decision is None or o.mode is not Mode.STEP or o.canary is None or spec.rollout.max_surge > 0:
+        return None
+    before = ctx.status.canary
+    had = before.replicas if before is not None and before.config_hash == o.canary.config_hash else 0
+    moving = o.canary.replicas - had
+    if moving <= 0:
+        return None
+    floor = ready_floor(spec, to_full=False)
+    target = ctx.level(o.canary.level).name
+    return (
+        f"{Reason.CAPACITY_DIP}: maxSurge 0 leaves no spare GPU, so to move {moving} replica(s) onto {target} Ready "
+        f"engines go before their replacements are Ready and Ready replicas may dip to {floor} of {spec.replicas} "
+        "(rollout.maxSurge 1 or more keeps every replica Ready)"
+    )
 
 
 # --- small helpers ----------------------------------------------------------------------

@@ -10,14 +10,14 @@ from typing import Any
 
 import aiohttp
 
-from kvoffload.api.conventions import LABEL_POLICY, LABEL_VARIANT
+from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY, SERIES_POD_LABELS
 from kvoffload.lab.cluster.kubeemu import Obj, label_selector
 from kvoffload.lab.cluster.podengine import HOST, PodEngine
 from kvoffload.lab.promserver import PrometheusServer
 
 log = logging.getLogger("kvoffload.localcluster")
 
-DEFAULT_TARGET_LABELS = (LABEL_POLICY, LABEL_VARIANT)
+DEFAULT_TARGET_LABELS = SERIES_POD_LABELS
 """Pod labels the rendered PodMonitor copies into series labels (``podTargetLabels``)."""
 
 
@@ -170,7 +170,7 @@ class Engines(Mapping[str, PodEngine]):
     # --- faults and endpoints ------------------------------------------------------------------
 
     def matching(self, selector: str, namespace: str | None = None, *, ready_only: bool = True) -> list[PodEngine]:
-        """The engines whose pods match a label selector (e.g. ``kvoffload.io/variant=canary``)."""
+        """The engines whose pods match a label selector (e.g. ``kvoffload.io/level=nvme``)."""
         matches = label_selector(selector)
         return [
             engine
@@ -212,7 +212,7 @@ class Engines(Mapping[str, PodEngine]):
             response.raise_for_status()
             return await response.json()
 
-    def endpoints(self, policy: str, namespace: str | None = None, variant: str | None = None) -> list[str]:
-        """URLs of the ready engines the policy's Service would route to (optionally one variant)."""
-        selector = f"{LABEL_POLICY}={policy}" + (f",{LABEL_VARIANT}={variant}" if variant else "")
+    def endpoints(self, policy: str, namespace: str | None = None, level: str | None = None) -> list[str]:
+        """URLs of the ready engines the policy's Service would route to (optionally one level's)."""
+        selector = f"{LABEL_POLICY}={policy}" + (f",{LABEL_LEVEL}={level}" if level else "")
         return [engine.url for engine in self.matching(selector, namespace)]

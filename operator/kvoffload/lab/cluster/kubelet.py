@@ -11,6 +11,7 @@ from pathlib import Path
 import aiohttp
 import kmock
 
+from kvoffload.lab.cluster.census import Census
 from kvoffload.lab.cluster.deployments import (
     POD_TEMPLATE_HASH,
     deployment_status,
@@ -63,6 +64,8 @@ class Kubelet:
         self.engine_env = dict(engine_env or {})
         self.tick = tick
         self.engines = Engines(prometheus, target_labels=target_labels, probe_period=probe_period)
+        self.census = Census()
+        """Every engine started, and Ready engines per level when sampled (``lab/cluster/census.py``)."""
         self._counters: dict[str, int] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -233,6 +236,7 @@ class Kubelet:
             log_path=self.workdir / f"{namespace}_{name}.log",
         )
         self.engines.start(engine)
+        self.census.engine_started(engine.labels)
         return pod
 
     async def _delete_pod(self, pod: Obj) -> None:

@@ -171,9 +171,9 @@ class LocalCluster:
 
     # --- what tests and the demo drive ------------------------------------------------------
 
-    def endpoints(self, policy: str, namespace: str | None = None, variant: str | None = None) -> list[str]:
+    def endpoints(self, policy: str, namespace: str | None = None, level: str | None = None) -> list[str]:
         """URLs of the ready engines the policy's Service routes to (for the load generator)."""
-        return self.kubelet.engines.endpoints(policy, namespace, variant)
+        return self.kubelet.engines.endpoints(policy, namespace, level)
 
     def pods(self, selector: str = "", namespace: str | None = None) -> list[PodEngine]:
         """The engines of the pods matching a label selector, ready or not."""
