@@ -82,12 +82,12 @@ def test_a_canary_carries_its_own_level_s_capacity_not_the_stable_one_s() -> Non
 
 
 def test_tensor_parallel_replicas_of_kv_heads_shrink_what_each_pod_holds(tmp_path: Path) -> None:
-    # Qwen3-0.6B has 8 KV heads: at TP 16 every head is kept twice, so a token takes twice the bytes.
+    # Qwen2.5-7B has 4 KV heads: at TP 8 (a whole node) every head is kept twice, so a token takes twice the bytes.
     doc = merge(
         BASE,
-        {"spec": {"model": {"name": "Qwen/Qwen3-0.6B", "tensorParallelSize": 16}, "gpu": {"count": 16}}},
+        {"spec": {"model": {"name": "Qwen/Qwen2.5-7B-Instruct", "tensorParallelSize": 8}, "gpu": {"count": 8}}},
     )
-    path = tmp_path / "tp16.yaml"
+    path = tmp_path / "tp8.yaml"
     path.write_text(yaml.safe_dump(doc))
     plan = json.loads(run("plan", str(path), "-o", "json"))
     assert plan["storedBytesPerToken"] == 2 * plan["kvBytesPerToken"]
