@@ -571,7 +571,7 @@ async def exercise_the_operator(cluster: EmulatedCluster, args: list[str], peeri
         assert child is not None, f"the operator did not create {kind} {name}"
         await gateway.apply(child, policy)  # an update, as the next stage does
     # The operator deletes only a canary Deployment; the garbage collector removes the rest with the policy.
-    assert await gateway.delete_owned("Deployment", "chat-stable", policy)
+    assert await gateway.delete_owned("Deployment", "chat-gpu-only", policy)
 
 
 @pytest.mark.e2e
