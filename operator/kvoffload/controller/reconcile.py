@@ -444,6 +444,7 @@ def _observe(owned: OwnedWorkloads, policy: str, variant: Variant) -> VariantObs
             oom_killed=p.oom_killed,
             crash_looping=p.crash_looping,
             config_hash=p.config_hash,
+            unschedulable=p.unschedulable,
         )
         for p in owned.pods
         if p.variant == variant and not p.terminating
