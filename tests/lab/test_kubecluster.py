@@ -12,6 +12,7 @@ import copy
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -185,6 +186,12 @@ def alive(pid: int) -> bool:
     return state != "Z"
 
 
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 def kubectl(kubeconfig: Path, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     binary = kubectl_binary()
     assert binary is not None
@@ -213,10 +220,22 @@ def test_kvoffload_cluster_serves_kubectl_and_the_operator_and_leaves_nothing_ru
     if kubectl_binary() is None:
         unavailable("no kubectl")
     kubeconfig = tmp_path / "lab" / "kubeconfig"
-    prometheus_port = free_port()
+    workdir = tmp_path / "work"
+    prometheus_port, webhook_port = free_port(), free_port()
     log = (tmp_path / "cluster.log").open("w")
     cluster = subprocess.Popen(
-        [*KVOFFLOAD, "cluster", "--kubeconfig", str(kubeconfig), "--prometheus-port", str(prometheus_port)],
+        [
+            *KVOFFLOAD,
+            "cluster",
+            "--kubeconfig",
+            str(kubeconfig),
+            "--prometheus-port",
+            str(prometheus_port),
+            "--webhook-port",
+            str(webhook_port),
+            "--workdir",
+            str(workdir),
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -233,13 +252,27 @@ def test_kvoffload_cluster_serves_kubectl_and_the_operator_and_leaves_nothing_ru
         assert {"customresourcedefinition.apiextensions.k8s.io/kvoffloadpolicies.kvoffload.io"} <= set(crds)
         assert "customresourcedefinition.apiextensions.k8s.io/podmonitors.monitoring.coreos.com" in crds
 
+        # As the cluster's own instructions say, with the webhook it registered.
+        (run_line,) = [
+            line for line in (tmp_path / "cluster.log").read_text().splitlines() if " kvoffload run " in line
+        ]
+        webhook = run_line.split("--standalone", 1)[1].split()
+        assert webhook[:2] == ["--webhook-port", str(webhook_port)], run_line
         operator = subprocess.Popen(
-            [*KVOFFLOAD, "run", "-A", "--standalone", "--metrics-port", "0"],
+            [*KVOFFLOAD, "run", "-A", "--standalone", "--metrics-port", "0", *webhook],
             stdout=(tmp_path / "operator.log").open("wb"),
             stderr=subprocess.STDOUT,
             env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},
         )
+        wait(lambda: port_open(webhook_port) or operator.poll() is not None, "the operator's webhook", 60)
         doc = example_policy("default", f"http://127.0.0.1:{prometheus_port}")
+        bad = copy.deepcopy(doc)
+        bad["metadata"]["name"] = "imaginary"
+        bad["spec"]["gpu"]["class"] = "nvidia-imaginary-9000"
+        refused = kubectl(kubeconfig, "apply", "-f", "-", stdin=json.dumps(bad))
+        assert refused.returncode != 0
+        assert 'admission webhook "policies.kvoffload.io" denied the request' in refused.stderr, refused.stderr
+        assert "spec.gpu.class" in refused.stderr
         applied = kubectl(kubeconfig, "apply", "-f", "-", stdin=json.dumps(doc))
         assert applied.returncode == 0, applied.stderr
 

@@ -156,6 +156,14 @@ def demo(scenario: str, fast: bool, output: str, out_dir: Path, policy_path: Pat
     help="Prometheus's port on 127.0.0.1; 0: a free one.",
 )
 @click.option(
+    "--webhook-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Register the operator's admission webhook at https://127.0.0.1:PORT (0: a free port); "
+    "the `kvoffload run` line printed at start serves it.",
+)
+@click.option(
     "--workdir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
@@ -167,7 +175,9 @@ def demo(scenario: str, fast: bool, output: str, out_dir: Path, policy_path: Pat
     multiple=True,
     help="An extra `kvoffload emulate` argument for every engine, e.g. --engine-arg=--gpu-kv-blocks=64.",
 )
-def cluster(kubeconfig: Path, prometheus_port: int, workdir: Path | None, engine_args: tuple[str, ...]) -> None:
+def cluster(
+    kubeconfig: Path, prometheus_port: int, webhook_port: int, workdir: Path | None, engine_args: tuple[str, ...]
+) -> None:
     """A local Kubernetes cluster on 127.0.0.1, in the foreground until SIGTERM or Ctrl-C.
 
     The real control plane (etcd, kube-apiserver with TLS, Node,RBAC authorization and the default
@@ -175,7 +185,8 @@ def cluster(kubeconfig: Path, prometheus_port: int, workdir: Path | None, engine
     first when the binaries are missing; the KVOffloadPolicy and PodMonitor CRDs; one fake Node per
     GPU class the applied policies name, shaped by the catalog (host memory, GPUs, labels, taints);
     a kubelet stand-in that runs every pod bound to those Nodes as a `kvoffload emulate` engine and
-    reports its status; and a real Prometheus that scrapes the engines with the PodMonitor's labels.
+    reports its status; a real Prometheus that scrapes the engines with the PodMonitor's labels; and
+    the operator's validating webhook registered on loopback, with a certificate from the cluster's CA.
 
     Point kubectl and `kvoffload run` at --kubeconfig. Stopping leaves nothing running.
     """
@@ -194,6 +205,7 @@ def cluster(kubeconfig: Path, prometheus_port: int, workdir: Path | None, engine
                 kubeconfig,
                 workdir=workdir,
                 prometheus_port=prometheus_port or None,
+                webhook_port=webhook_port or None,
                 engine_args=engine_args,
                 progress=progress,
             )

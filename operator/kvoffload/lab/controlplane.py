@@ -172,6 +172,7 @@ class _Pki:
     scheduler: _KeyPair
     service_account_key: Path
     service_account_pub: Path
+    issuer: _Issuer
 
 
 class _Issuer:
@@ -285,6 +286,7 @@ def _write_pki(folder: Path) -> _Pki:
         scheduler=issuer.issue(folder, "scheduler", "system:kube-scheduler"),
         service_account_key=sa_key_path,
         service_account_pub=sa_pub_path,
+        issuer=issuer,
     )
 
 
@@ -370,6 +372,7 @@ class ControlPlane:
         self._kubeconfig: Path | None = None
         self._ca: Path | None = None
         self._admin: _KeyPair | None = None
+        self._issuer: _Issuer | None = None
 
     # Public state, valid once start() has returned.
 
@@ -408,6 +411,16 @@ class ControlPlane:
         if self._admin is None:
             raise ControlPlaneError("the control plane is not started")
         return self._admin.key
+
+    def issue_loopback_certificate(self, folder: Path, stem: str) -> tuple[Path, Path]:
+        """A server certificate for 127.0.0.1 and localhost, signed by the cluster's CA (which the API server
+        trusts), written to ``folder/stem.{crt,key}``: for a webhook the API server calls on loopback."""
+        if self._issuer is None:
+            raise ControlPlaneError("the control plane is not started")
+        folder.mkdir(parents=True, exist_ok=True)
+        sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.IPv4Address(HOST)), x509.DNSName("localhost")]
+        pair = self._issuer.issue(folder, stem, stem, sans=sans)
+        return pair.cert, pair.key
 
     @property
     def pids(self) -> dict[str, int]:
@@ -449,6 +462,7 @@ class ControlPlane:
         pki = _write_pki(work / "pki")
         self._ca = pki.ca
         self._admin = pki.admin
+        self._issuer = pki.issuer
         self.ready_s["certificates"] = time.monotonic() - began
         tls = ssl.create_default_context(cafile=str(pki.ca))
         tls.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
@@ -587,6 +601,7 @@ class ControlPlane:
         self._kubeconfig = None
         self._ca = None
         self._admin = None
+        self._issuer = None
         if self.workdir is not None and self._given_workdir is None:
             shutil.rmtree(self.workdir, ignore_errors=True)
         self.workdir = None

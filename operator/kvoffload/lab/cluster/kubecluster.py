@@ -35,12 +35,13 @@ from typing import Any
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
 from kvoffload.api.crd import crd_manifest
+from kvoffload.api.webhook import WEBHOOK_PATH, validating_webhook_configuration
 from kvoffload.lab.cluster.engines import DEFAULT_TARGET_LABELS
 from kvoffload.lab.cluster.kubeapi import KubeAPI, KubeAPIError, Obj, object_path, tls_context
 from kvoffload.lab.cluster.nodekubelet import NodeKubelet
 from kvoffload.lab.cluster.podengine import LocalClusterError, PodEngine
 from kvoffload.lab.controlplane import ControlPlane, ensure_binaries
-from kvoffload.lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer
+from kvoffload.lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer, free_port
 
 PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"
 
@@ -108,6 +109,7 @@ class KubeCluster:
         gpu_class_pricing: bool = True,
         build: bool = False,
         progress: Callable[[str], None] | None = None,
+        webhook_port: int | None = None,
     ) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="kvoffload-kube-cluster-")) if workdir is None else workdir
@@ -122,6 +124,9 @@ class KubeCluster:
         self.gpu_class_pricing = gpu_class_pricing
         self.build = build
         self.progress = progress or (lambda line: None)
+        self.webhook_port = webhook_port
+        self.webhook_files: tuple[Path, Path] | None = None
+        """The webhook's serving certificate and key, once registered."""
         self._stack = contextlib.AsyncExitStack()
         self._plane: ControlPlane | None = None
         self._tls: ssl.SSLContext | None = None
@@ -232,6 +237,8 @@ class KubeCluster:
                 await api.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         if self._shared_plane is not None:
             self._stack.push_async_callback(self._clean_namespaces)
+        if self.webhook_port is not None:
+            await self._register_webhook(self.webhook_port)
         await self._wait_for_service_accounts()
         if self.with_prometheus:
             server = PrometheusServer(self.workdir / "prometheus", scrape_interval=self.scrape_interval)
@@ -267,6 +274,35 @@ class KubeCluster:
                     raise LocalClusterError(f"the CRD {name} was not Established within 60 s")
                 await asyncio.sleep(0.1)  # the API server registers the kind in a moment
         self.progress(f"CRDs installed: {crd_manifest()['metadata']['name']}, {PODMONITOR_CRD}")
+
+    async def _register_webhook(self, port: int) -> None:
+        """Register the operator's validating webhook at https://127.0.0.1:``port`` with a certificate from the
+        cluster's CA; the operator serves it when started with :attr:`webhook_args`. Until then the API server
+        skips it (``failurePolicy: Ignore``)."""
+        cert, key = self.plane.issue_loopback_certificate(self.workdir / "webhook", "webhook")
+        self.webhook_files = (cert, key)
+        configuration = validating_webhook_configuration(
+            url=f"https://127.0.0.1:{port}", ca_bundle=self.plane.ca_file.read_bytes()
+        )
+        await self.api.apply(configuration)
+        self.progress(f"admission webhook registered at https://127.0.0.1:{port}{WEBHOOK_PATH}")
+
+    @property
+    def webhook_args(self) -> list[str]:
+        """The ``kvoffload run`` arguments that serve the registered webhook (none when there is none)."""
+        if self.webhook_files is None or self.webhook_port is None:
+            return []
+        cert, key = self.webhook_files
+        return [
+            "--webhook-port",
+            str(self.webhook_port),
+            "--webhook-address",
+            "127.0.0.1",
+            "--webhook-cert",
+            str(cert),
+            "--webhook-key",
+            str(key),
+        ]
 
     async def _wait_for_service_accounts(self) -> None:
         """Wait for each namespace's ``default`` ServiceAccount: the ServiceAccount admission plugin refuses
@@ -376,7 +412,7 @@ def usage_lines(cluster: KubeCluster, kubeconfig: Path) -> list[str]:
         "  nodes: one per GPU class the applied policies name, made when a policy names it; "
         f"engine logs in {cluster.workdir / 'engines'}",
         f"  kubectl --kubeconfig {kubeconfig} apply -f POLICY.yaml   (with spec.prometheus.url: {prometheus})",
-        f"  KUBECONFIG={kubeconfig} kvoffload run -A --standalone",
+        f"  KUBECONFIG={kubeconfig} kvoffload run -A --standalone {' '.join(cluster.webhook_args)}".rstrip(),
         "stop with Ctrl-C or SIGTERM: everything started here stops, and the kubeconfig is removed",
     ]
 
@@ -386,6 +422,7 @@ async def serve_until_signalled(
     *,
     workdir: Path | None = None,
     prometheus_port: int | None = None,
+    webhook_port: int | None = None,
     engine_args: Sequence[str] = (),
     progress: Callable[[str], None] = print,
     ready: Callable[[KubeCluster], None] | None = None,
@@ -413,7 +450,12 @@ async def serve_until_signalled(
     written = False
     try:
         async with KubeCluster(
-            workdir, engine_args=engine_args, prometheus_port=prometheus_port, build=True, progress=progress
+            workdir,
+            engine_args=engine_args,
+            prometheus_port=prometheus_port,
+            webhook_port=webhook_port or free_port(),
+            build=True,
+            progress=progress,
         ) as cluster:
             started = True
             kubeconfig.parent.mkdir(parents=True, exist_ok=True)

@@ -282,6 +282,7 @@ class NodeKubelet:
         status = engine.pod_status(pod)
         # What the API server set stays as it is: the QoS class is computed at creation and immutable,
         # and the scheduler wrote PodScheduled.
+        status["hostIPs"] = [{"ip": status["hostIP"]}]  # as a kubelet reports it beside hostIP
         if "qosClass" in current:
             status["qosClass"] = current["qosClass"]
         else:
