@@ -25,6 +25,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
 from kvoffload.lab.cluster.engines import DEFAULT_TARGET_LABELS, Engines
 from kvoffload.lab.cluster.kubeapi import KubeAPI, KubeAPIError, Obj, wake_on_changes
@@ -152,6 +154,12 @@ class NodeKubelet:
                     await self._reconcile()
             except asyncio.CancelledError:
                 raise
+            except (KubeAPIError, aiohttp.ClientError, TimeoutError) as exc:
+                if isinstance(exc, KubeAPIError) and exc.status != 429 and exc.status < 500:
+                    log.exception("kubelet reconcile failed")
+                    self.errors.append(f"{type(exc).__name__}: {exc}")
+                else:  # the server is busy or (re)starting (e.g. 429 while a new CRD's storage initializes)
+                    log.warning("kubelet reconcile: API server unavailable, retrying: %s", exc)
             except Exception as exc:  # keep the cluster running; a test reads .errors
                 log.exception("kubelet reconcile failed")
                 self.errors.append(f"{type(exc).__name__}: {exc}")
