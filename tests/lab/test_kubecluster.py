@@ -298,8 +298,14 @@ def test_kvoffload_cluster_serves_kubectl_and_the_operator_and_leaves_nothing_ru
 
         pods = wait(stable_ready, "the demo policy's stable pods Ready", 120)
         assert {p["spec"]["nodeName"] for p in pods} == {node_name("nvidia-l4")}
-        policy = json.loads(kubectl(kubeconfig, "get", "kvop", "demo", "-n", "default", "-o", "json").stdout)
-        assert policy["status"]["stable"]["ready"] == doc["spec"]["replicas"]
+
+        def reported() -> dict[str, Any] | None:
+            got = kubectl(kubeconfig, "get", "kvop", "demo", "-n", "default", "-o", "json")
+            policy: dict[str, Any] = json.loads(got.stdout) if got.returncode == 0 else {}
+            stable = (policy.get("status") or {}).get("stable") or {}
+            return policy if stable.get("ready") == doc["spec"]["replicas"] else None
+
+        policy = wait(reported, "the operator to report both stable replicas Ready", 60)  # its next cycle
         assert policy["apiVersion"] == POLICY_API_VERSION
 
         operator.terminate()
