@@ -319,8 +319,13 @@ def test_kvoffload_cluster_serves_kubectl_and_the_operator_and_leaves_nothing_ru
         assert not left, f"still running after kvoffload cluster stopped: {left}"
         assert not kubeconfig.exists()
     finally:
+        # SIGTERM first: a SIGKILLed `kvoffload cluster` could not stop the control plane it started.
         for process in (operator, cluster):
             if process is not None and process.poll() is None:
-                process.kill()
-                process.wait()
+                process.terminate()
+                try:
+                    process.wait(60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    process.wait()
         log.close()
