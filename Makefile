@@ -76,8 +76,9 @@ lint: $(VENV)/.kvoffload-setup
 test: setup lint
 	$(VENV)/bin/pytest --durations=15
 
-# The demo runs emulated engines, so it needs neither vLLM nor the tiny model.
-demo: system-deps $(VENV)/.kvoffload-setup
+# The demo runs emulated engines, so it needs neither vLLM nor the tiny model; it runs on the real
+# control plane (`kvoffload demo --api emulated` does not need it).
+demo: system-deps $(VENV)/.kvoffload-setup kube
 	$(VENV)/bin/kvoffload demo
 
 $(UV):

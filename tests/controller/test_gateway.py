@@ -428,3 +428,17 @@ def test_an_oom_kill_in_the_current_state_counts_too() -> None:
     assert state.oom_killed
     assert not state.ready
     assert state.phase == "Unknown"
+
+
+def test_a_pod_the_scheduler_cannot_place_carries_the_schedulers_message() -> None:
+    why = "0/1 nodes are available: 1 Insufficient memory. preemption: 0/1 nodes are available."
+    pending = {
+        "metadata": {"name": "chat-canary-x", "labels": {LABEL_VARIANT: "canary"}},
+        "status": {
+            "phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": why}],
+        },
+    }
+    assert parse_pod(pending).unschedulable == why
+    scheduled = {**pending, "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}]}}
+    assert parse_pod(scheduled).unschedulable is None

@@ -1,7 +1,9 @@
 """`kvoffload demo`: the scenario judgement, the progress view, and both scenarios end to end.
 
-The end-to-end tests run `kvoffload demo ... --fast -o json` as a subprocess: the emulated
-API, a real Prometheus, emulated engines, the operator and the load generator, all real.
+The end-to-end tests run `kvoffload demo ... --fast -o json` as a subprocess: the control plane,
+a real Prometheus, emulated engines, the operator and the load generator, all real. The promote
+scenario runs on the real control plane (the demo's default, marker ``kube``), the regression one
+on the emulated API (``--api emulated``), so each path is run once without doubling the time.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
@@ -33,6 +36,7 @@ from kvoffload.lab.demo import (
 )
 from kvoffload.policy.ladder import build_ladder
 from tests.support import paths
+from tests.support.controlplane import Kube
 
 ROOT = paths.ROOT
 T0 = datetime(2025, 6, 1, 12, 0, tzinfo=UTC)
@@ -201,9 +205,9 @@ def demo_replicas() -> int:
     return KVOffloadPolicy.model_validate(load_policy_doc(default_policy_path())).spec.replicas
 
 
-def run_demo(scenario: str, out: Path) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+def run_demo(scenario: str, out: Path, *args: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
     done = subprocess.run(
-        [*KVOFFLOAD, "demo", "--scenario", scenario, "--fast", "-o", "json", "--out", str(out)],
+        [*KVOFFLOAD, "demo", "--scenario", scenario, "--fast", "-o", "json", "--out", str(out), *args],
         capture_output=True,
         text=True,
         timeout=400,
@@ -217,12 +221,25 @@ def run_demo(scenario: str, out: Path) -> tuple[dict[str, Any], subprocess.Compl
     return doc, done
 
 
+def pinned_kubernetes_version() -> str:
+    match = re.search(r"^require k8s\.io/kubernetes (v\S+)$", (ROOT / "tools/kube/go.mod").read_text(), re.M)
+    assert match
+    return match.group(1)
+
+
+@pytest.mark.kube
 @pytest.mark.e2e
 @pytest.mark.prometheus
 @pytest.mark.timeout(420)
-def test_demo_promote_climbs_to_the_top_and_ends_stable_with_every_replica_there(tmp_path: Path) -> None:
+def test_demo_promote_climbs_to_the_top_and_ends_stable_with_every_replica_there(
+    control_plane: Kube, tmp_path: Path
+) -> None:
+    # control_plane: only so that the test skips (or fails under CI) without the binaries; the demo
+    # starts a control plane of its own.
     doc, done = run_demo("promote", tmp_path / "out")
     assert done.returncode == 0, done.stderr[-4000:]
+    assert doc["cluster"] == {"api": "real", "apiServerVersion": pinned_kubernetes_version()}
+    print(f"\ndemo on kube-apiserver {doc['cluster']['apiServerVersion']}, {doc['elapsed']} s")
     final = doc["status"]
     assert final["phase"] == "Stable"
     assert final["stable"]["level"] == len(final["ladder"]) - 1 == 3
@@ -237,8 +254,9 @@ def test_demo_promote_climbs_to_the_top_and_ends_stable_with_every_replica_there
 @pytest.mark.prometheus
 @pytest.mark.timeout(420)
 def test_demo_regression_rolls_the_newest_tier_back_one_level_down(tmp_path: Path) -> None:
-    doc, done = run_demo("regression", tmp_path / "out")
+    doc, done = run_demo("regression", tmp_path / "out", "--api", "emulated")
     assert done.returncode == 0, done.stderr[-4000:]
+    assert doc["cluster"] == {"api": "emulated", "apiServerVersion": None}
     final = doc["status"]
     assert final["phase"] == "RolledBack"
     assert final["ladder"][final["stable"]["level"]] == "cpu"

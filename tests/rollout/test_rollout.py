@@ -705,6 +705,27 @@ def test_a_canary_not_ready_within_the_progress_deadline_rolls_back():
     assert "0/1 canary replicas Ready" in world.events[-1].message
 
 
+def test_a_canary_the_scheduler_cannot_place_says_why_while_it_waits_and_when_it_rolls_back():
+    spec = make_spec()
+    deadline = progress_deadline_seconds(spec, build_ladder(spec)[1])
+    world = World.given(spec)
+    world.run_for("10m")
+    assert world.stage == ("cpu-pilot", 0)
+    why = "0/1 nodes are available: 1 Insufficient memory."
+    stuck = {"ready": False, "unschedulable": why}
+
+    world.tick(canary_ready=0, canary_fault=stuck)
+    assert world.phase is Phase.CANARY
+    assert world.status is not None
+    assert f"pod canary-0 cannot be scheduled: {why}" in world.status.message
+
+    world.run_for(f"{deadline}s", canary_ready=0, canary_fault=stuck)
+    assert world.phase is Phase.ROLLED_BACK
+    assert world.events[-1].reason == "ProgressDeadlineExceeded"
+    assert "0/1 canary replicas Ready" in world.events[-1].message
+    assert f"pod canary-0 cannot be scheduled: {why}" in world.events[-1].message
+
+
 def test_a_canary_ready_before_the_deadline_goes_on():
     world = World.given(make_spec())
     world.run_for("10m")

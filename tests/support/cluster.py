@@ -1,7 +1,10 @@
 """pytest fixtures: the local cluster (emulated API + real Prometheus + kubelet stand-in) and the operator.
 
 ``local_cluster`` is a running :class:`kvoffload.localcluster.LocalCluster` in the test's
-event loop, with small GPU KV caches on its engines so offloading pays. ``operator`` starts
+event loop, with small GPU KV caches on its engines so offloading pays. :func:`either_cluster`
+gives the same on the real control plane (:class:`kvoffload.lab.cluster.kubecluster.KubeCluster`
+on the session's ``control_plane``, in a namespace of its own): a test module that overrides
+``local_cluster`` with it, parametrized over :data:`APIS`, runs each test on both. ``operator`` starts
 ``kvoffload run -A --standalone`` against it as a subprocess (tests may SIGKILL it and call
 ``start_operator`` again); it is stopped at teardown, and its log is printed when a test fails.
 Waits poll a condition with a deadline: :func:`eventually`.
@@ -11,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import random
 import subprocess
 import sys
@@ -22,6 +26,7 @@ import pytest
 import pytest_asyncio
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND
+from kvoffload.lab.cluster.kubecluster import KubeCluster
 from kvoffload.lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
 from kvoffload.lab.load import TraceRequest, replay
 from tests.support.prometheus import require_prometheus
@@ -46,11 +51,20 @@ async def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0,
         await asyncio.sleep(poll)  # a poll interval; the loop keeps serving the emulator meanwhile
 
 
-def policy_of(cluster: LocalCluster, name: str, namespace: str = "default") -> dict[str, Any] | None:
-    return cluster.get(POLICY_API_VERSION, KIND, namespace, name)
+Cluster = LocalCluster | KubeCluster
+"""Either local cluster: the emulated API or the real control plane, with the same surface."""
+
+APIS = ("emulated", pytest.param("kube", marks=pytest.mark.kube))
+"""``params`` for a fixture that runs on both APIs (the real one marked ``kube``)."""
+
+_NAMESPACES = itertools.count(1)
 
 
-def status_of(cluster: LocalCluster, name: str, namespace: str = "default") -> dict[str, Any]:
+def policy_of(cluster: Cluster, name: str, namespace: str | None = None) -> dict[str, Any] | None:
+    return cluster.get(POLICY_API_VERSION, KIND, namespace or cluster.namespace, name)
+
+
+def status_of(cluster: Cluster, name: str, namespace: str | None = None) -> dict[str, Any]:
     return (policy_of(cluster, name, namespace) or {}).get("status") or {}
 
 
@@ -69,10 +83,34 @@ async def local_cluster(tmp_path: Path, cluster_engine_args: list[str]) -> Async
         assert not cluster.kubelet.errors, f"the kubelet stand-in failed: {cluster.kubelet.errors}"
 
 
+@contextlib.asynccontextmanager
+async def either_cluster(
+    api: str, request: pytest.FixtureRequest, workdir: Path, engine_args: list[str]
+) -> AsyncIterator[Cluster]:
+    """A running local cluster on ``api`` (``emulated`` or ``kube``); every process it started is gone afterwards.
+
+    On ``kube`` it shares the session's control plane, in a namespace of its own, and prices every
+    engine as the emulated cluster does (the seed's laptop, not the Node's GPU class), so that the two
+    runs of a scenario differ only in the API server and its controllers."""
+    require_prometheus()
+    cluster: Cluster
+    if api == "emulated":
+        async with LocalCluster(workdir, engine_args=engine_args) as cluster:
+            yield cluster
+    else:
+        plane = request.getfixturevalue("control_plane").plane
+        namespace = f"e2e-{next(_NAMESPACES)}"
+        async with KubeCluster(
+            workdir, plane=plane, namespaces=[namespace], engine_args=engine_args, gpu_class_pricing=False
+        ) as cluster:
+            yield cluster
+    assert not cluster.kubelet.errors, f"the kubelet stand-in failed: {cluster.kubelet.errors}"
+
+
 class OperatorProcess:
     """The operator subprocess of a test: start, SIGKILL and restart it; the last one is stopped at teardown."""
 
-    def __init__(self, cluster: LocalCluster) -> None:
+    def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
@@ -107,7 +145,7 @@ class OperatorProcess:
 
 
 @pytest_asyncio.fixture
-async def operator(local_cluster: LocalCluster, request: pytest.FixtureRequest) -> AsyncIterator[OperatorProcess]:
+async def operator(local_cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIterator[OperatorProcess]:
     """``kvoffload run -A --standalone`` against the local cluster, started; stopped at teardown."""
     process = OperatorProcess(local_cluster)
     process.start()
@@ -131,9 +169,12 @@ def pytest_runtest_makereport(
 
 
 __all__ = (
+    "APIS",
     "ENGINE_GPU_KV_BLOCKS",
+    "Cluster",
     "OperatorProcess",
     "cluster_engine_args",
+    "either_cluster",
     "eventually",
     "load_on",
     "local_cluster",
@@ -166,7 +207,7 @@ def reuse_trace(prefixes: int = 16, rate: float = 20.0, seconds: float = 600.0, 
 
 
 @contextlib.asynccontextmanager
-async def load_on(cluster: LocalCluster, *policies: str, rate: float = 20.0) -> AsyncIterator[None]:
+async def load_on(cluster: Cluster, *policies: str, rate: float = 20.0) -> AsyncIterator[None]:
     """Replay :func:`reuse_trace` against each policy's ready engines (as its Service would) while inside."""
     tasks = [
         asyncio.create_task(

@@ -20,7 +20,7 @@ from kvoffload.cli.common import (
 )
 from kvoffload.cli.simulate import simulate
 
-LAB_COMMANDS = ("demo", "emulate")
+LAB_COMMANDS = ("cluster", "demo", "emulate")
 """Commands that live in the lab (``kvoffload.lab.commands``), loaded only when asked for."""
 
 

@@ -10,8 +10,9 @@ refuses it with the same message as the ``Invalid`` condition would carry.
 The webhook is served by kopf (``@kopf.on.validate``, :func:`register`) on the operator's
 ``kopf.WebhookServer``, with a certificate the deployment provides (the Helm chart makes one;
 ``kvoffload cluster`` its own). kopf does not manage the registration: the chart renders the
-ValidatingWebhookConfiguration, and :func:`validating_webhook_configuration` builds the same
-object for a URL and CA bundle. ``failurePolicy: Ignore``: when the operator (and so its
+ValidatingWebhookConfiguration, and :func:`validating_webhook_configuration` (``api/webhook.py``,
+so that the lab's ``kvoffload cluster`` registers the same object) builds it for a URL and CA bundle.
+``failurePolicy: Ignore``: when the operator (and so its
 webhook) is down, apply still works, and status ``Invalid`` remains the backstop.
 
 Only what can be judged without reading the cluster is judged here: a ``model.configMap`` is
@@ -22,26 +23,24 @@ allowed, so a policy that got in while the webhook was down can still be changed
 
 from __future__ import annotations
 
-import base64
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from kvoffload.api.conventions import API_GROUP, API_VERSION, COMPONENT, PLURAL
+from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
 from kvoffload.api.errors import FieldError, PolicyError
+from kvoffload.api.webhook import (
+    ADMISSION_CODE,
+    CONFIGURATION_NAME,
+    TIMEOUT_SECONDS,
+    WEBHOOK_ID,
+    WEBHOOK_NAME,
+    WEBHOOK_PATH,
+    validating_webhook_configuration,
+)
 from kvoffload.controller.reconcile import judge_resolved
 from kvoffload.policy.loading import parse_policy
-
-WEBHOOK_ID = "validate-policy"
-"""The kopf handler id: the last segment of the webhook's URL path."""
-WEBHOOK_PATH = f"/{WEBHOOK_ID}"
-WEBHOOK_NAME = f"policies.{API_GROUP}"
-"""The webhook's name in the configuration (a qualified name, as the API server requires)."""
-CONFIGURATION_NAME = COMPONENT
-TIMEOUT_SECONDS = 5
-"""How long the API server waits for an answer before it ignores the webhook."""
-ADMISSION_CODE = 422
 
 
 def problems(obj: Mapping[str, Any]) -> list[FieldError]:
@@ -98,57 +97,6 @@ def webhook_server(
     return kopf.WebhookServer(addr=address, port=port, host=host, certfile=certfile, pkeyfile=keyfile)
 
 
-def validating_webhook_configuration(
-    *,
-    url: str | None = None,
-    service: Mapping[str, Any] | None = None,
-    ca_bundle: bytes,
-    name: str = CONFIGURATION_NAME,
-    namespace_selector: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """The ValidatingWebhookConfiguration for the operator's webhook, reached at ``url`` (the server's
-    base, e.g. ``https://127.0.0.1:9443``: :data:`WEBHOOK_PATH` is appended) or through an in-cluster
-    ``service`` (``{"namespace", "name", "port"}``), trusting the PEM ``ca_bundle``; for the policies
-    of every namespace, or of those ``namespace_selector`` (a label selector) picks.
-
-    The Helm chart renders the same object (tests/test_chart.py compares them)."""
-    if (url is None) == (service is None):
-        raise ValueError("give url or service, not both")
-    client: dict[str, Any] = {"caBundle": base64.b64encode(ca_bundle).decode("ascii")}
-    if url is not None:
-        client["url"] = url.rstrip("/") + WEBHOOK_PATH
-    else:
-        assert service is not None
-        client["service"] = {**dict(service), "path": WEBHOOK_PATH}
-    return {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingWebhookConfiguration",
-        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": COMPONENT}},
-        "webhooks": [
-            {
-                "name": WEBHOOK_NAME,
-                "admissionReviewVersions": ["v1"],
-                "clientConfig": client,
-                "rules": [
-                    {
-                        "apiGroups": [API_GROUP],
-                        "apiVersions": [API_VERSION],
-                        "resources": [PLURAL],
-                        "operations": ["CREATE", "UPDATE"],
-                        "scope": "Namespaced",
-                    }
-                ],
-                # Down or slow, the webhook is skipped: status Invalid is the backstop.
-                "failurePolicy": "Ignore",
-                "matchPolicy": "Equivalent",
-                "sideEffects": "None",
-                "timeoutSeconds": TIMEOUT_SECONDS,
-                **({"namespaceSelector": dict(namespace_selector)} if namespace_selector is not None else {}),
-            }
-        ],
-    }
-
-
 def _plain(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _plain(v) for k, v in value.items()}
@@ -158,6 +106,9 @@ def _plain(value: Any) -> Any:
 
 
 __all__ = [
+    "ADMISSION_CODE",
+    "CONFIGURATION_NAME",
+    "TIMEOUT_SECONDS",
     "WEBHOOK_ID",
     "WEBHOOK_NAME",
     "WEBHOOK_PATH",

@@ -187,6 +187,7 @@ class PodState:
     restarts: int
     oom_killed: bool  # a container's current or last termination was OOMKilled
     crash_looping: bool  # a container is waiting in CrashLoopBackOff
+    unschedulable: str | None  # the scheduler's message while PodScheduled is False (Unschedulable)
     started_at: datetime.datetime | None
     phase: str
     terminating: bool
@@ -283,6 +284,8 @@ def parse_pod(pod: Mapping[str, Any]) -> PodState:
     ]
     waiting = [((container.get("state") or {}).get("waiting") or {}) for container in containers]
     conditions = status.get("conditions") or []
+    scheduled: Mapping[str, Any] = next((c for c in conditions if c.get("type") == "PodScheduled"), {})
+    unschedulable = scheduled.get("status") == "False" and scheduled.get("reason") == "Unschedulable"
     labels = meta.get("labels") or {}
     return PodState(
         name=meta["name"],
@@ -293,6 +296,7 @@ def parse_pod(pod: Mapping[str, Any]) -> PodState:
         restarts=sum(int(container.get("restartCount") or 0) for container in containers),
         oom_killed=any(term.get("reason") == "OOMKilled" for term in terminations),
         crash_looping=any(wait.get("reason") == "CrashLoopBackOff" for wait in waiting),
+        unschedulable=(scheduled.get("message") or "no node fits the pod") if unschedulable else None,
         started_at=_rfc3339(status.get("startTime")),
         phase=status.get("phase") or "Unknown",
         terminating=bool(meta.get("deletionTimestamp")),

@@ -208,6 +208,8 @@ class Controller:
         self._children: dict[tuple[str, str], tuple[str, float]] = {}
         # Token Secrets the API server refused to let us read: when, and what the condition says.
         self._forbidden: dict[SecretLocation, tuple[float, TokenCheck]] = {}
+        # policy uid -> (the status last written, the resourceVersion the API server gave that write).
+        self._written: dict[str, tuple[KVOffloadPolicyStatus, int]] = {}
 
     # --- the cycle -----------------------------------------------------------------------
 
@@ -219,7 +221,8 @@ class Controller:
         decides again from the status as stored).
         """
         plain = _plain(body)
-        ctx = _Reconcile(PolicyRef.from_body(plain), plain, _stored_status(plain), self.clock())
+        ref = PolicyRef.from_body(plain)
+        ctx = _Reconcile(ref, plain, self._freshest_status(ref.uid, plain), self.clock())
         try:
             plan = await self._cycle(ctx)
         finally:
@@ -228,8 +231,25 @@ class Controller:
         self.metrics.publish_policy(ctx.ref.uid, series)
         return plan
 
+    def _freshest_status(self, uid: str, body: Mapping[str, Any]) -> KVOffloadPolicyStatus | None:
+        """The body's status, unless this operator wrote a newer one than the body shows.
+
+        kopf hands a cycle the body of the last watch event it has seen; on a real API server the event
+        of the status this operator has just written can come after the next cycle has started, and that
+        cycle would then judge from a status already replaced: a policy seen with no status at all starts
+        its ladder again (seen on kube-apiserver v1.37.2: "NewLadder" twice, the second one "adopted the
+        running gpu-only Deployment"). The API server's resourceVersions come from etcd's revision and only
+        grow, so a body older than the last write shows a smaller one."""
+        stored = _stored_status(body)
+        written = self._written.get(uid)
+        version = _resource_version(body)
+        if written is not None and version is not None and version < written[1]:
+            return written[0]
+        return stored
+
     def forget(self, uid: str) -> None:
         """Drop what is remembered of a policy (it was deleted or is no longer watched)."""
+        self._written.pop(uid, None)
         for key in [k for k in self._children if k[0] == uid]:
             del self._children[key]
         self.metrics.forget_policy(uid)
@@ -432,7 +452,10 @@ class Controller:
         old = _dump(ctx.status) if ctx.status is not None else None
         if new != old:
             body = plan.status.model_dump(mode="json", by_alias=True)  # None removes a key (merge patch)
-            await self._api("patch_status", self.gateway.patch_status(ctx.ref, body), ctx.ref)
+            stored = await self._api("patch_status", self.gateway.patch_status(ctx.ref, body), ctx.ref)
+            version = _resource_version(stored) if isinstance(stored, Mapping) else None
+            if version is not None:
+                self._written[ctx.ref.uid] = (plan.status, version)
         before = ctx.status.history if ctx.status is not None else []
         self.metrics.count_decisions(e.decision for e in plan.status.history if e not in before)
         for event in plan.events:
@@ -601,6 +624,7 @@ def _observe(owned: OwnedWorkloads, deployment: DeploymentState) -> VariantObser
             oom_killed=p.oom_killed,
             crash_looping=p.crash_looping,
             config_hash=p.config_hash,
+            unschedulable=p.unschedulable,
         )
         for p in owned.pods
         if _belongs(p, deployment) and not p.terminating
@@ -692,6 +716,12 @@ def _stored_status(body: Mapping[str, Any]) -> KVOffloadPolicyStatus | None:
     except ValidationError as exc:  # someone wrote garbage: start over rather than crash every cycle
         log.warning("Ignoring an unreadable status: %s", exc)
         return None
+
+
+def _resource_version(obj: Mapping[str, Any]) -> int | None:
+    """metadata.resourceVersion as a number, or None where it is not one (an emulator's, say)."""
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def _dump(status: KVOffloadPolicyStatus) -> dict[str, Any]:

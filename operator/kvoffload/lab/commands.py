@@ -1,4 +1,5 @@
-"""The lab's commands, ``kvoffload emulate`` and ``kvoffload demo``, which the CLI loads only when asked.
+"""The lab's commands, ``kvoffload emulate``, ``kvoffload demo`` and ``kvoffload cluster``, which the CLI loads
+only when asked.
 
 The operator image ships without the lab; ``kvoffload.cli.main`` then answers these
 commands with what to install instead.
@@ -18,7 +19,8 @@ from kvoffload.lab.engine.flags import engine_options
 
 REQUIRES: dict[str, tuple[str, ...]] = {
     "emulate": (),
-    "demo": ("kmock", "matplotlib", "jsonpatch", "attrs"),
+    "demo": ("kmock", "matplotlib", "jsonpatch", "attrs", "cryptography"),
+    "cluster": ("kmock", "jsonpatch", "attrs", "cryptography"),
 }
 """Modules of the ``lab`` extra each command needs, beyond the operator's own."""
 
@@ -87,10 +89,19 @@ def emulate(args: tuple[str, ...], port: int, host: str, **options: Any) -> None
     default=None,
     help="A KVOffloadPolicy to roll out instead of the embedded demo policy (examples/demo-two-tier.yaml).",
 )
+@click.option(
+    "--api",
+    type=click.Choice(["real", "emulated"]),
+    default="real",
+    show_default=True,
+    help="real: kube-apiserver and its controllers on this machine (built first if missing, 11-15 min cold). "
+    "emulated: the in-process emulated API, quicker to start.",
+)
 @reports_bad_input
-def demo(scenario: str, fast: bool, output: str, out_dir: Path, policy_path: Path | None) -> None:
-    """The whole loop on this machine, no cluster needed: an emulated Kubernetes API, a real Prometheus,
-    emulated vLLM engines, the operator, and a replay of the Mooncake conversation trace.
+def demo(scenario: str, fast: bool, output: str, out_dir: Path, policy_path: Path | None, api: str) -> None:
+    """The whole loop on this machine, no cluster needed: the real Kubernetes control plane (or, with
+    --api emulated, an emulated API), a real Prometheus, emulated vLLM engines, the operator, and a
+    replay of the Mooncake conversation trace.
 
     Shows the rollout live, writes a report (PNG plot and summary) into --out, and exits 0 when the
     scenario ended as expected, 1 otherwise. With -o json only the final status and timeline go to
@@ -100,16 +111,22 @@ def demo(scenario: str, fast: bool, output: str, out_dir: Path, policy_path: Pat
     import json
 
     from kvoffload.lab import demo as demo_mod
+    from kvoffload.lab.controlplane import ControlPlaneError
 
     stream = sys.stderr if output == "json" else sys.stdout
     progress = demo_mod.Progress(stream)
     try:
         result = asyncio.run(
             demo_mod.run_until_signalled(
-                demo_mod.SCENARIOS[scenario], fast=fast, out_dir=out_dir, policy_path=policy_path, progress=progress
+                demo_mod.SCENARIOS[scenario],
+                fast=fast,
+                out_dir=out_dir,
+                policy_path=policy_path,
+                progress=progress,
+                api=api,
             )
         )
-    except demo_mod.DemoError as exc:
+    except (demo_mod.DemoError, ControlPlaneError) as exc:
         click.echo(f"kvoffload demo: {exc}", err=True)
         sys.exit(EXIT_FAIL)
     except (KeyboardInterrupt, asyncio.CancelledError):
@@ -121,3 +138,81 @@ def demo(scenario: str, fast: bool, output: str, out_dir: Path, policy_path: Pat
     else:
         click.echo(demo_mod.final_summary(result))
     sys.exit(0 if result.ok else EXIT_FAIL)
+
+
+@click.command("cluster")
+@click.option(
+    "--kubeconfig",
+    "kubeconfig",
+    type=click.Path(dir_okay=False, path_type=Path),
+    required=True,
+    help="Write the admin kubeconfig here once the API server answers (removed again on exit).",
+)
+@click.option(
+    "--prometheus-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Prometheus's port on 127.0.0.1; 0: a free one.",
+)
+@click.option(
+    "--webhook-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Register the operator's admission webhook at https://127.0.0.1:PORT (0: a free port); "
+    "the `kvoffload run` line printed at start serves it.",
+)
+@click.option(
+    "--workdir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Keep etcd's data, the certificates and every log here (default: a temporary folder, removed on exit).",
+)
+@click.option(
+    "--engine-arg",
+    "engine_args",
+    multiple=True,
+    help="An extra `kvoffload emulate` argument for every engine, e.g. --engine-arg=--gpu-kv-blocks=64.",
+)
+def cluster(
+    kubeconfig: Path, prometheus_port: int, webhook_port: int, workdir: Path | None, engine_args: tuple[str, ...]
+) -> None:
+    """A local Kubernetes cluster on 127.0.0.1, in the foreground until SIGTERM or Ctrl-C.
+
+    The real control plane (etcd, kube-apiserver with TLS, Node,RBAC authorization and the default
+    admission plugins, kube-controller-manager, kube-scheduler), built from the pinned Go modules
+    first when the binaries are missing; the KVOffloadPolicy and PodMonitor CRDs; one fake Node per
+    GPU class the applied policies name, shaped by the catalog (host memory, GPUs, labels, taints);
+    a kubelet stand-in that runs every pod bound to those Nodes as a `kvoffload emulate` engine and
+    reports its status; a real Prometheus that scrapes the engines with the PodMonitor's labels; and
+    the operator's validating webhook registered on loopback, with a certificate from the cluster's CA.
+
+    Point kubectl and `kvoffload run` at --kubeconfig. Stopping leaves nothing running.
+    """
+    import asyncio
+
+    from kvoffload.lab.cluster.kubecluster import serve_until_signalled
+    from kvoffload.lab.controlplane import ControlPlaneError
+    from kvoffload.lab.promserver import PrometheusError
+
+    def progress(line: str) -> None:
+        click.echo(f"kvoffload cluster: {line}", err=True)
+
+    try:
+        asyncio.run(
+            serve_until_signalled(
+                kubeconfig,
+                workdir=workdir,
+                prometheus_port=prometheus_port or None,
+                webhook_port=webhook_port or None,
+                engine_args=engine_args,
+                progress=progress,
+            )
+        )
+    except (ControlPlaneError, PrometheusError) as exc:
+        click.echo(f"kvoffload cluster: {exc}", err=True)
+        sys.exit(EXIT_FAIL)
+    except (KeyboardInterrupt, asyncio.CancelledError):
+        click.echo("kvoffload cluster: interrupted; every process it started has been stopped", err=True)
+        sys.exit(130)

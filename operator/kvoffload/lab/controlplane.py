@@ -14,13 +14,16 @@ Service IPs lead nowhere. A Node object created by hand stands for a machine.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import dataclasses
 import datetime
 import ipaddress
 import json
 import os
 import shutil
+import signal
 import socket
 import ssl
 import subprocess
@@ -90,6 +93,55 @@ def free_port() -> int:
         return port
 
 
+def build_script() -> Path:
+    """``scripts/build-kube.sh`` of the source checkout this module is part of (a wheel has none)."""
+    return Path(__file__).resolve().parents[3] / "scripts" / "build-kube.sh"
+
+
+async def ensure_binaries(bin_dir: Path | None = None, *, progress: Callable[[str], None] = print) -> Path:
+    """Build :data:`BINARIES` into ``bin_dir`` (default :func:`default_bin_dir`) with ``scripts/build-kube.sh``
+    unless they are all there, telling ``progress`` each line the build prints (11-15 minutes cold on 2
+    cores). Raises :class:`ControlPlaneError` when there is no script or the build fails; cancelled, it
+    stops the build (its whole process group) before it returns."""
+    folder = bin_dir if bin_dir is not None else default_bin_dir()
+    missing = missing_binaries(folder)
+    if not missing:
+        return folder
+    script = build_script()
+    if not script.is_file():
+        raise ControlPlaneError(
+            f"missing in {folder}: {', '.join(missing)}; building them needs scripts/build-kube.sh from a source "
+            f"checkout of kvoffload (or point ${BIN_DIR_ENV} at a folder that has them)"
+        )
+    progress(f"missing in {folder}: {', '.join(missing)}; building them with {script} (11-15 minutes cold)")
+    began = time.monotonic()
+    build = await asyncio.create_subprocess_exec(
+        str(script),
+        str(folder),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its go processes share its group, so they stop with it
+    )
+    assert build.stdout is not None
+    try:
+        async for line in build.stdout:
+            progress(line.decode(errors="replace").rstrip())
+        code = await build.wait()
+    except BaseException:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(build.pid, signal.SIGTERM)
+        await build.wait()
+        raise
+    if code != 0:
+        raise ControlPlaneError(f"{script} exited with status {code} (its output is above)")
+    still = missing_binaries(folder)
+    if still:
+        raise ControlPlaneError(f"{script} succeeded but {', '.join(still)} are still missing in {folder}")
+    progress(f"built in {time.monotonic() - began:.0f} s")
+    return folder
+
+
 # --- certificates ---------------------------------------------------------------------------------
 
 
@@ -120,6 +172,7 @@ class _Pki:
     scheduler: _KeyPair
     service_account_key: Path
     service_account_pub: Path
+    issuer: _Issuer
 
 
 class _Issuer:
@@ -233,6 +286,7 @@ def _write_pki(folder: Path) -> _Pki:
         scheduler=issuer.issue(folder, "scheduler", "system:kube-scheduler"),
         service_account_key=sa_key_path,
         service_account_pub=sa_pub_path,
+        issuer=issuer,
     )
 
 
@@ -317,6 +371,8 @@ class ControlPlane:
         self._server: str | None = None
         self._kubeconfig: Path | None = None
         self._ca: Path | None = None
+        self._admin: _KeyPair | None = None
+        self._issuer: _Issuer | None = None
 
     # Public state, valid once start() has returned.
 
@@ -341,6 +397,30 @@ class ControlPlane:
         if self._ca is None:
             raise ControlPlaneError("the control plane is not started")
         return self._ca
+
+    @property
+    def client_cert(self) -> Path:
+        """The admin's client certificate (PEM), the one the kubeconfig holds."""
+        if self._admin is None:
+            raise ControlPlaneError("the control plane is not started")
+        return self._admin.cert
+
+    @property
+    def client_key(self) -> Path:
+        """The admin's private key (PEM)."""
+        if self._admin is None:
+            raise ControlPlaneError("the control plane is not started")
+        return self._admin.key
+
+    def issue_loopback_certificate(self, folder: Path, stem: str) -> tuple[Path, Path]:
+        """A server certificate for 127.0.0.1 and localhost, signed by the cluster's CA (which the API server
+        trusts), written to ``folder/stem.{crt,key}``: for a webhook the API server calls on loopback."""
+        if self._issuer is None:
+            raise ControlPlaneError("the control plane is not started")
+        folder.mkdir(parents=True, exist_ok=True)
+        sans: list[x509.GeneralName] = [x509.IPAddress(ipaddress.IPv4Address(HOST)), x509.DNSName("localhost")]
+        pair = self._issuer.issue(folder, stem, stem, sans=sans)
+        return pair.cert, pair.key
 
     @property
     def pids(self) -> dict[str, int]:
@@ -381,6 +461,8 @@ class ControlPlane:
         (work / "logs").mkdir(exist_ok=True)
         pki = _write_pki(work / "pki")
         self._ca = pki.ca
+        self._admin = pki.admin
+        self._issuer = pki.issuer
         self.ready_s["certificates"] = time.monotonic() - began
         tls = ssl.create_default_context(cafile=str(pki.ca))
         tls.load_cert_chain(str(pki.admin.cert), str(pki.admin.key))
@@ -518,6 +600,8 @@ class ControlPlane:
         self._server = None
         self._kubeconfig = None
         self._ca = None
+        self._admin = None
+        self._issuer = None
         if self.workdir is not None and self._given_workdir is None:
             shutil.rmtree(self.workdir, ignore_errors=True)
         self.workdir = None

@@ -1,7 +1,9 @@
 """``kvoffload demo``: the whole loop on this machine, no cluster needed.
 
-One process tree holds an emulated Kubernetes API, a real Prometheus, a kubelet
-stand-in that starts one emulated vLLM engine per replica (``LocalCluster``),
+One process tree holds the real Kubernetes control plane (``KubeCluster``: etcd,
+kube-apiserver, its controllers and scheduler, fake GPU Nodes; or, with ``--api
+emulated``, the in-process emulated API of ``LocalCluster``), a real Prometheus, a kubelet
+stand-in that starts one emulated vLLM engine per replica,
 the operator itself (``kvoffload run -A --standalone`` as a subprocess), and a
 load generator replaying the bundled Mooncake conversation trace against the
 engines the Service would route to. The demo applies the policy, shows the
@@ -490,10 +492,15 @@ class DemoResult:
     problems: list[str]
     summary: dict[str, Any] | None = None
     """What the kubelet stand-in counted: podsStarted, minReadyReplicas, Ready engines per level over time."""
+    api: str = "real"
+    """``real`` (kube-apiserver) or ``emulated`` (kubeemu)."""
+    api_server_version: str | None = None
+    """The real API server's gitVersion; None on the emulated API."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "scenario": self.scenario,
+            "cluster": {"api": self.api, "apiServerVersion": self.api_server_version},
             "ok": self.ok,
             "outcome": self.outcome,
             "expected": self.expected,
@@ -528,13 +535,18 @@ async def run_demo(
     progress: Progress,
     load: Load | None = None,
     deadline: float | None = None,
+    api: str = "real",
 ) -> DemoResult:
-    """Run one scenario end to end and write the report; everything started is stopped on return or cancel."""
+    """Run one scenario end to end and write the report; everything started is stopped on return or cancel.
+
+    ``api``: ``real`` runs it on kube-apiserver (building the control plane first when its binaries are
+    missing), ``emulated`` on the in-process kubeemu."""
     from kvoffload.analysis.dialects import dialect_for, version_from_image
     from kvoffload.analysis.prometheus import PrometheusProvider, Target
     from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY
     from kvoffload.api.types import KVOffloadPolicy
     from kvoffload.lab import load as loadgen
+    from kvoffload.lab.cluster.kubecluster import KubeCluster
     from kvoffload.lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
     from kvoffload.lab.report import Timeline, write_report
     from kvoffload.policy.ladder import build_ladder
@@ -547,7 +559,19 @@ async def run_demo(
     out_dir.mkdir(parents=True, exist_ok=True)
 
     engine_args = ["--gpu-kv-blocks", str(ENGINE_GPU_KV_BLOCKS)]
-    async with LocalCluster(engine_args=engine_args) as cluster:
+    cluster: LocalCluster | KubeCluster
+    if api == "emulated":
+        cluster = LocalCluster(engine_args=engine_args)
+    else:
+        # Priced as on the emulated API (the seed's laptop, not the L4 the policy names): the demo's budgets
+        # and its story are set for those engines.
+        cluster = KubeCluster(
+            engine_args=engine_args,
+            gpu_class_pricing=False,
+            build=True,
+            progress=lambda line: progress.header(f"cluster: {line}"),
+        )
+    async with cluster:
         doc = prepare_policy(raw, fast=fast, prometheus_url=cluster.prometheus.url)
         policy = KVOffloadPolicy.model_validate(doc)
         spec, name, namespace = policy.spec, policy.metadata.name, policy.metadata.namespace
@@ -562,7 +586,8 @@ async def run_demo(
             f"{spec.replicas} replicas (maxSurge {spec.rollout.max_surge}); steps of {spec.rollout.step_duration}; "
             f"expecting {expect.describe()} "
             f"(giving up after {duration_text(limit)})\n"
-            f"Prometheus {cluster.prometheus.url}, Kubernetes API {cluster.url}; load: Mooncake conversation "
+            f"Prometheus {cluster.prometheus.url}, Kubernetes API {cluster.url} "
+            f"({cluster.api_server_version or 'emulated'}); load: Mooncake conversation "
             f"trace ×{load.speedup:g}, 1 conversation in {load.sessions}, prompts ×{load.scale:g}, "
             "routed by conversation"
         )
@@ -701,6 +726,8 @@ async def run_demo(
         report_files={"png": str(files.png), "markdown": str(files.markdown), "html": str(files.html)},
         problems=problems if not verdict.ok else [],
         summary=census.to_json(name, replicas),
+        api=api,
+        api_server_version=cluster.api_server_version,
     )
 
 

@@ -171,6 +171,8 @@ class PodObservation:
     """A container waits with reason CrashLoopBackOff."""
     config_hash: str | None = None
     """The config hash label of the pod; None when unknown (then it is judged as current)."""
+    unschedulable: str | None = None
+    """The scheduler's message while it cannot place the pod (condition PodScheduled False, Unschedulable)."""
 
 
 @dataclass(frozen=True)
@@ -582,9 +584,15 @@ def _hard_failure(ctx: _Ctx) -> tuple[Reason, str] | None:
         return (
             Reason.PROGRESS_DEADLINE_EXCEEDED,
             f"only {ready}/{wanted} canary replicas Ready {format_duration(ctx.elapsed)} after the step "
-            f"started (progress deadline {format_duration(deadline)}) {where}",
+            f"started (progress deadline {format_duration(deadline)}) {where}{_unschedulable_text(pods)}",
         )
     return None
+
+
+def _unschedulable_text(pods: Sequence[PodObservation]) -> str:
+    """Why the scheduler cannot place a canary pod, when it cannot: the first such pod, in its own words."""
+    stuck = next((p for p in pods if p.unschedulable), None)
+    return f"; pod {stuck.name} cannot be scheduled: {stuck.unschedulable}" if stuck is not None else ""
 
 
 def _allocation_mismatch(ctx: _Ctx, pods: list[PodObservation]) -> str | None:
@@ -793,14 +801,17 @@ def _run_step(ctx: _Ctx) -> _Outcome:
     if ctx.paused or _too_inconclusive(ctx):
         return _hold(ctx, Mode.STEP)
     warming = "" if warmed_up_canary(ctx.spec, ctx.status) else f", {_warming_text(ctx)}"
+    stuck = _unschedulable_text([p for p in ctx.obs.canary.pods if p.config_hash in (None, canary.config_hash)])
     if ctx.elapsed < duration:
-        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: {_progress(ctx, duration)}{warming}, {_verdict_text(ctx)}")
+        return _hold(
+            ctx, Mode.STEP, f"{_step_name(ctx)}: {_progress(ctx, duration)}{warming}, {_verdict_text(ctx)}{stuck}"
+        )
     if warming:
         return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: step over, {_warming_text(ctx)}; {_verdict_text(ctx)}")
     ready = _ready(ctx.obs.canary, canary.config_hash)
     wanted = canary_replicas(ctx.spec, ctx.stage.step)
     if ready < wanted:
-        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: waiting for canaries Ready ({ready}/{wanted})")
+        return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: waiting for canaries Ready ({ready}/{wanted}){stuck}")
     verdict = ctx.obs.assessment
     if verdict is None or verdict.verdict is not Verdict.PASS:
         return _hold(ctx, Mode.STEP, f"{_step_name(ctx)}: step over, waiting for a Pass; {_verdict_text(ctx)}")

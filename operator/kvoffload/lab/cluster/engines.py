@@ -94,9 +94,13 @@ class Engines(Mapping[str, PodEngine]):
         engine.ready = False
         if self.prometheus is not None:
             self.prometheus.remove_target(engine.key)
-        task = asyncio.create_task(self._stop(engine))
+        task = asyncio.create_task(self._stop(engine), name=engine.key)
         self._stopping.add(task)
         task.add_done_callback(self._stopping.discard)
+
+    def is_stopping(self, key: str) -> bool:
+        """Whether a dropped pod's engine (``namespace/pod``) is still on its way out."""
+        return any(task.get_name() == key and not task.done() for task in self._stopping)
 
     def drop_gone(self, live_pods: Mapping[str, Obj]) -> None:
         """Drop the engines of pods deleted (by the garbage collector, a test or a person)."""

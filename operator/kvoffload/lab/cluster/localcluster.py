@@ -27,7 +27,9 @@ import sys
 import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+
+import aiohttp
 
 from kvoffload.api.crd import crd_manifest
 from kvoffload.lab.cluster.engines import DEFAULT_TARGET_LABELS
@@ -101,6 +103,21 @@ class LocalCluster:
             raise LocalClusterError("the cluster is not running")
         return self._kubelet
 
+    @property
+    def namespace(self) -> str:
+        """The first of the cluster's namespaces, where the tests and the demo put their objects."""
+        return self.namespaces[0]
+
+    @property
+    def operator_namespaces(self) -> list[str] | None:
+        """The namespaces an operator here should watch: None, all (kmock cannot list namespaces for kopf)."""
+        return None
+
+    @property
+    def api_server_version(self) -> str | None:
+        """None: the emulated API is no real server with a gitVersion."""
+        return None
+
     # --- lifecycle ------------------------------------------------------------------------
 
     async def __aenter__(self) -> LocalCluster:
@@ -163,6 +180,15 @@ class LocalCluster:
         """An object's current state, or None."""
         return self.emulator.read_object(api_version, kind, namespace, name)
 
+    async def list_items(self, path: str, selector: str = "") -> list[Obj]:
+        """The items at a collection path (``/apis/apps/v1/namespaces/NS/deployments``) over HTTP, as a client
+        would list them (label selector honoured)."""
+        params = {"labelSelector": selector} if selector else {}
+        async with aiohttp.ClientSession() as session, session.get(f"{self.url}{path}", params=params) as response:
+            response.raise_for_status()
+            body = await response.json()
+        return list(body["items"])
+
     async def delete(self, api_version: str, kind: str, namespace: str | None, name: str) -> Obj:
         """Delete an object (finalizers honoured, dependents garbage-collected)."""
         deleted = await self.emulator.delete_object(api_version, kind, namespace, name)
@@ -202,31 +228,46 @@ class LocalCluster:
 # --- the operator, as its own process -----------------------------------------------------------
 
 
-def operator_command(*, standalone: bool = True, namespace: str | None = None, metrics_port: int = 0) -> list[str]:
-    """The ``kvoffload run`` command line (this interpreter), all namespaces unless one is given.
+def operator_command(
+    *, standalone: bool = True, namespaces: Sequence[str] | None = None, metrics_port: int = 0
+) -> list[str]:
+    """The ``kvoffload run`` command line (this interpreter), all namespaces unless some are given.
 
     The operator's own metrics endpoint is off by default (``metrics_port=0``), so several
     local clusters can run side by side.
     """
     command = [*CLI, "run"]
-    command += ["-n", namespace] if namespace else ["-A"]
+    command += [arg for namespace in namespaces for arg in ("-n", namespace)] if namespaces else ["-A"]
     if standalone:
         command.append("--standalone")
     command += ["--metrics-port", str(metrics_port)]
     return command
 
 
+class OperatorHost(Protocol):
+    """What :func:`start_operator` needs of a cluster: :class:`LocalCluster` or the real one (``KubeCluster``)."""
+
+    @property
+    def kubeconfig(self) -> Path: ...
+
+    workdir: Path
+
+    @property
+    def operator_namespaces(self) -> list[str] | None: ...
+
+
 def start_operator(
-    cluster: LocalCluster,
+    cluster: OperatorHost,
     *,
     standalone: bool = True,
-    namespace: str | None = None,
+    namespaces: Sequence[str] | None = None,
     env: Mapping[str, str] | None = None,
     log_path: Path | None = None,
     extra_args: Sequence[str] = (),
     metrics_port: int = 0,
 ) -> subprocess.Popen[bytes]:
-    """Run ``kvoffload run -A --standalone`` against the cluster (``$KUBECONFIG``) and return the process.
+    """Run ``kvoffload run -A --standalone`` against the cluster (``$KUBECONFIG``) and return the process;
+    ``-n`` for each of ``namespaces``, by default the cluster's :attr:`OperatorHost.operator_namespaces`.
 
     Its output goes to ``log_path`` (default ``<workdir>/operator.log``, appended). The caller
     stops it (:func:`stop_operator`) or kills it; it also gets SIGTERM if the caller dies.
@@ -234,7 +275,14 @@ def start_operator(
     path = log_path or cluster.workdir / "operator.log"
     with path.open("ab") as out:
         return subprocess.Popen(
-            [*operator_command(standalone=standalone, namespace=namespace, metrics_port=metrics_port), *extra_args],
+            [
+                *operator_command(
+                    standalone=standalone,
+                    namespaces=namespaces if namespaces is not None else cluster.operator_namespaces,
+                    metrics_port=metrics_port,
+                ),
+                *extra_args,
+            ],
             stdout=out,
             stderr=subprocess.STDOUT,
             env={**os.environ, "KUBECONFIG": str(cluster.kubeconfig), "PYTHONUNBUFFERED": "1", **(env or {})},
@@ -255,7 +303,7 @@ async def stop_operator(process: subprocess.Popen[bytes], grace: float = 10.0) -
 
 
 @contextlib.asynccontextmanager
-async def running_operator(cluster: LocalCluster, **kwargs: Any) -> AsyncIterator[subprocess.Popen[bytes]]:
+async def running_operator(cluster: OperatorHost, **kwargs: Any) -> AsyncIterator[subprocess.Popen[bytes]]:
     """:func:`start_operator` for the length of a ``with`` block."""
     process = start_operator(cluster, **kwargs)
     try:
@@ -266,6 +314,7 @@ async def running_operator(cluster: LocalCluster, **kwargs: Any) -> AsyncIterato
 
 __all__ = (
     "LocalCluster",
+    "OperatorHost",
     "operator_command",
     "running_operator",
     "start_operator",
