@@ -106,7 +106,9 @@ def policy_doc(
                 "window": "6s",
                 "ttftP99": "500ms",
                 "itlP99": "200ms",
-                "maxRegression": 2.0,
+                # Under load the engine prices the nvme tier's restores, and a healthy nvme canary's p99 came to
+                # 2.1× the cpu stable's in one quiet run; the injected regression (TTFT ×4) stays far above 3.
+                "maxRegression": 3.0,
                 "minExternalShare": 0.02,
                 "sustainedFor": "4s",
                 "minRequests": 3,
@@ -178,6 +180,12 @@ def keeps_every_applied_field(stored: Any, applied: Any) -> bool:
     if isinstance(applied, Mapping):
         return isinstance(stored, Mapping) and all(
             k in stored and keeps_every_applied_field(stored[k], v) for k, v in applied.items()
+        )
+    if isinstance(applied, list):  # list items get their schema defaults too (secondaryTiers[*])
+        return (
+            isinstance(stored, list)
+            and len(stored) == len(applied)
+            and all(keeps_every_applied_field(s, a) for s, a in zip(stored, applied, strict=True))
         )
     return bool(stored == applied)
 
