@@ -98,7 +98,9 @@ async def either_cluster(
         async with LocalCluster(workdir, engine_args=engine_args) as cluster:
             yield cluster
     else:
-        plane = request.getfixturevalue("control_plane").plane
+        kube = request.getfixturevalue("control_plane")
+        kube.sweep_workloads()
+        plane = kube.plane
         namespace = f"e2e-{next(_NAMESPACES)}"
         async with KubeCluster(
             workdir, plane=plane, namespaces=[namespace], engine_args=engine_args, gpu_class_pricing=False

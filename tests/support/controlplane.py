@@ -107,6 +107,15 @@ class Kube:
         self.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
         return name
 
+    def sweep_workloads(self) -> None:
+        """Delete the Deployments, ReplicaSets and pods that earlier tests left on this shared plane.
+
+        Nothing runs them (there is no kubelet), but once a lab Node of their GPU class exists the scheduler
+        binds their Pending pods to it, and they hold its GPUs and memory: a later scenario's canary would
+        then not fit. Only for a test that is about to start a lab cluster on this plane."""
+        self.kubectl("delete", "deployments,replicasets", "--all", "--all-namespaces", "--wait=false")
+        self.kubectl("delete", "pods", "--all", "--all-namespaces", "--force", "--grace-period=0")
+
     def apply_crd(self) -> None:
         """Apply crds/ and wait until the KVOffloadPolicy resource is served."""
         self.kubectl("apply", "-f", str(paths.ROOT / "crds"))
