@@ -214,6 +214,8 @@ def service_account_kubeconfig(kube: Kube, install: Install, path: Path) -> Path
 def install_chart(kube_crd: Kube, tmp_path_factory: pytest.TempPathFactory) -> Callable[[Install], Installed]:
     """Installs the chart (once per Install) with what the scenario needs around it."""
     kube = kube_crd
+    kube.sweep_policies()  # the operator watches every namespace: only this module's policies may be there
+    kube.sweep_workloads()
     kube.kubectl("apply", "-f", "-", stdin=json.dumps(POD_MONITOR_CRD))
     kube.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/podmonitors.monitoring.coreos.com")
     for namespace in (TEAM, OTHER):  # the chart's Roles go into namespaces that exist

@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -115,6 +115,24 @@ class Kube:
         then not fit. Only for a test that is about to start a lab cluster on this plane."""
         self.kubectl("delete", "deployments,replicasets", "--all", "--all-namespaces", "--wait=false")
         self.kubectl("delete", "pods", "--all", "--all-namespaces", "--force", "--grace-period=0")
+
+    def sweep_policies(self, keep: Sequence[str] = ()) -> None:
+        """Delete every KVOffloadPolicy that earlier tests left on this shared plane, outside ``keep``.
+
+        For a test that runs an operator over all namespaces: it would reconcile them too (the examples'
+        ``llm`` policy names a token Secret it may not read). A finalizer left by an operator that is no
+        longer running is removed, as nothing else would."""
+        listed = json.loads(self.kubectl("get", "kvoffloadpolicies", "--all-namespaces", "-o", "json"))
+        for item in listed.get("items", []):
+            meta = item["metadata"]
+            if meta["namespace"] in keep:
+                continue
+            if meta.get("finalizers"):
+                self.kubectl(
+                    "patch", "kvoffloadpolicy", meta["name"], "-n", meta["namespace"],
+                    "--type=merge", "-p", '{"metadata":{"finalizers":null}}',
+                )  # fmt: skip
+            self.kubectl("delete", "kvoffloadpolicy", meta["name"], "-n", meta["namespace"], "--wait=false")
 
     def apply_crd(self) -> None:
         """Apply crds/ and wait until the KVOffloadPolicy resource is served."""
