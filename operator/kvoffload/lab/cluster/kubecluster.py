@@ -36,10 +36,11 @@ from typing import Any
 from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
 from kvoffload.api.crd import crd_manifest
 from kvoffload.api.webhook import WEBHOOK_PATH, validating_webhook_configuration
+from kvoffload.lab.cluster.controls import EngineControls
 from kvoffload.lab.cluster.engines import DEFAULT_TARGET_LABELS
 from kvoffload.lab.cluster.kubeapi import KubeAPI, KubeAPIError, Obj, object_path, tls_context
 from kvoffload.lab.cluster.nodekubelet import NodeKubelet
-from kvoffload.lab.cluster.podengine import LocalClusterError, PodEngine
+from kvoffload.lab.cluster.podengine import LocalClusterError
 from kvoffload.lab.controlplane import ControlPlane, ensure_binaries
 from kvoffload.lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer, free_port
 
@@ -84,7 +85,7 @@ def _established(crd: Mapping[str, Any] | None) -> bool:
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 
-class KubeCluster:
+class KubeCluster(EngineControls):
     """The real control plane, fake Nodes, the kubelet stand-in and Prometheus, as one async context manager.
 
     ``plane``: a started control plane to share (its owner stops it); then ``namespaces`` are this
@@ -369,35 +370,6 @@ class KubeCluster:
         answer = await self.api.request("DELETE", path, body={"propagationPolicy": "Background"})
         self.kubelet.poke()
         return answer
-
-    # --- what tests and the demo drive ------------------------------------------------------
-
-    def endpoints(self, policy: str, namespace: str | None = None, variant: str | None = None) -> list[str]:
-        """URLs of the ready engines the policy's Service routes to (for the load generator)."""
-        return self.kubelet.engines.endpoints(policy, namespace, variant)
-
-    def pods(self, selector: str = "", namespace: str | None = None) -> list[PodEngine]:
-        """The engines of the pods matching a label selector, ready or not."""
-        return self.kubelet.engines.matching(selector, namespace, ready_only=False)
-
-    async def set_faults(
-        self, selector: str, faults: Mapping[str, Any], *, namespace: str | None = None, sticky: bool = False
-    ) -> dict[str, Any]:
-        """Faults (``/emulator/faults`` body, e.g. ``{"ttft_multiplier": 3}``) for the engines matching."""
-        return await self.kubelet.engines.set_faults(selector, faults, namespace=namespace, sticky=sticky)
-
-    async def oom_kill(self, pod: str, namespace: str = "default") -> None:
-        """OOM-kill a pod's engine: it restarts, ``lastState.terminated.reason`` is OOMKilled."""
-        await self.kubelet.oom_kill(namespace, pod)
-
-    async def stop_prometheus(self) -> None:
-        """Make Prometheus unreachable (its port closes)."""
-        await asyncio.to_thread(self.prometheus.stop)
-
-    async def start_prometheus(self) -> None:
-        """Start Prometheus again on the same port, with the same data and targets."""
-        server = self.prometheus
-        await asyncio.to_thread(server.start, port=server.port)
 
 
 # --- `kvoffload cluster` ------------------------------------------------------------------------

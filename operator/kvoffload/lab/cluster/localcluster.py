@@ -32,16 +32,17 @@ from typing import Any, Protocol
 import aiohttp
 
 from kvoffload.api.crd import crd_manifest
+from kvoffload.lab.cluster.controls import EngineControls
 from kvoffload.lab.cluster.engines import DEFAULT_TARGET_LABELS
 from kvoffload.lab.cluster.kubeemu import KubeEmulator, Obj, serve, write_kubeconfig
 from kvoffload.lab.cluster.kubelet import Kubelet
-from kvoffload.lab.cluster.podengine import CLI, LocalClusterError, PodEngine, set_parent_death_signal
+from kvoffload.lab.cluster.podengine import CLI, LocalClusterError, set_parent_death_signal
 from kvoffload.lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer
 
 # --- the cluster ------------------------------------------------------------------------------
 
 
-class LocalCluster:
+class LocalCluster(EngineControls):
     """The emulated API, a real Prometheus and the kubelet stand-in, as one async context manager.
 
     ``async with LocalCluster(engine_args=["--gpu-kv-blocks", "64"]) as cluster:`` then
@@ -194,35 +195,6 @@ class LocalCluster:
         deleted = await self.emulator.delete_object(api_version, kind, namespace, name)
         self.kubelet.poke()
         return deleted
-
-    # --- what tests and the demo drive ------------------------------------------------------
-
-    def endpoints(self, policy: str, namespace: str | None = None, level: str | None = None) -> list[str]:
-        """URLs of the ready engines the policy's Service routes to (for the load generator)."""
-        return self.kubelet.engines.endpoints(policy, namespace, level)
-
-    def pods(self, selector: str = "", namespace: str | None = None) -> list[PodEngine]:
-        """The engines of the pods matching a label selector, ready or not."""
-        return self.kubelet.engines.matching(selector, namespace, ready_only=False)
-
-    async def set_faults(
-        self, selector: str, faults: Mapping[str, Any], *, namespace: str | None = None, sticky: bool = False
-    ) -> dict[str, Any]:
-        """Faults (``/emulator/faults`` body, e.g. ``{"ttft_multiplier": 3}``) for the engines matching."""
-        return await self.kubelet.engines.set_faults(selector, faults, namespace=namespace, sticky=sticky)
-
-    async def oom_kill(self, pod: str, namespace: str = "default") -> None:
-        """OOM-kill a pod's engine: it restarts, ``lastState.terminated.reason`` is OOMKilled."""
-        await self.kubelet.oom_kill(namespace, pod)
-
-    async def stop_prometheus(self) -> None:
-        """Make Prometheus unreachable (its port closes)."""
-        await asyncio.to_thread(self.prometheus.stop)
-
-    async def start_prometheus(self) -> None:
-        """Start Prometheus again on the same port, with the same data and targets."""
-        server = self.prometheus
-        await asyncio.to_thread(server.start, port=server.port)
 
 
 # --- the operator, as its own process -----------------------------------------------------------
