@@ -231,8 +231,10 @@ def test_the_chart_lints_without_warnings() -> None:
     ("values", "complaint"),
     [
         ({"replicas": "two"}, "/replicas"),
-        # kopf instances of the same priority that see each other all freeze.
-        ({"replicas": 2}, "/replicas"),
+        # Without leader election every replica would reconcile.
+        ({"replicas": 2, "leaderElection": {"enabled": False, "leaseDuration": 8}}, "/replicas"),
+        ({"replicas": -1}, "/replicas"),
+        ({"leaderElection": {"enabled": True, "leaseDuration": 1}}, "/leaderElection/leaseDuration"),
         ({"replica": 1}, "'replica' not allowed"),
         ({"image": {"digest": "sha256:0"}}, "'digest' not allowed"),
         ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
@@ -299,6 +301,9 @@ def test_a_default_install_watches_every_namespace_standalone_through_a_cluster_
     assert container(objs)["args"] == [
         "--all-namespaces",
         "--standalone",
+        "--leader-elect",
+        f"--lease={NAMESPACE}/kvo-kvoffload-leader",
+        "--lease-duration=8",
         "--metrics-port=8080",
         "--policy-label=kvoffload_io_policy",
         "--level-label=kvoffload_io_level",
@@ -306,22 +311,51 @@ def test_a_default_install_watches_every_namespace_standalone_through_a_cluster_
     ]
     assert container(objs)["image"] == "ghcr.io/kvoffload/kvoffload:0.1.0"  # the appVersion
     deployment = only(objs, "Deployment")
-    assert deployment["spec"]["replicas"] == 1
-    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two operators at once
+    # Two replicas, one leading: a new pod is a ready standby before an old one goes.
+    assert deployment["spec"]["replicas"] == 2
+    assert deployment["spec"]["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
+    spread = deployment["spec"]["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert spread["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"]["labelSelector"] == {
+        "matchLabels": deployment["spec"]["selector"]["matchLabels"]
+    }
+    (lease_role,) = (obj for obj in objs if obj["kind"] == "Role")
+    assert lease_role["metadata"]["namespace"] == NAMESPACE
+    assert lease_role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["kvo-kvoffload-leader"],
+            "verbs": ["get", "update"],
+        },
+    ]
     binding = only(objs, "ClusterRoleBinding")
     account = only(objs, "ServiceAccount")["metadata"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}]
     assert binding["roleRef"]["name"] == only(objs, "ClusterRole")["metadata"]["name"]
     assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == account["name"]
-    assert not [obj for obj in objs if obj["kind"] in ("Role", "RoleBinding", "ServiceMonitor")]
+    assert not [obj for obj in objs if obj["kind"] == "ServiceMonitor"]
+
+
+def test_without_leader_election_one_replica_runs_and_is_replaced_not_doubled(chart: helm.Chart) -> None:
+    objs = render(chart, {"replicas": 1, "leaderElection": {"enabled": False, "leaseDuration": 8}})
+    deployment = only(objs, "Deployment")
+    assert deployment["spec"]["strategy"] == {"type": "Recreate"}  # never two operators at once
+    assert not any(arg.startswith("--lease") or arg == "--leader-elect" for arg in container(objs)["args"])
+    assert not [obj for obj in objs if obj["kind"] in ("Role", "RoleBinding")]
+    assert "affinity" not in deployment["spec"]["template"]["spec"]
 
 
 def test_a_namespaced_install_grants_a_role_in_each_namespace_and_nothing_cluster_wide(chart: helm.Chart) -> None:
     objs = render(chart, {"watchNamespaces": WATCHED})
     assert container(objs)["args"][:3] == ["--namespace=llm-a", "--namespace=llm-b", "--standalone"]
     assert not [obj for obj in objs if obj["kind"].startswith("Cluster")]
-    roles = {obj["metadata"]["namespace"]: obj for obj in objs if obj["kind"] == "Role"}
-    bindings = {obj["metadata"]["namespace"]: obj for obj in objs if obj["kind"] == "RoleBinding"}
+    watched = [obj for obj in objs if not obj["metadata"]["name"].endswith("-leader-election")]
+    roles = {obj["metadata"]["namespace"]: obj for obj in watched if obj["kind"] == "Role"}
+    bindings = {obj["metadata"]["namespace"]: obj for obj in watched if obj["kind"] == "RoleBinding"}
     assert sorted(roles) == sorted(bindings) == WATCHED
     account = only(objs, "ServiceAccount")["metadata"]["name"]
     for namespace in WATCHED:
@@ -350,7 +384,7 @@ def test_peering_drops_standalone_and_creates_the_peering_object_the_operator_lo
     assert sorted(p["metadata"].get("namespace", "") for p in peerings) == (watch or [""])
     # A hook: Helm installs it only after the peering CRDs exist.
     assert {p["metadata"]["annotations"]["helm.sh/hook"] for p in peerings} == {"post-install,post-upgrade"}
-    for role in (obj for obj in objs if obj["kind"] == role_kind):
+    for role in (obj for obj in objs if obj["kind"] == role_kind and not obj["metadata"]["name"].endswith("-election")):
         assert {("kopf.dev", peering_resource, verb) for verb in ("list", "watch", "patch")} <= grants(role)
     crds = [obj["metadata"]["name"] for obj in objs if obj["kind"] == "CustomResourceDefinition"]
     assert crds == ["clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
@@ -449,12 +483,15 @@ def test_metrics_off_means_port_zero_and_no_service_or_probe(chart: helm.Chart) 
     assert not [obj for obj in objs if obj["kind"] in ("Service", "ServiceMonitor")]
 
 
-def test_the_readiness_probe_asks_the_metrics_port_the_operator_serves(chart: helm.Chart) -> None:
+def test_the_probes_ask_the_metrics_port_the_operator_serves(chart: helm.Chart) -> None:
     objs = render(chart, {"metrics": {"port": 9100}})
     main = container(objs)
     assert "--metrics-port=9100" in main["args"]
     assert main["ports"] == [{"name": "metrics", "containerPort": 9100, "protocol": "TCP"}]
-    assert main["readinessProbe"]["httpGet"] == {"path": "/metrics", "port": "metrics"}
+    assert main["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "metrics"}
+    assert main["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "metrics"}
+    downward = {env["name"]: env["valueFrom"]["fieldRef"]["fieldPath"] for env in main["env"]}
+    assert downward == {"POD_NAME": "metadata.name", "POD_NAMESPACE": "metadata.namespace"}
     assert only(objs, "Service")["spec"]["ports"][0]["port"] == 9100
 
 
@@ -597,17 +634,26 @@ async def test_the_chart_grants_exactly_what_the_real_operator_requests(kube: Em
     assert {(api.rpartition("/")[0], plural) for (api, _), plural in PLURALS.items()} <= {
         (group, resource) for group, resource, _ in used
     }
-    # Secrets are read only for Prometheus bearer tokens, granted apart (prometheusAuth): see below.
-    assert grants(only(cluster_wide, "ClusterRole")) == used - SECRETS
-    for role in (obj for obj in namespaced if obj["kind"] == "Role"):
+    # Secrets are read only for Prometheus bearer tokens, granted apart (prometheusAuth): see below. The
+    # leader's Lease is in the operator's own namespace, granted apart too.
+    assert grants(only(cluster_wide, "ClusterRole")) == used - SECRETS - LEASES
+    assert used >= LEASES
+    for install in (cluster_wide, namespaced):
+        (election,) = (
+            obj for obj in install if obj["metadata"]["name"].endswith("-leader-election") and obj["kind"] == "Role"
+        )
+        assert grants(election) == LEASES
+    for role in (obj for obj in namespaced if obj["kind"] == "Role" and obj["metadata"]["name"].endswith("-kvoffload")):
         # The same, namespace by namespace (a namespaced operator peers through KopfPeerings).
         expected = {
-            (g, r.replace("clusterkopfpeerings", "kopfpeerings"), v) for g, r, v in used - CLUSTER_SCOPED - SECRETS
+            (g, r.replace("clusterkopfpeerings", "kopfpeerings"), v)
+            for g, r, v in used - CLUSTER_SCOPED - SECRETS - LEASES
         }
         assert grants(role) == expected
 
 
 SECRETS = {("", "secrets", "get")}
+LEASES = {("coordination.k8s.io", "leases", verb) for verb in ("create", "get", "update")}
 
 
 @pytest.mark.parametrize("watch", [[], WATCHED], ids=["cluster-wide", "namespaced"])

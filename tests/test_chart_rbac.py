@@ -444,6 +444,10 @@ def run_scenario(installed: Installed, tmp_path: Path, timeout: float) -> tuple[
     installed.runs[0] += 1
     tag = str(installed.runs[0])
     peers_before = set(peers(installed.kube)) if installed.install.peering else set()
+    # As on a fresh install: the leader creates its Lease (a Lease left by the last run would need no create).
+    lease = next(arg for arg in installed.args if arg.startswith("--lease=")).removeprefix("--lease=")
+    lease_namespace, _, lease_name = lease.partition("/")
+    installed.kube.run("delete", "lease", lease_name, "-n", lease_namespace, "--ignore-not-found")
     operator = start_operator(installed, tmp_path / "operator.log")
     failure = None
     try:

@@ -12,7 +12,11 @@ each scenario ends in about a minute; every wait is on the policy's status with 
 from __future__ import annotations
 
 import copy
-from collections.abc import AsyncIterator, Mapping
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -22,6 +26,8 @@ import pytest_asyncio
 
 from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_LEVEL, LABEL_POLICY
 from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.lab.cluster.localcluster import stop_operator
+from kvoffload.lab.promserver import free_port
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import config_hash
 from tests.support.cluster import (
@@ -352,6 +358,107 @@ async def test_the_operator_killed_during_a_canary_continues_where_it_was_after_
     await eventually(lambda: deployment(local_cluster, "chat-cpu") is None, "cpu drained", 30)
     assert await names(local_cluster, in_namespace(local_cluster, "apps/v1", "deployments")) == {"chat-nvme"}
     assert operator.starts == 2
+
+
+def lease_holder(cluster: Cluster, lease: str) -> str:
+    obj = cluster.get("coordination.k8s.io/v1", "Lease", cluster.namespace, lease) or {}
+    return str((obj.get("spec") or {}).get("holderIdentity") or "")
+
+
+def probe(operator: OperatorProcess, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{operator.metrics_port}{path}", timeout=2) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return 0, str(exc)
+
+
+@pytest_asyncio.fixture
+async def replicas(local_cluster: Cluster, request: pytest.FixtureRequest) -> AsyncIterator[list[OperatorProcess]]:
+    """Two ``kvoffload run --leader-elect`` replicas on one Lease in the test's namespace, not yet started."""
+    args = ["--leader-elect", "--lease", f"{local_cluster.namespace}/{LEASE}"]
+    pair = [OperatorProcess(local_cluster, name, args, metrics_port=free_port()) for name in ("op-a", "op-b")]
+    try:
+        yield pair
+    finally:
+        for each in pair:
+            await each.stop()
+        report = getattr(request.node, "rep_call", None)
+        if report is None or report.failed:
+            for each in pair:
+                sys.stderr.write(f"--- {each.name} log (tail) ---\n{each.log_tail()}\n")
+
+
+LEASE = "kvoffload-leader"
+
+
+async def test_the_standby_replica_takes_over_within_15_s_of_the_leader_being_killed_mid_canary(
+    local_cluster: Cluster, replicas: list[OperatorProcess], record_property: Callable[[str, object], None]
+) -> None:
+    leader, standby = replicas
+    leader.start()
+    await eventually(lambda: lease_holder(local_cluster, LEASE).startswith("op-a_"), "op-a to hold the Lease", 30)
+    standby.start()
+    await eventually(lambda: probe(standby, "/readyz")[0] == 200, "the standby ready", 30)
+    assert probe(standby, "/readyz") == (200, "standby: ready\n")
+    assert probe(standby, "/healthz")[0] == 200
+    doc = policy_doc("chat", local_cluster)
+    await local_cluster.apply(doc)
+
+    async with load_on(local_cluster, "chat"):
+        await eventually(lambda: canary_on(local_cluster, "chat", "cpu"), "the cpu canary", 60)
+        assert probe(leader, "/readyz") == (200, "leader: ready\n")
+        canary_uid = deployment(local_cluster, "chat-cpu")["metadata"]["uid"]  # type: ignore[index]
+        leader.kill()
+        killed_at, killed = datetime.now(UTC), time.monotonic()
+        await eventually(lambda: lease_holder(local_cluster, LEASE).startswith("op-b_"), "op-b to take the Lease", 20)
+        lease_taken = time.monotonic() - killed
+        resumed = await eventually(
+            lambda: analysed_after(local_cluster, "chat", killed_at), "the new leader to analyse", 30
+        )
+        first_analysis = time.monotonic() - killed
+        assert probe(standby, "/readyz") == (200, "leader: ready\n")
+        if resumed.get("canary") and resumed["stage"]["name"] == "cpu":
+            current = deployment(local_cluster, "chat-cpu")  # adopted, not made again
+            assert current is not None
+            assert current["metadata"]["uid"] == canary_uid
+        status = await eventually(
+            lambda: in_phase(local_cluster, "chat", "Stable", "RolledBack", "Paused"), "the ladder to finish", 90
+        )
+
+    record_property("lease_taken_s", round(lease_taken, 2))
+    record_property("first_analysis_s", round(first_analysis, 2))
+    print(f"takeover: Lease taken {lease_taken:.1f} s, first analysis {first_analysis:.1f} s after SIGKILL")
+    assert first_analysis < 15, f"the standby took {first_analysis:.1f} s to analyse after the leader died"
+    assert status["phase"] == "Stable", status.get("message")
+    assert decisions(local_cluster, "chat") == [  # nothing done twice, nothing lost
+        "NewLadder",
+        "BaselineTaken",
+        "Promoted",
+        "LevelPromoted",
+        "Promoted",
+        "LevelPromoted",
+    ]
+    assert standby.starts == 1
+    assert standby.alive()
+
+
+async def test_a_leader_stopped_cleanly_hands_the_lease_over_at_once(
+    local_cluster: Cluster, replicas: list[OperatorProcess]
+) -> None:
+    leader, standby = replicas
+    leader.start()
+    await eventually(lambda: lease_holder(local_cluster, LEASE).startswith("op-a_"), "op-a to hold the Lease", 30)
+    standby.start()
+    await eventually(lambda: probe(standby, "/readyz")[0] == 200, "the standby ready", 30)
+    stopped = time.monotonic()
+    assert await stop_operator(leader.process) == 0  # type: ignore[arg-type]
+    await eventually(lambda: lease_holder(local_cluster, LEASE).startswith("op-b_"), "op-b to take the Lease", 8)
+    # Far under the 8 s a killed leader's Lease holds: handed back, not expired.
+    assert time.monotonic() - stopped < 6
+    await eventually(lambda: probe(standby, "/readyz") == (200, "leader: ready\n"), "op-b leading", 10)
 
 
 async def test_prometheus_stopped_mid_step_pauses_the_policy_and_promotes_nothing(

@@ -18,7 +18,7 @@ import itertools
 import random
 import subprocess
 import sys
-from collections.abc import AsyncIterator, Callable, Generator
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -112,17 +112,29 @@ async def either_cluster(
 class OperatorProcess:
     """The operator subprocess of a test: start, SIGKILL and restart it; the last one is stopped at teardown."""
 
-    def __init__(self, cluster: Cluster) -> None:
+    def __init__(
+        self, cluster: Cluster, name: str = "operator", args: Sequence[str] = (), metrics_port: int = 0
+    ) -> None:
         self.cluster = cluster
+        self.name = name
+        self.args = tuple(args)
+        self.metrics_port = metrics_port
         self.process: subprocess.Popen[bytes] | None = None
         self.starts = 0
 
     @property
     def log_path(self) -> Path:
-        return self.cluster.workdir / "operator.log"
+        return self.cluster.workdir / f"{self.name}.log"
 
     def start(self) -> subprocess.Popen[bytes]:
-        self.process = start_operator(self.cluster)
+        """Start it; ``$POD_NAME`` is its name, as the chart's downward API gives a pod's."""
+        self.process = start_operator(
+            self.cluster,
+            env={"POD_NAME": self.name},
+            log_path=self.log_path,
+            extra_args=self.args,
+            metrics_port=self.metrics_port,
+        )
         self.starts += 1
         return self.process
 

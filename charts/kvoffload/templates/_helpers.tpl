@@ -48,6 +48,11 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
 {{- end }}
 
+{{/* The leader-election Lease (--lease). */}}
+{{- define "kvoffload.leaseName" -}}
+{{- include "kvoffload.fullname" . | trunc 56 | trimSuffix "-" }}-leader
+{{- end }}
+
 {{/* The peering object's name: kvoffload.handlers.PEERING_NAME. */}}
 {{- define "kvoffload.peeringName" -}}
 kvoffload

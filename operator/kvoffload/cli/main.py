@@ -449,11 +449,34 @@ def status(name: str, namespace: str | None, kubeconfig: Path | None, output: st
     help="Do not coordinate with other operator instances through kopf peering (one replica, or tests).",
 )
 @click.option(
+    "--leader-elect",
+    is_flag=True,
+    help="Run as one of several replicas: reconcile only while holding the leader Lease, stand by (serving the "
+    "webhook) otherwise. A SIGKILLed leader is replaced within --lease-duration + 2 s.",
+)
+@click.option(
+    "--lease",
+    default=None,
+    metavar="NAMESPACE/NAME",
+    help="The coordination.k8s.io Lease to elect over. [default: kvoffload-leader in $POD_NAMESPACE, else the "
+    "service account's namespace, else default]",
+)
+@click.option(
+    "--lease-duration",
+    type=click.IntRange(3, 300),
+    default=8,
+    show_default=True,
+    metavar="SECONDS",
+    help="How long an unrenewed Lease keeps the others waiting. The leader renews every second and gives up "
+    "after 60% of this without a renewal.",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
     default=8080,
     show_default=True,
-    help="Serve the operator's own Prometheus metrics at :PORT/metrics; 0 disables.",
+    help="Serve the operator's own Prometheus metrics at :PORT/metrics, and its probes at /healthz (liveness) "
+    "and /readyz (readiness); 0 disables.",
 )
 @click.option(
     "--policy-label",
@@ -514,6 +537,9 @@ def run(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
     standalone: bool,
+    leader_elect: bool,
+    lease: str | None,
+    lease_duration: int,
     metrics_port: int,
     policy_label: str,
     level_label: str,
@@ -537,6 +563,7 @@ def run(
     import kopf
 
     from kvoffload.controller.handlers import WebhookSettings, run_operator
+    from kvoffload.controller.leadership import LEASE_NAME, LeaseSettings, own_namespace, quiet_library_logs
     from kvoffload.controller.reconcile import ControllerSettings, SecretLocation
 
     token = None
@@ -555,6 +582,17 @@ def run(
             click.echo("--webhook-port needs --webhook-cert and --webhook-key", err=True)
             sys.exit(EXIT_BAD_INPUT)
         webhook = WebhookSettings(webhook_port, webhook_cert, webhook_key, webhook_address)
+    election = None
+    if lease is not None and not leader_elect:
+        click.echo("--lease needs --leader-elect", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+    if leader_elect:
+        lease_namespace, _, lease_name = (lease or f"{own_namespace()}/{LEASE_NAME}").partition("/")
+        if not (lease_namespace and lease_name) or "/" in lease_name:
+            click.echo(f"--lease must be NAMESPACE/NAME, not {lease!r}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        election = LeaseSettings.for_duration(lease_namespace, lease_duration, lease_name)
+        quiet_library_logs()
     import kubernetes.config
 
     kopf.configure(verbose=verbose)
@@ -570,6 +608,7 @@ def run(
                 level_label=level_label,
                 config_hash_label=config_hash_label,
                 webhook=webhook,
+                lease=election,
             )
         )
     except kubernetes.config.ConfigException as exc:

@@ -19,9 +19,13 @@ runs kopf with them in-process (``kvoffload run``).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import inspect
 import logging
+import os
+import signal
+import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -31,6 +35,8 @@ import kopf
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, PEERING_NAME, PLURAL
 from kvoffload.api.quantity import parse_duration
+from kvoffload.controller.health import Health, Role
+from kvoffload.controller.leadership import Leadership, LeaseSettings
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
 from kvoffload.rollout.decide import Plan
@@ -244,10 +250,16 @@ async def run_operator(
     stop_flag: Any = None,
     ready_flag: Any = None,
     webhook: WebhookSettings | None = None,
+    lease: LeaseSettings | None = None,
 ) -> None:
     """Run the operator until stopped (SIGINT/SIGTERM, or ``stop_flag``): kopf, the Controller built
-    from the in-cluster service account or $KUBECONFIG, the metrics endpoint (0: none), and, with
-    ``webhook``, the validating admission webhook (``controller/admission.py``).
+    from the in-cluster service account or $KUBECONFIG, the metrics and probe endpoint (0: none), and,
+    with ``webhook``, the validating admission webhook (``controller/admission.py``).
+
+    With ``lease``, this replica is one candidate of a leader election (``controller/leadership.py``):
+    it reconciles only while it holds the Lease, and until then stands by, serving the webhook if any.
+    A leader that loses the Lease exits the process at once (status 1), so it never writes beside the
+    next one.
 
     Raises ``kubernetes.config.ConfigException`` when there is no cluster configuration.
     """
@@ -267,34 +279,151 @@ async def run_operator(
 
     registry = kopf.OperatorRegistry()
     register(registry, controller, metrics=metrics)
-    # A registry of our own gets none of kopf's fallback logins: log in as the gateway does.
-    kopf.on.login(registry=registry)(kopf.login_via_client)
-    if webhook is not None:
-        from kvoffload.controller import admission
+    admission_only = kopf.OperatorRegistry()  # what a standby serves
+    for each in (registry, admission_only):
+        # A registry of our own gets none of kopf's fallback logins: log in as the gateway does.
+        kopf.on.login(registry=each)(kopf.login_via_client)
+        if webhook is not None:
+            _serve_admission(each, webhook)
 
-        admission.register(registry)
-        server = admission.webhook_server(
-            address=webhook.address, port=webhook.port, certfile=webhook.certfile, keyfile=webhook.keyfile
-        )
-
-        @kopf.on.startup(registry=registry)
-        def serve_admission(settings: kopf.OperatorSettings, **_: Any) -> None:
-            settings.admission.server = server
-            settings.admission.managed = None  # registered by the chart or `kvoffload cluster`, not by kopf
-
-    metrics_server = metrics.serve(metrics_port) if metrics_port else None
+    health = Health()
+    beating = asyncio.create_task(health.beat())
+    metrics_server = metrics.serve(metrics_port, health) if metrics_port else None
+    leadership = None
+    ready = asyncio.Event()
+    readying = asyncio.create_task(_when_ready(ready, ready_flag, lambda: health.set(Role.LEADER, ready=True)))
     try:
+        if lease is not None:
+            leadership = Leadership(lease, api_client_from_environment(), on_lost=_exit_on_lost_lease)
+            leadership.start()
+            health.set(Role.STANDBY, ready=webhook is None)
+            led = await _stand_by(
+                leadership,
+                admission_only if webhook is not None else None,
+                on_serving=lambda: health.set(Role.STANDBY, ready=True),
+                stop_flag=stop_flag,
+                clusterwide=clusterwide,
+                namespaces=namespaces,
+            )
+            if not led:
+                return
+        health.set(Role.LEADER, ready=False)
+        metrics.leader.set(1)
         await kopf.operator(
             registry=registry,
             standalone=standalone,
             clusterwide=clusterwide,
             namespaces=list(namespaces),
             stop_flag=stop_flag,
-            ready_flag=ready_flag,
+            ready_flag=ready,
         )
     finally:
+        for task in (readying, beating):
+            task.cancel()
+        metrics.leader.set(0)
+        if leadership is not None:
+            leadership.release()  # after kopf has stopped: the next leader starts on a quiet field
         if metrics_server is not None:
             metrics_server.shutdown()
+
+
+def _serve_admission(registry: kopf.OperatorRegistry, webhook: WebhookSettings) -> None:
+    from kvoffload.controller import admission
+
+    admission.register(registry)
+
+    @kopf.on.startup(registry=registry)
+    def serve_admission(settings: kopf.OperatorSettings, **_: Any) -> None:
+        # A server per kopf run: a standby's kopf stops before the leader's starts on the same port.
+        settings.admission.server = admission.webhook_server(
+            address=webhook.address, port=webhook.port, certfile=webhook.certfile, keyfile=webhook.keyfile
+        )
+        settings.admission.managed = None  # registered by the chart or `kvoffload cluster`, not by kopf
+
+
+async def _stand_by(
+    leadership: Leadership,
+    admission_only: kopf.OperatorRegistry | None,
+    *,
+    on_serving: Callable[[], None],
+    stop_flag: Any,
+    clusterwide: bool,
+    namespaces: Collection[str],
+) -> bool:
+    """Wait for the Lease, serving the webhook meanwhile when there is one; False when stopped first."""
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    signals = (signal.SIGINT, signal.SIGTERM) if threading.current_thread() is threading.main_thread() else ()
+    for signum in signals:
+        loop.add_signal_handler(signum, stopping.set)
+    waits = [
+        asyncio.create_task(leadership.wait_leading()),
+        asyncio.create_task(stopping.wait()),
+        asyncio.create_task(_flag_set(stop_flag)),
+    ]
+    try:
+        if admission_only is None:
+            on_serving()
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        else:
+            done = asyncio.Event()
+            for task in waits:
+                task.add_done_callback(lambda _: done.set())
+            standby_ready = asyncio.Event()
+            serving = asyncio.create_task(_when_ready(standby_ready, None, on_serving))
+            try:  # kopf takes SIGINT/SIGTERM while it runs: its return then means a stop, unless we lead
+                await kopf.operator(
+                    registry=admission_only,
+                    standalone=True,
+                    clusterwide=clusterwide,
+                    namespaces=list(namespaces),
+                    stop_flag=done,
+                    ready_flag=standby_ready,
+                )
+            finally:
+                serving.cancel()
+    finally:
+        for task in waits:
+            task.cancel()
+        for signum in signals:
+            loop.remove_signal_handler(signum)
+    return leadership.leading and not stopping.is_set() and not _is_set(stop_flag)
+
+
+async def _when_ready(ready: asyncio.Event, flag: Any, then: Callable[[], None]) -> None:
+    await ready.wait()
+    then()
+    if flag is not None:
+        _set(flag)
+
+
+async def _flag_set(flag: Any) -> None:
+    """Wait for a kopf-style stop flag (an asyncio or threading Event, or a Future); never, for None."""
+    while not _is_set(flag):
+        await asyncio.sleep(0.2)
+
+
+def _is_set(flag: Any) -> bool:
+    if flag is None:
+        return False
+    if isinstance(flag, (asyncio.Future, concurrent.futures.Future)):
+        return flag.done()
+    return bool(flag.is_set())
+
+
+def _set(flag: Any) -> None:
+    if isinstance(flag, (asyncio.Future, concurrent.futures.Future)):
+        if not flag.done():
+            flag.set_result(None)
+    else:
+        flag.set()
+
+
+def _exit_on_lost_lease() -> None:
+    """Leave now, from the election's thread: a graceful stop could go on writing after the next leader
+    starts. The kubelet restarts the container, which joins again as a candidate."""
+    logging.shutdown()
+    os._exit(1)
 
 
 def _uid(body: Mapping[str, Any]) -> str:

@@ -43,13 +43,14 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PAUSED, PROGRESSING, Reason
 from kvoffload.api.quantity import parse_duration
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase
+from kvoffload.controller.health import Health, serve
 from kvoffload.policy.ladder import Level
 from kvoffload.policy.sizing import host_memory, progress_deadline_seconds, tier_capacity_tokens
 
@@ -246,6 +247,9 @@ class OperatorMetrics:
             "kvoffload_reconcile_errors", "Reconciles that ended in an unexpected error.", registry=r
         )
         self.policies = Gauge("kvoffload_policies", "Policies per phase.", ["phase"], registry=r)
+        self.leader = Gauge(
+            "kvoffload_leader", "1 while this replica holds the leader Lease (or runs without election).", registry=r
+        )
         self._phases: dict[str, str] = {}
         self._lock = threading.Lock()
         self._per_policy: dict[str, PolicySeries] = {}
@@ -286,7 +290,7 @@ class OperatorMetrics:
         for phase, count in counts.items():
             self.policies.labels(phase=phase).set(count)
 
-    def serve(self, port: int, addr: str = "0.0.0.0") -> Any:  # scraped from inside the cluster
-        """Serve /metrics on ``port`` in a daemon thread; returns the server (call ``shutdown()`` to stop)."""
-        server, _thread = start_http_server(port, addr=addr, registry=self.registry)
-        return server
+    def serve(self, port: int, health: Health | None = None, addr: str = "0.0.0.0") -> Any:  # in-cluster scrapes
+        """Serve /metrics (and the probes of ``health``) on ``port`` in a daemon thread; returns the server
+        (call ``shutdown()`` to stop)."""
+        return serve(port, self.registry, health, addr)

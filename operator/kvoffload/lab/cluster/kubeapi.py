@@ -34,6 +34,7 @@ _PLURALS: dict[str, str] = {
     "Event": "events",
     "Deployment": "deployments",
     "ReplicaSet": "replicasets",
+    "Lease": "leases",
     "PodMonitor": "podmonitors",
     "KVOffloadPolicy": "kvoffloadpolicies",
     "CustomResourceDefinition": "customresourcedefinitions",
