@@ -19,7 +19,9 @@ import socket
 import ssl
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +68,9 @@ def answers_tls(port: int, ca_pem: bytes) -> bool:
 
 
 @contextlib.contextmanager
-def operator(kube: Kube, ns: str, serving: Serving, port: int, log: Path) -> Iterator[subprocess.Popen[bytes]]:
+def operator(
+    kube: Kube, ns: str, serving: Serving, port: int, log: Path, *extra: str
+) -> Iterator[subprocess.Popen[bytes]]:
     """``kvoffload run -n NS`` serving the webhook; stopped (SIGTERM, then SIGKILL) on exit."""
     command = [
         sys.executable,
@@ -81,6 +85,7 @@ def operator(kube: Kube, ns: str, serving: Serving, port: int, log: Path) -> Ite
         "--webhook-address=127.0.0.1",
         f"--webhook-cert={serving.certfile}",
         f"--webhook-key={serving.keyfile}",
+        *extra,
     ]
     env = {**os.environ, "KUBECONFIG": str(kube.kubeconfig)}
     with log.open("ab") as out:
@@ -178,6 +183,44 @@ def test_refused_at_apply_with_the_invalid_message_and_accepted_while_the_webhoo
         deleted = kube.run("delete", PLURAL, "-n", ns, "unknown-gpu", "--timeout=60s")
         assert deleted.returncode == 0, deleted.stderr
     print(f"operator log:\n{log.read_text()[-3000:]}")
+
+
+def test_a_standby_replica_serves_the_webhook_and_reconciles_nothing_until_it_leads(
+    setup: tuple[Kube, str, Serving, int], tmp_path: Path
+) -> None:
+    kube, ns, serving, port = setup
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    held = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": "kvoffload-leader", "namespace": ns},
+        "spec": {"holderIdentity": "the-leader", "leaseDurationSeconds": 300, "acquireTime": now, "renewTime": now},
+    }
+    assert apply(kube, held).returncode == 0
+    election = ("--leader-elect", f"--lease={ns}/kvoffload-leader")
+    with operator(kube, ns, serving, port, tmp_path / "operator.log", *election):
+        refused = apply(kube, policy(ns, "unknown-gpu", gpu__class="nvidia-h100"))
+        assert refused.returncode != 0
+        assert DENIED in refused.stderr
+        assert apply(kube, policy(ns, "good")).returncode == 0
+        time.sleep(3)
+        untouched = kube.get(PLURAL, "-n", ns, "good")
+        assert untouched["status"] == {"observedGeneration": 0}, "a standby reconciled"  # the CRD's default
+        assert not untouched["metadata"].get("finalizers")
+
+        # The leader goes (its Lease handed back): the standby leads, and its webhook still answers.
+        released = kube.run(
+            "patch", "lease", "kvoffload-leader", "-n", ns, "--type=merge", "-p", '{"spec":{"holderIdentity":null}}'
+        )
+        assert released.returncode == 0, released.stderr
+        wait_for(
+            lambda: kube.get(PLURAL, "-n", ns, "good")["status"].get("phase"), "the new leader's status", timeout=30
+        )
+        wait_for(lambda: answers_tls(port, serving.ca_pem), "the leader's webhook", timeout=10)
+        again = apply(kube, policy(ns, "unknown-gpu", gpu__class="nvidia-h100"))
+        assert again.returncode != 0
+        assert DENIED in again.stderr
+        assert kube.get("lease", "-n", ns, "kvoffload-leader")["spec"]["holderIdentity"] != "the-leader"
 
 
 def test_the_webhook_judges_what_the_operator_judges() -> None:
