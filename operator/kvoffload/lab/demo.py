@@ -546,6 +546,7 @@ async def run_demo(
     from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY
     from kvoffload.api.types import KVOffloadPolicy
     from kvoffload.lab import load as loadgen
+    from kvoffload.lab.capacity import Capacity
     from kvoffload.lab.cluster.kubecluster import KubeCluster
     from kvoffload.lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
     from kvoffload.lab.report import Timeline, write_report
@@ -660,7 +661,8 @@ async def run_demo(
                     setattr(bought, key, await asyncio.to_thread(query_by_variant, cluster.prometheus.url, expr, roles))
                 sample = sample_from(now, status, measured, bought)
                 timeline.samples.append(sample)
-                cluster.kubelet.census.sample(now, name, cluster.kubelet.engines.values())
+                ready = census.sample(now, name, cluster.kubelet.engines.values())
+                timeline.capacity.append(Capacity(now, ready))
                 if status is not None:
                     fresh = decisions_from(status.history, started_wall)
                     for d in fresh[seen:]:

@@ -2,7 +2,8 @@
 
 A :class:`Timeline` is what ``kvoffload demo`` saw once per analysis cycle (phase,
 stage, replicas, p99 TTFT and external share per variant, the verdict) plus the
-operator's decisions from ``status.history``. :func:`write_report` turns it into
+operator's decisions from ``status.history`` and the Ready engines per ladder level the
+kubelet stand-in counted (``lab/capacity.py``). :func:`write_report` turns it into
 ``timeline.png`` (matplotlib, Agg backend: no display needed), ``summary.md``
 (which links the PNG) and ``report.html`` (the PNG inlined, one self-contained
 file). Nothing here talks to a cluster or to Prometheus.
@@ -16,16 +17,24 @@ import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvoffload.api.conventions import ROLLBACK_DECISIONS, VARIANTS
 from kvoffload.api.quantity import format_duration
+from kvoffload.lab.capacity import Capacity, steps
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 COLORS = {"stable": "#1f77b4", "canary": "#ff7f0e"}
 ROLLBACK_COLOR = "#d62728"
+LEVEL_COLORS = ("#7f7f7f", "#bcbd22", "#2ca02c", "#9467bd", "#17becf", "#8c564b", "#e377c2")
+"""Ready engines per level, by ladder position (gpu-only grey)."""
+CAPACITY_LABEL = "Ready by level\n(kubelet census)"
 PNG_NAME = "timeline.png"
 MARKDOWN_NAME = "summary.md"
 HTML_NAME = "report.html"
+PNG_ALT = "p99 TTFT, external share, replicas and Ready engines per level over time"
 
 
 @dataclass(frozen=True)
@@ -92,6 +101,8 @@ class Timeline:
     """Whether the outcome is the expected one; None while running."""
     notes: list[str] = field(default_factory=list)
     """Anything worth a line in the summary (faults injected, load figures)."""
+    capacity: list[Capacity] = field(default_factory=list)
+    """Ready engines per ladder level, as the kubelet stand-in counted them at each sample."""
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,11 +112,12 @@ class Timeline:
         data = dict(doc)
         data["samples"] = [Sample(**s) for s in data.get("samples", [])]
         data["decisions"] = [Decision(**d) for d in data.get("decisions", [])]
+        data["capacity"] = [Capacity(**c) for c in data.get("capacity", [])]
         return cls(**data)
 
     @property
     def duration(self) -> float:
-        times = [s.t for s in self.samples] + [d.t for d in self.decisions]
+        times = [s.t for s in self.samples] + [d.t for d in self.decisions] + [c.t for c in self.capacity]
         return max(times, default=0.0)
 
     @property
@@ -130,8 +142,26 @@ def _short(text: str, limit: int = 90) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def plot(timeline: Timeline, path: Path) -> Path:
-    """Draw p99 TTFT, external share and replicas per variant over time, with the decisions marked.
+def _capacity_panel(ax: Any, timeline: Timeline) -> None:
+    """Ready engines per ladder level, stacked (the top edge is all Ready engines), from the census."""
+    times, by_level = steps(timeline.capacity, timeline.ladder)
+    bottom = [0] * len(times)
+    for level, counts in by_level.items():
+        top = [b + n for b, n in zip(bottom, counts, strict=True)]
+        position = timeline.ladder.index(level) if level in timeline.ladder else len(timeline.ladder)
+        color = LEVEL_COLORS[position % len(LEVEL_COLORS)]
+        ax.fill_between(times, bottom, top, step="post", color=color, alpha=0.75, lw=0, label=level)
+        bottom = top
+    if times:
+        ax.step(times, bottom, where="post", color="black", lw=1.2, label="Ready, all levels")
+    ax.set_ylabel(CAPACITY_LABEL)
+    ax.set_ylim(0, max(bottom, default=1) * 1.5 + 0.5)  # headroom for the legend above the stack
+    ax.yaxis.get_major_locator().set_params(integer=True)
+
+
+def figure(timeline: Timeline) -> Figure:
+    """Draw p99 TTFT, external share and replicas per variant, and Ready engines per level, over time, with
+    the decisions marked.
 
     Every decision is a vertical line labelled with what it was and the level it led to;
     a rollback is a red line with its reason and figures in a red box.
@@ -141,8 +171,13 @@ def plot(timeline: Timeline, path: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (ax_ttft, ax_share, ax_reps) = plt.subplots(
-        3, 1, sharex=True, figsize=(12, 8.5), gridspec_kw={"height_ratios": [3, 2, 1.4]}, constrained_layout=True
+    fig, (ax_ttft, ax_share, ax_reps, ax_cap) = plt.subplots(
+        4,
+        1,
+        sharex=True,
+        figsize=(12, 10.5),
+        gridspec_kw={"height_ratios": [3, 2, 1.4, 1.6]},
+        constrained_layout=True,
     )
     samples = timeline.samples
     for variant in VARIANTS:
@@ -176,11 +211,12 @@ def plot(timeline: Timeline, path: Path) -> Path:
     ax_reps.set_ylabel("replicas")
     ax_reps.set_ylim(bottom=0)
     ax_reps.yaxis.get_major_locator().set_params(integer=True)
-    ax_reps.set_xlabel("seconds since the policy was applied")
+    _capacity_panel(ax_cap, timeline)
+    ax_cap.set_xlabel("seconds since the policy was applied")
 
     for d in timeline.decisions:
         color = ROLLBACK_COLOR if d.is_rollback else "#555555"
-        for ax in (ax_ttft, ax_share, ax_reps):
+        for ax in (ax_ttft, ax_share, ax_reps, ax_cap):
             ax.axvline(d.t, color=color, lw=2.2 if d.is_rollback else 0.9, ls="-" if d.is_rollback else ":")
         ax_ttft.annotate(
             f"{d.decision} → {d.stage}",
@@ -210,16 +246,24 @@ def plot(timeline: Timeline, path: Path) -> Path:
             arrowprops={"arrowstyle": "->", "color": ROLLBACK_COLOR},
         )
     # The decision labels hang from the top of the TTFT panel: keep its legend at the bottom.
-    for ax, where in ((ax_ttft, "lower left"), (ax_share, "best"), (ax_reps, "best")):
+    for ax, where in ((ax_ttft, "lower left"), (ax_share, "best"), (ax_reps, "best"), (ax_cap, "upper left")):
         ax.grid(alpha=0.25)
         if ax.get_legend_handles_labels()[0]:
-            ax.legend(loc=where, fontsize=8, framealpha=0.85)
-    if samples or timeline.decisions:
-        ax_reps.set_xlim(0, max(timeline.duration, 1.0) * 1.02)
+            ax.legend(loc=where, fontsize=8, framealpha=0.85, ncol=8 if ax is ax_cap else 1)
+    if samples or timeline.decisions or timeline.capacity:
+        ax_cap.set_xlim(0, max(timeline.duration, 1.0) * 1.02)
     title = f"kvoffload demo ({timeline.scenario}): {timeline.policy}, ladder {' → '.join(timeline.ladder)}"
     if timeline.outcome:
         title += f"\nended {timeline.outcome}"
     fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def plot(timeline: Timeline, path: Path) -> Path:
+    """:func:`figure`, saved as a PNG at ``path``."""
+    import matplotlib.pyplot as plt
+
+    fig = figure(timeline)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -372,7 +416,7 @@ def markdown(timeline: Timeline, png_name: str = PNG_NAME) -> str:
     out = [f"# kvoffload demo: {timeline.scenario} ({timeline.policy})", ""]
     for p in paragraphs:
         out += [p, ""]
-    out += [f"![p99 TTFT, external share and replicas over time]({png_name})", ""]
+    out += [f"![{PNG_ALT}]({png_name})", ""]
     for title, rows in tables:
         out += [f"## {title}", "", "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
         out += ["| " + " | ".join(_md_cell(c) for c in row) + " |" for row in rows[1:]]
@@ -393,7 +437,7 @@ def html_report(timeline: Timeline, png: bytes) -> str:
     body = [f"<h1>{title}</h1>"]
     body += [f"<p>{_inline(p)}</p>" for p in paragraphs]
     image = base64.b64encode(png).decode()
-    body.append(f'<img alt="p99 TTFT, external share and replicas over time" src="data:image/png;base64,{image}">')
+    body.append(f'<img alt="{PNG_ALT}" src="data:image/png;base64,{image}">')
     for name, rows in tables:
         head = "".join(f"<th>{html.escape(c)}</th>" for c in rows[0])
         cells = "".join("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in row) + "</tr>" for row in rows[1:])
