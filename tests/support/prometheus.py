@@ -147,12 +147,18 @@ class SyntheticEngine:
     """Under tiering: (tier label, chunk lookups per second, hits per second) per tier (``0:primary``, ``1:fs``)."""
     allocated: tuple[tuple[str, int, int], ...] = ()
     """vLLM 0.33's vllm:kv_offload_config_info: (tier label or "", CPU bytes, chunks) per series."""
+    level: str | None = None
+    """The ``kvoffload_io_level`` label; default: ``variant``."""
+    config_hash: str | None = None
+    """The ``kvoffload_io_config_hash`` label; default: ``variant`` (what ``synthetic_target`` asks for)."""
 
 
 def _level_labels(engine: SyntheticEngine) -> str:
-    """The level and config-hash labels the PodMonitor copies; a synthetic engine's config hash is its variant's
-    name (``synthetic_target`` asks for those)."""
-    return f'kvoffload_io_level="{engine.variant}",kvoffload_io_config_hash="{engine.variant}"'
+    """The level and config-hash labels the PodMonitor copies; unless given, a synthetic engine's level and config
+    hash are its variant's name (``synthetic_target`` asks for those)."""
+    level = engine.level if engine.level is not None else engine.variant
+    config_hash = engine.config_hash if engine.config_hash is not None else engine.variant
+    return f'kvoffload_io_level="{level}",kvoffload_io_config_hash="{config_hash}"'
 
 
 def synthetic_target(

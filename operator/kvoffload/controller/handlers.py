@@ -113,12 +113,15 @@ class PolicyRuntime:
         """One cycle under the policy's lock."""
         await self.start()
         assert self.controller is not None
-        slot = self.slot(_uid(body))
+        uid = _uid(body)
+        slot = self.slot(uid)
         async with slot.lock:
+            self.metrics.sweeps.started()
             try:
                 slot.plan = await self.controller.reconcile(body)
             finally:
                 slot.last_done = time.monotonic()
+                self.metrics.sweeps.finished(uid, self._slots.keys())
         slot.failures, slot.retry_after = 0, None
         return slot.plan
 

@@ -6,6 +6,9 @@ operator decided and how it is doing, not what the engines do (those come from v
 - ``kvoffload_decisions_total{decision}``: history entries written (Rollback, Promoted...).
 - ``kvoffload_verdicts_total{verdict}``: analysis verdicts (Pass, Fail, Inconclusive).
 - ``kvoffload_cycle_seconds``: how long one reconcile of one policy took.
+- ``kvoffload_sweep_seconds``: how long one sweep took: from the start of a reconcile when no sweep runs
+  until every policy the operator watches has finished a reconcile since (:class:`SweepTimer`).
+- ``kvoffload_sweep_policies``: how many policies the last sweep covered.
 - ``kvoffload_api_errors_total{operation}``: Kubernetes API operations that failed.
 - ``kvoffload_prometheus_queries_total``: PromQL queries sent (per cycle, constant in the policies).
 - ``kvoffload_policies{phase}``: policies per phase.
@@ -38,7 +41,8 @@ Scrape them with ``honorLabels: true`` (the chart's ServiceMonitor does): otherw
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -221,6 +225,39 @@ class _PolicyCollector(Collector):
         yield from (phase, condition, deadline, decisions, variant, pinned, capacity)
 
 
+class SweepTimer:
+    """Times sweeps over the fleet: one begins when a reconcile starts while none runs, and ends when every
+    policy watched at that moment has finished a reconcile since it began (successful or not).
+
+    Each policy has its own loop, so a sweep is the span in which the fleet was reconciled once: the
+    cost of one cycle over every policy when their loops run together, and more when they have drifted
+    apart (then it is bounded by the analysis interval). Right after a start the watched set is still
+    growing, so the first sweeps cover fewer policies (``kvoffload_sweep_policies`` says how many).
+    """
+
+    def __init__(self, seconds: Histogram, policies: Gauge, clock: Callable[[], float] = time.monotonic) -> None:
+        self._seconds = seconds
+        self._policies = policies
+        self._clock = clock
+        self._since: float | None = None
+        self._done: set[str] = set()
+
+    def started(self) -> None:
+        """A reconcile starts: it begins a sweep unless one runs."""
+        if self._since is None:
+            self._since = self._clock()
+
+    def finished(self, policy: str, watched: Collection[str]) -> None:
+        """``policy`` finished a reconcile; ``watched`` are the policies the operator watches now."""
+        if self._since is None:
+            return
+        self._done.add(policy)
+        if self._done.issuperset(watched):
+            self._seconds.observe(self._clock() - self._since)
+            self._policies.set(len(watched))
+            self._since, self._done = None, set()
+
+
 class OperatorMetrics:
     """The operator's metrics; each instance has its own registry, so tests never share counters."""
 
@@ -250,6 +287,14 @@ class OperatorMetrics:
         self.leader = Gauge(
             "kvoffload_leader", "1 while this replica holds the leader Lease (or runs without election).", registry=r
         )
+        self.sweep_seconds = Histogram(
+            "kvoffload_sweep_seconds",
+            "Seconds from the start of a sweep until every watched policy had finished a reconcile since.",
+            buckets=(0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300),
+            registry=r,
+        )
+        self.sweep_policies = Gauge("kvoffload_sweep_policies", "Policies the last sweep covered.", registry=r)
+        self.sweeps = SweepTimer(self.sweep_seconds, self.sweep_policies)
         self._phases: dict[str, str] = {}
         self._lock = threading.Lock()
         self._per_policy: dict[str, PolicySeries] = {}

@@ -1,0 +1,421 @@
+"""The operator itself (``kvoffload run``) over 1, 100 and 1,000 policies: cycle time, queries per cycle, RSS.
+
+For each fleet size, on this machine:
+
+1. a synthetic exporter (tests/support/prometheus.py: ``SyntheticFleet``, in a child process) serves the vLLM
+   series of every policy's stable and canary level, labelled with the level names and config hashes the
+   operator renders, and a real Prometheus scrapes it every 2 s;
+2. a real kube-apiserver and etcd (``kvoffload.lab.controlplane.ControlPlane``; its controller manager and
+   scheduler are stopped, so no Pod is ever made) get the CRD and the policies, in up to 10 namespaces;
+3. ``kvoffload run -A --standalone --metrics-port P --prometheus-url URL`` runs as a subprocess. It renders
+   every policy (a GPU-only baseline of 20 s), passes the baseline on the series, and starts each policy's
+   canary, whose pods never become Ready: every policy then holds mid-canary (the progress deadline is 2 h)
+   and is analysed every ``analysis.interval`` (10 s), stable and canary both;
+4. once every policy is mid-canary, the bench reads the operator's own metrics for ``--measure`` seconds:
+   ``kvoffload_sweep_seconds`` (one reconcile of every policy), ``kvoffload_prometheus_queries_total``,
+   ``kvoffload_cycle_seconds``, and samples the process's VmRSS (VmHWM for the peak).
+
+    .venv/bin/python bench/operator/bench_operator.py [--sizes 1,100,1000] [--measure 60] [--json out.json]
+
+Needs /usr/bin/prometheus and the control-plane binaries ($KVOFFLOAD_KUBE_BIN or .kube-bin).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import multiprocessing
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+import kubernetes.client  # noqa: E402
+import kubernetes.config  # noqa: E402
+from tests.support.prometheus import SyntheticEngine, SyntheticFleet  # noqa: E402
+
+from kvoffload.analysis.dialects import Dialect  # noqa: E402
+from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL  # noqa: E402
+from kvoffload.controller.reconcile import judge_resolved  # noqa: E402
+from kvoffload.lab.controlplane import ControlPlane  # noqa: E402
+from kvoffload.lab.promserver import PrometheusServer, free_port  # noqa: E402
+from kvoffload.policy.ladder import build_ladder  # noqa: E402
+from kvoffload.policy.loading import parse_policy  # noqa: E402
+from kvoffload.policy.render import config_hash  # noqa: E402
+
+T = TypeVar("T")
+
+INTERVAL = "10s"
+WINDOW = "20s"
+SCRAPE_INTERVAL_S = 2.0
+GIB = 2**30
+KVOFFLOAD = str(Path(sys.executable).parent / "kvoffload")
+SAMPLED = (
+    "kvoffload_sweep_seconds_count",
+    "kvoffload_sweep_seconds_sum",
+    "kvoffload_sweep_policies",
+    "kvoffload_prometheus_queries_total",
+    "kvoffload_cycle_seconds_count",
+    "kvoffload_cycle_seconds_sum",
+    "kvoffload_reconcile_errors_total",
+)
+
+
+def spec(prometheus_url: str) -> dict[str, Any]:
+    """Two replicas, GPU-only then a 1 GiB CPU tier; a 20 s baseline, then a canary that may take 2 h to be Ready."""
+    return {
+        "model": {"name": "Qwen/Qwen3-0.6B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 4096},
+        "gpu": {"class": "nvidia-l4"},
+        "replicas": 2,
+        "resources": {"baseMemory": "4Gi", "headroom": "1Gi"},
+        "offload": {"cpu": "1Gi"},
+        "rollout": {
+            "canaryReplicas": 1,
+            "maxSurge": 1,
+            "baselineDuration": "20s",
+            "stepDuration": "1h",
+            "progressDeadline": "2h",
+        },
+        "analysis": {"interval": INTERVAL, "window": WINDOW, "ttftP99": "500ms", "itlP99": "50ms", "minRequests": 5},
+        "prometheus": {"url": prometheus_url},
+    }
+
+
+@dataclass(frozen=True)
+class PolicyPlan:
+    namespace: str
+    name: str
+    manifest: dict[str, Any]
+    levels: tuple[tuple[str, str, str], ...]
+    """(level name, config hash, kv_offloading_size as vLLM shows it) of ladder levels 0 and 1."""
+
+
+def plan_fleet(policies: int, namespaces: int, prometheus_url: str) -> tuple[list[PolicyPlan], Dialect]:
+    """The policies, and what the operator will render for them (by the package's own functions)."""
+    plans: list[PolicyPlan] = []
+    dialect: Dialect | None = None
+    for i in range(policies):
+        namespace, name = f"bench-{i % namespaces:02d}", f"policy-{i:04d}"
+        manifest = {
+            "apiVersion": f"{API_GROUP}/{API_VERSION}",
+            "kind": "KVOffloadPolicy",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": spec(prometheus_url),
+        }
+        policy = parse_policy(json.loads(json.dumps(manifest)), f"{namespace}/{name}")
+        dialect = judge_resolved(policy)
+        ladder = build_ladder(policy.spec)
+        levels = tuple(
+            (
+                level.name,
+                config_hash(policy, level),
+                "None" if level.cpu_bytes is None else repr(level.cpu_bytes / GIB),
+            )
+            for level in ladder[:2]
+        )
+        plans.append(PolicyPlan(namespace, name, manifest, levels))
+    assert dialect is not None
+    return plans, dialect
+
+
+def engines_for(plans: list[PolicyPlan]) -> list[SyntheticEngine]:
+    engines: list[SyntheticEngine] = []
+    for i, p in enumerate(plans):
+        (stable_level, stable_hash, stable_size), (canary_level, canary_hash, canary_size) = p.levels
+        common = {"namespace": p.namespace, "ttft_s": 0.2}
+        engines.append(
+            SyntheticEngine(
+                p.name,
+                "stable",
+                requests_per_s=15 + i % 5,
+                level=stable_level,
+                config_hash=stable_hash,
+                offloading_size=stable_size,
+                **common,  # type: ignore[arg-type]
+            )
+        )
+        engines.append(
+            SyntheticEngine(
+                p.name,
+                "canary",
+                requests_per_s=5 + i % 7,
+                external_share=0.2,
+                host_tokens_per_s=100,
+                load_bytes_per_s=1e9,
+                level=canary_level,
+                config_hash=canary_hash,
+                offloading_size=canary_size,
+                **common,  # type: ignore[arg-type]
+            )
+        )
+    return engines
+
+
+def serve_fleet(engines: list[SyntheticEngine], dialect: Dialect, address: Any) -> None:
+    """Child process: the exporter, kept out of the operator's and the bench's CPU."""
+    fleet = SyntheticFleet(engines, dialect)
+    address.send((fleet.address, fleet.series))
+    threading.Event().wait()
+
+
+def wait_until(check: Callable[[], T | None], deadline_s: float, what: str, poll: float = 1.0) -> T:
+    end = time.monotonic() + deadline_s
+    while True:
+        got = check()
+        if got:
+            return got
+        if time.monotonic() > end:
+            raise TimeoutError(f"timed out after {deadline_s:.0f} s waiting for {what} (last: {got!r})")
+        time.sleep(poll)
+
+
+def status_of(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM of a process, in bytes."""
+    found: dict[str, int] = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("VmRSS", "VmHWM"):
+            found[key] = int(value.split()[0]) * 1024
+    return found
+
+
+def operator_metrics(port: int) -> dict[str, float]:
+    """The few samples the bench reads, from the operator's /metrics (only those families are asked for)."""
+    names = "&".join(f"name[]={n}" for n in SAMPLED)
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics?{names}", timeout=30) as answer:
+        text = answer.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        match = re.match(r"^([a-z_]+) ([0-9.e+-]+|NaN)$", line)
+        if match and match.group(1) in SAMPLED:
+            values[match.group(1)] = float(match.group(2))
+    return values
+
+
+def apply_policies(api: kubernetes.client.ApiClient, plans: list[PolicyPlan]) -> float:
+    core = kubernetes.client.CoreV1Api(api)
+    for namespace in sorted({p.namespace for p in plans}):
+        core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    custom = kubernetes.client.CustomObjectsApi(api)
+    start = time.perf_counter()
+
+    def create(p: PolicyPlan) -> None:
+        custom.create_namespaced_custom_object(API_GROUP, API_VERSION, p.namespace, PLURAL, p.manifest)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(create, plans))
+    return time.perf_counter() - start
+
+
+def modes(api: kubernetes.client.ApiClient) -> dict[str, int]:
+    custom = kubernetes.client.CustomObjectsApi(api)
+    listed = custom.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)
+    counts: dict[str, int] = {}
+    for item in listed["items"]:
+        status = item.get("status") or {}
+        key = str(status.get("mode") or "none")
+        if status.get("canary") is None and key == "Step":
+            key = "Step without canary"
+        counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def bench_size(policies: int, namespaces: int, measure_s: float, workdir: Path) -> dict[str, Any]:
+    work = workdir / f"size-{policies}"
+    work.mkdir()
+    server = PrometheusServer(work / "prometheus", scrape_interval=SCRAPE_INTERVAL_S)
+    server.workdir.mkdir()
+    server.start()
+    plans, dialect = plan_fleet(policies, min(namespaces, policies), server.url)
+    parent, child = multiprocessing.Pipe()
+    exporter = multiprocessing.Process(target=serve_fleet, args=(engines_for(plans), dialect, child), daemon=True)
+    exporter.start()
+    operator: subprocess.Popen[bytes] | None = None
+    plane = ControlPlane(workdir=work / "kube")
+    try:
+        address, series = parent.recv()
+        server.add_targets([(address, {})])
+        plane.start()
+        for name, pid in plane.pids.items():  # no kubelet: Deployments need no ReplicaSets, Pods or scheduling
+            if name in ("kube-controller-manager", "kube-scheduler"):
+                os.kill(pid, signal.SIGTERM)
+        configuration = kubernetes.client.Configuration()
+        kubernetes.config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=str(plane.kubeconfig), client_configuration=configuration
+        )
+        api = kubernetes.client.ApiClient(configuration)
+        subprocess.run(
+            [str(Path(sys.executable).parent / "kubectl"), f"--kubeconfig={plane.kubeconfig}", "apply", "-f",
+             str(ROOT / "crds")],
+            check=True, capture_output=True,
+        )  # fmt: skip
+        wait_until(
+            lambda: _served(api), 60, "the KVOffloadPolicy resource to be served", poll=0.5
+        )  # Established, then served
+        apply_s = apply_policies(api, plans)
+        # Every series with a full window of samples before the operator judges a baseline.
+        server.wait_for_series(
+            f"count(count_over_time(vllm:time_to_first_token_seconds_count[{WINDOW}]) >= 10)",
+            deadline=300,
+            check=lambda r: float(r[0]["value"][1]) >= 2 * policies,
+        )
+        port = free_port()
+        log = (work / "operator.log").open("wb")
+        env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
+        command = [KVOFFLOAD, "run", "-A", "--standalone", "--metrics-port", str(port), "--prometheus-url", server.url]
+        began = time.monotonic()
+        operator = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        rss: list[tuple[float, int]] = []
+
+        def sample_rss() -> None:
+            assert operator is not None
+            while operator.poll() is None:
+                try:
+                    rss.append((time.monotonic() - began, status_of(operator.pid)["VmRSS"]))
+                except (FileNotFoundError, KeyError):
+                    return
+                time.sleep(0.5)
+
+        sampler = threading.Thread(target=sample_rss, daemon=True)
+        sampler.start()
+
+        def all_mid_canary() -> dict[str, int] | None:
+            if operator is not None and operator.poll() is not None:
+                raise RuntimeError(f"the operator exited {operator.returncode}; see {work / 'operator.log'}")
+            counts = modes(api)
+            print(f"      {time.monotonic() - began:6.1f} s  {counts}", flush=True)
+            return counts if counts.get("Step") == policies else None
+
+        wait_until(all_mid_canary, 600, "every policy mid-canary", poll=5.0)
+        mid_canary_s = time.monotonic() - began
+        time.sleep(float(INTERVAL.removesuffix("s")))  # one more interval: the canary starts' own writes are done
+        first = operator_metrics(port)
+        measure_began = time.monotonic()
+        sweeps: list[float] = []
+        covered: list[float] = []
+        previous = first
+        while time.monotonic() - measure_began < measure_s:
+            time.sleep(2.0)
+            now = operator_metrics(port)
+            done = now["kvoffload_sweep_seconds_count"] - previous["kvoffload_sweep_seconds_count"]
+            if done == 1:  # one sweep since the last poll: its own length
+                sweeps.append(now["kvoffload_sweep_seconds_sum"] - previous["kvoffload_sweep_seconds_sum"])
+                covered.append(now["kvoffload_sweep_policies"])
+            elif done > 1:
+                print(f"      {done:.0f} sweeps in one poll: their mean only is known", flush=True)
+            previous = now
+        last = previous
+        in_window = [value for when, value in rss if when >= measure_began - began]
+        peak = status_of(operator.pid)["VmHWM"]
+        n_sweeps = last["kvoffload_sweep_seconds_count"] - first["kvoffload_sweep_seconds_count"]
+        queries = last["kvoffload_prometheus_queries_total"] - first["kvoffload_prometheus_queries_total"]
+        cycles = last["kvoffload_cycle_seconds_count"] - first["kvoffload_cycle_seconds_count"]
+        cycle_sum = last["kvoffload_cycle_seconds_sum"] - first["kvoffload_cycle_seconds_sum"]
+        final_modes = modes(api)
+        return {
+            "policies": policies,
+            "namespaces": min(namespaces, policies),
+            "series": series,
+            "apply_s": apply_s,
+            "to_mid_canary_s": mid_canary_s,
+            "measured_s": measure_s,
+            "sweeps": n_sweeps,
+            "sweep_runs_s": sweeps,
+            "sweep_policies": sorted(set(covered)),
+            "sweep_median_s": statistics.median(sweeps) if sweeps else None,
+            "sweep_mean_s": (last["kvoffload_sweep_seconds_sum"] - first["kvoffload_sweep_seconds_sum"]) / n_sweeps
+            if n_sweeps
+            else None,
+            "queries": queries,
+            "queries_per_sweep": queries / n_sweeps if n_sweeps else None,
+            "reconciles": cycles,
+            "reconciles_per_sweep": cycles / n_sweeps if n_sweeps else None,
+            "reconcile_mean_s": cycle_sum / cycles if cycles else None,
+            "reconcile_errors": last["kvoffload_reconcile_errors_total"] - first["kvoffload_reconcile_errors_total"],
+            "rss_steady_median_bytes": statistics.median(in_window) if in_window else None,
+            "rss_steady_max_bytes": max(in_window) if in_window else None,
+            "rss_peak_bytes": peak,
+            "modes_at_end": final_modes,
+        }
+    finally:
+        if operator is not None and operator.poll() is None:
+            operator.terminate()
+            try:
+                operator.wait(30)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+                operator.wait()
+        plane.stop()
+        server.stop()
+        exporter.terminate()
+        exporter.join(timeout=10)
+
+
+def _served(api: kubernetes.client.ApiClient) -> bool:
+    try:
+        kubernetes.client.CustomObjectsApi(api).list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, limit=1)
+    except kubernetes.client.ApiException:
+        return False
+    return True
+
+
+def mib(value: float | None) -> str:
+    return "-" if value is None else f"{value / 2**20:.1f} MiB"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--sizes", default="1,100,1000")
+    parser.add_argument("--namespaces", type=int, default=10)
+    parser.add_argument("--measure", type=float, default=60.0, help="Seconds of steady state read per size.")
+    parser.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
+    parser.add_argument("--keep", type=Path, default=None, help="Keep logs (operator, Prometheus, kube) here.")
+    args = parser.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="kvoffload-bench-operator-") as tmp:
+        workdir = args.keep or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        for size in (int(s) for s in args.sizes.split(",")):
+            print(f"{size} policies", flush=True)
+            row = bench_size(size, args.namespaces, args.measure, workdir)
+            rows.append(row)
+            median = row["sweep_median_s"]
+            print(
+                f"{size:>5} policies  {row['series']:>7} series  sweeps {row['sweeps']:.0f}  "
+                f"sweep median {'-' if median is None else f'{median * 1000:.0f} ms'} "
+                f"(runs {[round(s, 2) for s in row['sweep_runs_s']]})  "
+                f"queries/sweep {row['queries_per_sweep']}  reconcile mean "
+                f"{(row['reconcile_mean_s'] or 0) * 1000:.1f} ms  "
+                f"RSS steady {mib(row['rss_steady_median_bytes'])} (max {mib(row['rss_steady_max_bytes'])}) "
+                f"peak {mib(row['rss_peak_bytes'])}  errors {row['reconcile_errors']:.0f}",
+                flush=True,
+            )
+            if args.json:  # after every size, so a later failure keeps what was measured
+                args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    if len(rows) > 1 and rows[0]["sweep_median_s"] and rows[-1]["sweep_median_s"]:
+        ratio = rows[-1]["sweep_median_s"] / rows[0]["sweep_median_s"]
+        print(f"sweep ratio {rows[-1]['policies']}/{rows[0]['policies']} policies: {ratio:.1f}x")
+    for row in rows:
+        if row["policies"] == 1000:
+            cycle_ok = row["sweep_median_s"] is not None and row["sweep_median_s"] < 2.0
+            rss_ok = row["rss_peak_bytes"] < 200 * 2**20
+            print(f"goals at 1,000 policies: cycle < 2 s {'MET' if cycle_ok else 'NOT MET'}; "
+                  f"RSS < 200 MiB {'MET' if rss_ok else 'NOT MET'} (peak)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
