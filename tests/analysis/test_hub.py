@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 
 from kvoffload.analysis.assess import Measurements, VariantSample
@@ -67,6 +68,30 @@ async def test_requests_after_the_window_start_a_new_batch() -> None:
     await hub.measure(target("c"))
 
     assert [[t.policy for t in call] for call in provider.calls] == [["a", "b"], ["c"]]
+
+
+class SlowProvider(RecordingProvider):
+    def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
+        time.sleep(0.3)  # a fleet-wide query round at 1,000 policies
+        return super().measure(targets)
+
+
+async def test_requests_that_arrive_while_a_batch_runs_join_one_next_batch_not_a_queue_of_small_ones() -> None:
+    provider = SlowProvider()
+    hub = MeasurementHub(provider, gather_window=0.01)
+
+    async def trickle(name: str, delay: float) -> Measurements:
+        await asyncio.sleep(delay)
+        return await hub.measure(target(name))
+
+    # 30 policies whose loops have drifted apart: one asks every 20 ms, over about two batches' time.
+    results = await asyncio.gather(*(trickle(f"p{i}", 0.02 * i) for i in range(30)))
+
+    assert all(r.error is None for r in results)
+    # The first batch takes p0; everything asked while it ran waits in one batch, and so on: 3 calls, where
+    # closing each batch before waiting for the running one made a queue of ~15 (each all the fleet's queries).
+    assert len(provider.calls) <= 3, [len(call) for call in provider.calls]
+    assert sum(len(call) for call in provider.calls) == 30
 
 
 async def test_a_failing_provider_gives_every_waiting_policy_an_error_not_an_exception() -> None:

@@ -1,11 +1,12 @@
 """Measurement batching: many policies' analysis requests, one provider call.
 
 Each policy's reconcile asks the hub for its own ``Measurements``. Requests that
-arrive within a short gather window (50 ms by default) for the same Prometheus
-are coalesced into ONE ``MetricsProvider.measure(targets)`` call, which the
-provider answers with one query per metric for all of them. So the queries per
-cycle stay constant as policies are added. The provider is blocking; it runs in
-a worker thread, one batch at a time per Prometheus.
+arrive within a short gather window (50 ms by default) for the same Prometheus,
+or while the batch before them runs, are coalesced into ONE
+``MetricsProvider.measure(targets)`` call, which the provider answers with one
+query per metric for all of them. So the queries per cycle stay constant as
+policies are added. The provider is blocking; it runs in a worker thread, one
+batch at a time per Prometheus.
 
 The hub never raises into a reconcile: a provider that fails, or that does not
 answer for a target, gives that target ``Measurements(error=...)``, which
@@ -113,14 +114,20 @@ class MeasurementHub:
         return await asyncio.shield(future)
 
     async def _flush_later(self, source: PrometheusSource, batch: _Batch) -> None:
+        lock = self._locks.setdefault(source, asyncio.Lock())
         try:
             await asyncio.sleep(self.gather_window)
+            # The batch stays open while the one before it runs: whoever asks meanwhile joins it, so
+            # there is one batch running and one gathering, never a queue of small ones (each of which
+            # would send the whole fleet's queries again).
+            await lock.acquire()
         finally:
             if self._pending.get(source) is batch:
                 del self._pending[source]  # later requests start the next batch
-        lock = self._locks.setdefault(source, asyncio.Lock())
-        async with lock:  # one batch at a time per Prometheus: the query counter stays honest
+        try:  # one batch at a time per Prometheus: the query counter stays honest
             results = await self._call(source, list(batch.targets.values()))
+        finally:
+            lock.release()
         for key, future in batch.waiters:
             if not future.done():
                 found = results.get(key)
