@@ -38,6 +38,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -326,6 +327,8 @@ def bench_size(policies: int, namespaces: int, measure_s: float, workdir: Path) 
         cycles = last["kvoffload_cycle_seconds_count"] - first["kvoffload_cycle_seconds_count"]
         cycle_sum = last["kvoffload_cycle_seconds_sum"] - first["kvoffload_cycle_seconds_sum"]
         final_modes = modes(api)
+        restart_s, restart_queries, restart_peak = restart_cycle(operator, command, env, work, port, api, policies)
+        operator = None  # restart_cycle stopped it and the one it started
         return {
             "policies": policies,
             "namespaces": min(namespaces, policies),
@@ -350,6 +353,9 @@ def bench_size(policies: int, namespaces: int, measure_s: float, workdir: Path) 
             "rss_steady_max_bytes": max(in_window) if in_window else None,
             "rss_peak_bytes": peak,
             "modes_at_end": final_modes,
+            "restart_cycle_s": restart_s,
+            "restart_cycle_queries": restart_queries,
+            "restart_rss_peak_bytes": restart_peak,
         }
     finally:
         if operator is not None and operator.poll() is None:
@@ -363,6 +369,48 @@ def bench_size(policies: int, namespaces: int, measure_s: float, workdir: Path) 
         server.stop()
         exporter.terminate()
         exporter.join(timeout=10)
+
+
+def restart_cycle(
+    operator: subprocess.Popen[bytes],
+    command: list[str],
+    env: dict[str, str],
+    work: Path,
+    port: int,
+    api: kubernetes.client.ApiClient,
+    policies: int,
+) -> tuple[float, float, int]:
+    """One full cycle with every policy due at once: stop the operator, start a new one (as a failover does),
+    and time it until every policy holds an analysis newer than the restart. Returns the seconds, the
+    Prometheus queries the new operator sent meanwhile, and its peak RSS."""
+    operator.terminate()
+    operator.wait(60)
+    time.sleep(1.1)  # status times are whole seconds: nothing the old operator wrote can look newer
+    since = datetime.now(UTC).replace(microsecond=0)
+    custom = kubernetes.client.CustomObjectsApi(api)
+
+    def analysed() -> bool:
+        items = custom.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)["items"]
+        times = [((item.get("status") or {}).get("lastAnalysis") or {}).get("time") for item in items]
+        return len(times) == policies and all(t and datetime.fromisoformat(t) >= since for t in times)
+
+    with (work / "operator-restarted.log").open("wb") as log:
+        began = time.monotonic()
+        restarted = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: analysed() or None, 600, "every policy analysed after the restart", poll=0.5)
+            took = time.monotonic() - began
+            queries = operator_metrics(port)["kvoffload_prometheus_queries_total"]
+            peak = status_of(restarted.pid)["VmHWM"]
+        finally:
+            restarted.terminate()
+            try:
+                restarted.wait(30)
+            except subprocess.TimeoutExpired:
+                restarted.kill()
+                restarted.wait()
+    print(f"      restart: every policy analysed {took:.1f} s after the start, {queries:.0f} queries", flush=True)
+    return took, queries, peak
 
 
 def _served(api: kubernetes.client.ApiClient) -> bool:
@@ -401,7 +449,8 @@ def main() -> None:
                 f"queries/sweep {row['queries_per_sweep']}  reconcile mean "
                 f"{(row['reconcile_mean_s'] or 0) * 1000:.1f} ms  "
                 f"RSS steady {mib(row['rss_steady_median_bytes'])} (max {mib(row['rss_steady_max_bytes'])}) "
-                f"peak {mib(row['rss_peak_bytes'])}  errors {row['reconcile_errors']:.0f}",
+                f"peak {mib(row['rss_peak_bytes'])}  errors {row['reconcile_errors']:.0f}  "
+                f"full cycle after a restart {row['restart_cycle_s']:.1f} s",
                 flush=True,
             )
             if args.json:  # after every size, so a later failure keeps what was measured
@@ -411,7 +460,8 @@ def main() -> None:
         print(f"sweep ratio {rows[-1]['policies']}/{rows[0]['policies']} policies: {ratio:.1f}x")
     for row in rows:
         if row["policies"] == 1000:
-            cycle_ok = row["sweep_median_s"] is not None and row["sweep_median_s"] < 2.0
+            # A full cycle: every policy due at once (as after a restart or a failover), all reconciled.
+            cycle_ok = row["restart_cycle_s"] < 2.0
             rss_ok = row["rss_peak_bytes"] < 200 * 2**20
             print(f"goals at 1,000 policies: cycle < 2 s {'MET' if cycle_ok else 'NOT MET'}; "
                   f"RSS < 200 MiB {'MET' if rss_ok else 'NOT MET'} (peak)")  # fmt: skip

@@ -44,8 +44,9 @@ HOST = "127.0.0.1"
 BINARIES = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler")
 BIN_DIR_ENV = "KVOFFLOAD_KUBE_BIN"
 """Environment variable naming the folder with :data:`BINARIES`; default :func:`default_bin_dir`."""
-SERVICE_CIDR = "10.0.0.0/24"
-"""The Service IP range: addresses written into API objects only; nothing here routes to them."""
+SERVICE_CIDR = "10.96.0.0/16"
+"""The Service IP range: addresses written into API objects only; nothing here routes to them. Large enough
+for a Service per policy at 1,000 policies (bench/operator); a /24 ran out at 254."""
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
 FRONT_PROXY_CLIENT = "front-proxy-client"
 CONTROLLERS = (
