@@ -394,14 +394,20 @@ async def replicas(local_cluster: Cluster, request: pytest.FixtureRequest) -> As
 LEASE = "kvoffload-leader"
 
 
+async def leader_then_standby(cluster: Cluster, replicas: list[OperatorProcess]) -> list[OperatorProcess]:
+    """Start op-a, and op-b once op-a holds the Lease, so which one leads is known; returns them, op-b ready."""
+    leader, standby = replicas
+    leader.start()
+    await eventually(lambda: lease_holder(cluster, LEASE).startswith("op-a_"), "op-a to hold the Lease", 30)
+    standby.start()
+    await eventually(lambda: probe(standby, "/readyz")[0] == 200, "the standby ready", 30)
+    return replicas
+
+
 async def test_the_standby_replica_takes_over_within_15_s_of_the_leader_being_killed_mid_canary(
     local_cluster: Cluster, replicas: list[OperatorProcess], record_property: Callable[[str, object], None]
 ) -> None:
-    leader, standby = replicas
-    leader.start()
-    await eventually(lambda: lease_holder(local_cluster, LEASE).startswith("op-a_"), "op-a to hold the Lease", 30)
-    standby.start()
-    await eventually(lambda: probe(standby, "/readyz")[0] == 200, "the standby ready", 30)
+    leader, standby = await leader_then_standby(local_cluster, replicas)
     assert probe(standby, "/readyz") == (200, "standby: ready\n")
     assert probe(standby, "/healthz")[0] == 200
     doc = policy_doc("chat", local_cluster)
@@ -448,11 +454,7 @@ async def test_the_standby_replica_takes_over_within_15_s_of_the_leader_being_ki
 async def test_a_leader_stopped_cleanly_hands_the_lease_over_at_once(
     local_cluster: Cluster, replicas: list[OperatorProcess]
 ) -> None:
-    leader, standby = replicas
-    leader.start()
-    await eventually(lambda: lease_holder(local_cluster, LEASE).startswith("op-a_"), "op-a to hold the Lease", 30)
-    standby.start()
-    await eventually(lambda: probe(standby, "/readyz")[0] == 200, "the standby ready", 30)
+    leader, standby = await leader_then_standby(local_cluster, replicas)
     stopped = time.monotonic()
     assert await stop_operator(leader.process) == 0  # type: ignore[arg-type]
     await eventually(lambda: lease_holder(local_cluster, LEASE).startswith("op-b_"), "op-b to take the Lease", 8)

@@ -325,7 +325,8 @@ async def run_operator(
             task.cancel()
         metrics.leader.set(0)
         if leadership is not None:
-            leadership.release()  # after kopf has stopped: the next leader starts on a quiet field
+            # After kopf has stopped: the next leader starts on a quiet field.
+            await asyncio.to_thread(leadership.release)
         if metrics_server is not None:
             metrics_server.shutdown()
 
