@@ -33,7 +33,12 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-LENGTHS = (256, 512, 1024, 1480, 1900)
+BLOCK = 128  # vLLM for CPU's block size (vllm/platforms/cpu.py); a GPU engine's is 16
+BLOCKS = (2, 4, 6, 8, 10, 12, 14)
+"""Prompt lengths in full blocks, each plus ``--tail`` tokens past its last full block: a hit recomputes the same
+tail at every length, so the slope is the cached tokens' own cost (a length at a block boundary would recompute
+a whole block). The tokenizer may count a token or two under the target, so a tail near 0 can land on a
+boundary: keep it well inside the block."""
 WORDS = [f"{a}{b}" for a in "bcdfghjklmnpqrstvwz" for b in ("a", "e", "i", "o", "u", "ar", "en", "is", "on")]
 
 
@@ -62,15 +67,19 @@ def ttft(base: str, model: str, text: str) -> float:
     raise RuntimeError("no streamed chunk")
 
 
-def text_of(base: str, model: str, tokens: int, rng: random.Random) -> str:
-    """Random words, trimmed until the server's tokenizer counts exactly ``tokens`` (or one under)."""
+def count(base: str, model: str, text: str) -> int:
+    return len(post(f"{base}/tokenize", {"model": model, "prompt": text})["tokens"])
+
+
+def text_of(base: str, model: str, tokens: int, rng: random.Random) -> tuple[str, int]:
+    """Random words, trimmed a word at a time until the server's tokenizer counts at most ``tokens``; the text
+    and its count."""
     words = [rng.choice(WORDS) for _ in range(tokens)]
-    while True:
-        text = " ".join(words)
-        count = len(post(f"{base}/tokenize", {"model": model, "prompt": text})["tokens"])
-        if count <= tokens:
-            return text
-        words = words[: max(1, len(words) - max(1, (count - tokens) // 2))]
+    while (n := count(base, model, " ".join(words))) > tokens + 8:
+        words = words[: len(words) - max(1, (n - tokens) // 3)]
+    while (n := count(base, model, " ".join(words))) > tokens:
+        words.pop()
+    return " ".join(words), n
 
 
 def prefix_hits(base: str) -> float:
@@ -83,7 +92,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vllm", type=Path, required=True, help="the vllm executable (vLLM for CPU)")
     parser.add_argument("--model", type=Path, required=True, help="a local model folder")
-    parser.add_argument("--samples", type=int, default=9, help="prompts per length")
+    parser.add_argument("--samples", type=int, default=15, help="prompts per length")
+    parser.add_argument("--tail", type=int, default=64, help="tokens past the last full block (2 to 127)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
 
@@ -113,18 +123,20 @@ def main() -> int:
                     return 1
                 time.sleep(1)
         rng = random.Random(11)
-        ttft(base, name, text_of(base, name, 64, rng))  # warm the server's paths up
+        ttft(base, name, text_of(base, name, 64, rng)[0])  # warm the server's paths up
         rows = []
-        for tokens in LENGTHS:
-            cold, hit = [], []
+        for tokens in (BLOCK * k + args.tail for k in BLOCKS):
+            cold, hit, counts = [], [], []
             hits_before = prefix_hits(base)
             for _ in range(args.samples):
-                text = text_of(base, name, tokens, rng)
+                text, n = text_of(base, name, tokens, rng)
+                counts.append(n)
                 cold.append(ttft(base, name, text))
                 hit.append(ttft(base, name, text))
             hit_tokens = prefix_hits(base) - hits_before
             row = {
-                "promptTokens": tokens,
+                "promptTokens": statistics.median(counts),
+                "promptTokensRange": [min(counts), max(counts)],
                 "coldMs": round(1000 * statistics.median(cold), 3),
                 "hitMs": round(1000 * statistics.median(hit), 3),
                 "hitMsAll": [round(1000 * h, 3) for h in hit],
@@ -145,6 +157,7 @@ def main() -> int:
                 "command": " ".join(sys.argv),
                 "vllm": subprocess.run([str(args.vllm), "--version"], capture_output=True, text=True).stdout.strip(),
                 "samplesPerLength": args.samples,
+                "tailTokens": args.tail,
                 "rows": rows,
                 "hitSlopeSecondsPerToken": slope,
                 "hitInterceptSeconds": intercept,

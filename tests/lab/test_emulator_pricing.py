@@ -117,7 +117,8 @@ def test_held_out_3200_token_cold_prefill_within_20_percent() -> None:
     raises=AssertionError,
     reason="held out and missed: the model prices a 3,200-token GPU hit at 13.7 ms against the measured 18.9 ms "
     "(-28%). The hit grows 4.9 ms from 1,480 to 3,200 tokens; neither the FLOPs of the few recomputed tokens nor "
-    "anything fitted on 1,480 tokens alone grows with the cached length. Not tuned to match.",
+    "anything fitted on 1,480 tokens alone grows with the cached length. Real vLLM for CPU's hit does grow (7.2 µs "
+    "per cached token on this host, bench/hitslope), but that slope is the host's, not the laptop's. Not tuned.",
 )
 def test_held_out_3200_token_gpu_hit_within_20_percent() -> None:
     _, hit, _ = seed_engine_prices(SEED_HELD_OUT.prompt_tokens)
