@@ -6,8 +6,8 @@ keep: the leader renews it every ``retry_period``; a candidate takes it once it 
 for ``lease_duration``. Its rules, and why the defaults are shorter than client-go's 15/10/2 s:
 
 - A SIGKILLed leader is replaced within ``lease_duration + 2 × retry_period`` (8 + 2 s by default):
-  the issue asks for a takeover within 15 s, and a rollout step is minutes long, so renewing once a
-  second costs two Lease writes a second at most.
+  the issue asks for a takeover within 15 s, and the price is small: a read and a write of the Lease
+  a second by the leader, and a read a second by each standby.
 - A leader that cannot renew for ``renew_deadline`` (5 s) gives up before any candidate may take
   the Lease (8 s): ``on_lost`` runs, and the operator exits at once rather than go on writing, as
   client-go's users do. Kubernetes restarts it, as a candidate.
