@@ -112,9 +112,10 @@ def policy_doc(
                 "window": "6s",
                 "ttftP99": "500ms",
                 "itlP99": "200ms",
-                # Under load the engine prices the nvme tier's restores, and a healthy nvme canary's p99 came to
-                # 2.1× the cpu stable's in one quiet run; the injected regression (TTFT ×10) stays far above 3.
-                "maxRegression": 3.0,
+                # Under load the engine prices the nvme tier's restores: a healthy nvme canary's p99 came to 2.1×
+                # the cpu stable's in a quiet run and 3.19× in a full CI run. The injected regressions (TTFT ×10,
+                # ×20) stay far above 5, and these scenarios test the operator, not the tier's economics.
+                "maxRegression": 5.0,
                 "minExternalShare": 0.02,
                 "sustainedFor": "4s",
                 "minRequests": 3,

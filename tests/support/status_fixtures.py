@@ -120,7 +120,9 @@ def policy(name: str, prometheus_url: str, *, gpu_class: str = "nvidia-l4", max_
                 "window": "6s",
                 "ttftP99": "500ms",
                 "itlP99": "200ms",
-                "maxRegression": 2.0,
+                # As in tests/lab/test_e2e.py: a healthy nvme canary's p99 reached 3.19× the cpu stable's under
+                # a full CI run's load, and the injected regression (TTFT ×10) stays far above 5.
+                "maxRegression": 5.0,
                 "minExternalShare": 0.02,
                 "sustainedFor": "4s",
                 "minRequests": 3,
