@@ -55,6 +55,8 @@ async def local_cluster(
 
 KIND = "KVOffloadPolicy"
 NVME_CANARY = "kvoffload.io/level=nvme"  # nvme engines are the canary until nvme is promoted
+CLIMB = ["NewLadder", "BaselineTaken", "Promoted", "LevelPromoted", "Promoted", "LevelPromoted"]
+"""The decisions of an undisturbed climb from gpu-only through cpu to nvme, with no pilot."""
 
 
 def policy_doc(
@@ -348,14 +350,7 @@ async def test_the_operator_killed_during_a_canary_continues_where_it_was_after_
         )
 
     assert status["phase"] == "Stable", status.get("message")
-    assert decisions(local_cluster, "chat") == [
-        "NewLadder",
-        "BaselineTaken",
-        "Promoted",
-        "LevelPromoted",
-        "Promoted",
-        "LevelPromoted",
-    ]
+    assert decisions(local_cluster, "chat") == CLIMB
     await eventually(lambda: deployment(local_cluster, "chat-cpu") is None, "cpu drained", 30)
     assert await names(local_cluster, in_namespace(local_cluster, "apps/v1", "deployments")) == {"chat-nvme"}
     assert operator.starts == 2
@@ -446,14 +441,7 @@ async def test_the_standby_replica_takes_over_within_15_s_of_the_leader_being_ki
     print(f"takeover: Lease taken {lease_taken:.1f} s, first analysis {first_analysis:.1f} s after SIGKILL")
     assert first_analysis < 15, f"the standby took {first_analysis:.1f} s to analyse after the leader died"
     assert status["phase"] == "Stable", status.get("message")
-    assert decisions(local_cluster, "chat") == [  # nothing done twice, nothing lost
-        "NewLadder",
-        "BaselineTaken",
-        "Promoted",
-        "LevelPromoted",
-        "Promoted",
-        "LevelPromoted",
-    ]
+    assert decisions(local_cluster, "chat") == CLIMB  # nothing done twice, nothing lost
     assert standby.starts == 1
     assert standby.alive()
 
