@@ -29,7 +29,14 @@ that config is wanted: they are only ever scaled (``spec.replicas`` by merge pat
 rendered again, so their pods do not restart; they go once their level drains.
 
 A Deployment is written only when its rendered content (recorded as a digest
-annotation) or its replicas differ, so a quiet cycle writes nothing at all.
+annotation) or its replicas differ, so a quiet cycle writes nothing at all. Renders are
+remembered by their input (the resolved policy's name, namespace and spec): a cycle whose
+input and replicas are those of an earlier one compares the digest it got then, and renders
+nothing (``_Renders``). A policy met for the first time since the operator started whose
+Deployments already carry the digests it would write (an operator restart over the same spec)
+has its Service and PodMonitor resynced at a random time within ``children_resync_seconds``
+rather than at once, so a restart over a large fleet does not rewrite every policy's children
+in one wave.
 Kubernetes API failures raise ``ReconcileError`` (after counting them, and an Event
 where a person can act on it); the handler turns that into a retry.
 
@@ -43,6 +50,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -170,6 +178,23 @@ class ReconcileError(Exception):
 
 
 @dataclass
+class _Renders:
+    """What one policy's renders gave, for one input (``render_key``): config hashes, and digests, never manifests."""
+
+    key: str
+    level_hashes: dict[int, str]
+    deployments: dict[tuple[str, int], str] = field(default_factory=dict)
+    """(level name, replicas) -> the applied-digest its Deployment renders to."""
+
+
+def render_key(policy: KVOffloadPolicy) -> str:
+    """Everything a render reads: the policy's name and namespace and its resolved spec."""
+    meta = policy.metadata
+    text = f"{meta.namespace}/{meta.name}\0{policy.spec.model_dump_json(by_alias=True)}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
 class _Reconcile:
     """One cycle's inputs."""
 
@@ -204,12 +229,17 @@ class Controller:
         if hub.query_counter is None:
             hub.query_counter = self.metrics.prometheus_queries
         self._monotonic = monotonic
-        # (policy uid, kind) -> (digest, when written): Service and PodMonitor are not listed each cycle.
-        self._children: dict[tuple[str, str], tuple[str, float]] = {}
+        # (policy uid, kind) -> (render key, digest, when written): Service and PodMonitor are not listed each cycle.
+        self._children: dict[tuple[str, str], tuple[str, str, float]] = {}
+        # policy uid -> its renders' digests for the current input.
+        self._renders: dict[str, _Renders] = {}
+        self._rng = random.Random()
         # Token Secrets the API server refused to let us read: when, and what the condition says.
         self._forbidden: dict[SecretLocation, tuple[float, TokenCheck]] = {}
-        # policy uid -> (the status last written, the resourceVersion the API server gave that write).
-        self._written: dict[str, tuple[KVOffloadPolicyStatus, int]] = {}
+        # policy uid -> (the status last written, as JSON, and the resourceVersion the API server gave that write).
+        # Text, not the model: it is read back only when kopf hands a cycle an older body, and 1,000 policies'
+        # status models held for that would cost more memory than the rest of the operator's state.
+        self._written: dict[str, tuple[str, int]] = {}
 
     # --- the cycle -----------------------------------------------------------------------
 
@@ -244,12 +274,13 @@ class Controller:
         written = self._written.get(uid)
         version = _resource_version(body)
         if written is not None and version is not None and version < written[1]:
-            return written[0]
+            return KVOffloadPolicyStatus.model_validate_json(written[0])
         return stored
 
     def forget(self, uid: str) -> None:
         """Drop what is remembered of a policy (it was deleted or is no longer watched)."""
         self._written.pop(uid, None)
+        self._renders.pop(uid, None)
         for key in [k for k in self._children if k[0] == uid]:
             del self._children[key]
         self.metrics.forget_policy(uid)
@@ -267,7 +298,8 @@ class Controller:
         spec = policy.spec
         ladder = build_ladder(spec)
         ctx.spec, ctx.ladder = spec, ladder
-        level_hashes = {level.index: config_hash(policy, level) for level in ladder}
+        renders = self._renders_of(ctx.ref.uid, policy, ladder)
+        level_hashes = renders.level_hashes
         owned = await self._api("list", self.gateway.list_owned(ctx.ref), ctx.ref)
         stable_seen, canary_seen, retiring_seen = _observe_roles(owned, ctx.ref.name, ctx.status)
 
@@ -324,10 +356,29 @@ class Controller:
             }
         )
         plan = Plan(status=status, variants=variants, events=decided.events, requeue_after=decided.requeue_after)
-        await self._apply_deployments(ctx, policy, ladder, variants, owned)
-        await self._apply_shared(ctx, policy)
+        first_meeting = (ctx.ref.uid, "Service") not in self._children
+        unchanged = await self._apply_deployments(ctx, policy, ladder, variants, owned, renders)
+        if first_meeting and unchanged and owned.deployments:
+            self._defer_children(ctx.ref.uid, renders.key)
+        await self._apply_shared(ctx, policy, renders.key)
         await self._finish(ctx, plan)
         return plan
+
+    def _renders_of(self, uid: str, policy: KVOffloadPolicy, ladder: list[Level]) -> _Renders:
+        """The policy's remembered renders, started afresh when their input changed."""
+        key = render_key(policy)
+        known = self._renders.get(uid)
+        if known is None or known.key != key:
+            known = _Renders(key, {level.index: config_hash(policy, level) for level in ladder})
+            self._renders[uid] = known
+        return known
+
+    def _defer_children(self, uid: str, key: str) -> None:
+        """Resync this policy's Service and PodMonitor at a random time within the resync period, not now."""
+        period = self.settings.children_resync_seconds
+        written = self._monotonic() - period + self._rng.uniform(0.0, period)
+        for kind in ("Service", "PodMonitor"):
+            self._children[(uid, kind)] = (key, "", written)
 
     async def _parse(self, ctx: _Reconcile) -> tuple[KVOffloadPolicy, Dialect]:
         """The policy, with a ConfigMap architecture resolved, and its metric dialect; PolicyError names fields."""
@@ -370,11 +421,13 @@ class Controller:
         ladder: list[Level],
         variants: Variants,
         owned: OwnedWorkloads,
-    ) -> None:
-        """Write the level Deployments that differ from the plan, the shrinking ones first.
+        renders: _Renders,
+    ) -> bool:
+        """Write the level Deployments that differ from the plan, the shrinking ones first; True if none did.
 
         A role's Deployment is rendered (server-side apply); a draining level's and an adopted legacy one's
-        are only scaled, so their pods never restart; one the plan does not name, or names at 0, goes."""
+        are only scaled, so their pods never restart; one the plan does not name, or names at 0, goes.
+        A render whose input and replicas were rendered before is not done again: its digest is compared."""
         steps: list[tuple[int, str, Callable[[], Awaitable[object]]]] = []
         kept: set[str] = set()
         wanted: list[tuple[str, str, int, bool]] = [
@@ -384,20 +437,25 @@ class Controller:
         ]
         wanted += [(r.level_name, r.config_hash, r.replicas, False) for r in variants.retiring]
         levels = {lv.name: lv for lv in ladder}
-        for level_name, config_hash_, replicas, renders in wanted:
+        for level_name, config_hash_, replicas, rendered in wanted:
             current = _level_deployment(owned, ctx.ref.name, level_name, config_hash_)
             name = current.name if current is not None else deployment_name(ctx.ref.name, level_name)
             if replicas == 0:
                 continue  # goes below, with whatever the plan does not keep
             kept.add(name)
             legacy = name != deployment_name(ctx.ref.name, level_name)
-            if legacy or not renders or level_name not in levels:
+            if legacy or not rendered or level_name not in levels:
                 if current is not None and current.replicas != replicas:
                     scale = _bind(self._scale, ctx, (name, replicas))
                     steps.append((replicas - current.replicas, f"scale {name}", scale))
                 continue
+            known = renders.deployments.get((level_name, replicas))
+            if current is not None and known is not None and _up_to_date(current, known, replicas):
+                continue
             manifest = with_digest(render_deployment(policy, levels[level_name], replicas))
-            if current is not None and _up_to_date(current, manifest):
+            digest = manifest["metadata"]["annotations"][ANNOTATION_APPLIED]
+            renders.deployments[(level_name, replicas)] = digest
+            if current is not None and _up_to_date(current, digest, replicas):
                 continue
             grows = replicas - (current.replicas if current is not None else 0)
             steps.append((grows, f"apply {name}", _bind(self._apply, ctx, manifest)))
@@ -407,20 +465,22 @@ class Controller:
         for _, what, run in sorted(steps, key=lambda s: s[0]):  # stable sort: shrink before grow
             log.debug("%s: %s", ctx.ref, what)
             await run()
+        return not steps
 
-    async def _apply_shared(self, ctx: _Reconcile, policy: KVOffloadPolicy) -> None:
-        """Service and PodMonitor: written when they changed, or after the resync period."""
+    async def _apply_shared(self, ctx: _Reconcile, policy: KVOffloadPolicy, render: str) -> None:
+        """Service and PodMonitor: written when their input changed, or after the resync period."""
         now = self._monotonic()
-        for manifest in (with_digest(render_service(policy)), with_digest(render_pod_monitor(policy))):
-            key = (ctx.ref.uid, manifest["kind"])
-            digest = manifest["metadata"]["annotations"][ANNOTATION_APPLIED]
+        for kind, render_child in (("Service", render_service), ("PodMonitor", render_pod_monitor)):
+            key = (ctx.ref.uid, kind)
             written = self._children.get(key)
             if (
                 written is not None
-                and written[0] == digest
-                and now - written[1] < self.settings.children_resync_seconds
+                and written[0] == render
+                and now - written[2] < self.settings.children_resync_seconds
             ):
                 continue
+            manifest = with_digest(render_child(policy))
+            digest = manifest["metadata"]["annotations"][ANNOTATION_APPLIED]
             try:
                 await self._apply(ctx, manifest)
             except ReconcileError as exc:
@@ -435,7 +495,7 @@ class Controller:
                     )
                 else:
                     raise
-            self._children[key] = (digest, now)
+            self._children[key] = (render, digest, now)
 
     async def _apply(self, ctx: _Reconcile, manifest: dict[str, Any]) -> None:
         await self._api("apply", self.gateway.apply(manifest, ctx.ref), ctx.ref)
@@ -455,7 +515,7 @@ class Controller:
             stored = await self._api("patch_status", self.gateway.patch_status(ctx.ref, body), ctx.ref)
             version = _resource_version(stored) if isinstance(stored, Mapping) else None
             if version is not None:
-                self._written[ctx.ref.uid] = (plan.status, version)
+                self._written[ctx.ref.uid] = (plan.status.model_dump_json(by_alias=True), version)
         before = ctx.status.history if ctx.status is not None else []
         self.metrics.count_decisions(e.decision for e in plan.status.history if e not in before)
         for event in plan.events:
@@ -686,11 +746,8 @@ def with_digest(manifest: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _up_to_date(current: DeploymentState, manifest: Mapping[str, Any]) -> bool:
-    digest = manifest["metadata"]["annotations"][ANNOTATION_APPLIED]
-    return bool(
-        current.annotations.get(ANNOTATION_APPLIED) == digest and current.replicas == manifest["spec"]["replicas"]
-    )
+def _up_to_date(current: DeploymentState, digest: str, replicas: int) -> bool:
+    return current.annotations.get(ANNOTATION_APPLIED) == digest and current.replicas == replicas
 
 
 def _host_memory(policy: KVOffloadPolicy, ladder: list[Level], variants: Variants) -> HostMemoryStatus:
