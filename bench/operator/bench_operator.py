@@ -337,9 +337,10 @@ def bench_size(
             wait_until(lambda: tracemalloc.exists() or None, 120, "the allocation dump")
         operator.terminate()
         operator.wait(60)
+        stopped = time.monotonic()
         floor_s = status_write_floor(api, plans)
         print(f"      the API server's floor: {policies} status writes in {floor_s:.2f} s", flush=True)
-        restart = restart_cycle(operator, command, env, work, port, api, policies)
+        restart = restart_cycle(stopped, operator, command, env, work, port, api, policies)
         operator = None  # restart_cycle stopped it and the one it started
         return {
             "policies": policies,
@@ -427,6 +428,7 @@ class Restart:
 
 
 def restart_cycle(
+    stopped: float,
     operator: subprocess.Popen[bytes],
     command: list[str],
     env: dict[str, str],
@@ -435,11 +437,15 @@ def restart_cycle(
     api: kubernetes.client.ApiClient,
     policies: int,
 ) -> Restart:
-    """One full cycle with every policy due at once: stop the operator, start a new one (as a failover does),
-    and time it until every policy holds an analysis newer than the restart."""
+    """One full cycle with every policy due at once: once the operator stopped at ``stopped`` (monotonic) has been
+    gone an analysis interval, start a new one (as a failover does) and time it until every policy holds an
+    analysis newer than the restart."""
     operator.terminate()
     operator.wait(60)
-    time.sleep(1.1)  # status times are whole seconds: nothing the old operator wrote can look newer
+    # Every policy due at once: an analysis is due once half an interval has passed since the last one, so wait a
+    # whole interval since the old operator stopped. Status times are whole seconds: 1.1 s more, and nothing the
+    # old operator wrote can look newer than `since`.
+    time.sleep(max(0.0, stopped + float(INTERVAL.removesuffix("s")) - time.monotonic()) + 1.1)
     since = datetime.now(UTC).replace(microsecond=0)
     custom = kubernetes.client.CustomObjectsApi(api)
 

@@ -22,6 +22,7 @@ from kvoffload.analysis.assess import Measurements, Percentiles, VariantSample, 
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import PolicyKey, Target
 from kvoffload.api.conventions import (
+    ANNOTATION_RENDER_INPUT,
     API_GROUP,
     API_VERSION,
     KIND,
@@ -424,6 +425,24 @@ async def test_a_cycle_whose_input_was_rendered_before_renders_nothing(
     edited["spec"]["resources"]["headroom"] = "2Gi"  # a new input: rendered again, from the new spec
     await controller.reconcile(edited)
     assert rendered
+
+
+async def test_a_deployment_an_older_operator_wrote_gets_its_render_input_once_and_keeps_its_pod_template(
+    kube: EmulatedCluster, controller: Controller, clock: Clock, in_canary: dict[str, Any]
+) -> None:
+    stripped = {"metadata": {"annotations": {ANNOTATION_RENDER_INPUT: None}}}
+    await kube.emulator.patch_object("apps/v1", "Deployment", NS, "chat-gpu-only", stripped)
+    template_before = (deployment(kube, "chat-gpu-only") or {})["spec"]["template"]
+    before = len(writes(kube, "deployments"))
+
+    for _ in range(2):
+        clock.advance(1)
+        await controller.reconcile(policy_body(kube))
+
+    assert [n for _, _, n in writes(kube, "deployments")[before:]] == ["chat-gpu-only"]  # once, not every cycle
+    after = deployment(kube, "chat-gpu-only") or {}
+    assert after["metadata"]["annotations"][ANNOTATION_RENDER_INPUT]
+    assert after["spec"]["template"] == template_before  # so its pods do not restart
 
 
 async def test_a_restart_over_an_unchanged_fleet_resyncs_service_and_podmonitor_later_not_at_once(

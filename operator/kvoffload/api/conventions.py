@@ -46,6 +46,10 @@ ANNOTATION_LEVEL_INDEX = f"{API_GROUP}/level-index"
 ANNOTATION_TIERS = f"{API_GROUP}/tiers"
 ANNOTATION_APPLIED = f"{API_GROUP}/applied-digest"
 """Digest of the rendered child the operator last wrote; equal digests mean nothing to write."""
+ANNOTATION_RENDER_INPUT = f"{API_GROUP}/render-input"
+"""On the operator's Deployments: a digest of what they were rendered from (the policy's name, namespace and
+resolved spec, and the renderer's version). Equal inputs render equal manifests, so a cycle compares this, and
+renders nothing, when neither the spec nor the replicas changed (a restarted operator too)."""
 ANNOTATION_TIER_CAPACITY = f"{API_GROUP}/tier-capacity-tokens"
 """On engine pods: JSON ``{"cpu": tokens, "<tier>": tokens, ...}``, the tokens each offload tier of the pod's
 level holds (all TP ranks together), for KV-aware routers; ``{}`` on the GPU-only level. The GPU's own

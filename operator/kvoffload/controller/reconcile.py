@@ -28,15 +28,13 @@ a role label on their pods) are adopted as the Deployment of the level their pod
 that config is wanted: they are only ever scaled (``spec.replicas`` by merge patch), never
 rendered again, so their pods do not restart; they go once their level drains.
 
-A Deployment is written only when its rendered content (recorded as a digest
-annotation) or its replicas differ, so a quiet cycle writes nothing at all. Renders are
-remembered by their input (the resolved policy's name, namespace and spec): a cycle whose
-input and replicas are those of an earlier one compares the digest it got then, and renders
-nothing (``_Renders``). A policy met for the first time since the operator started whose
-Deployments already carry the digests it would write (an operator restart over the same spec)
-has its Service and PodMonitor resynced at a random time within ``children_resync_seconds``
-rather than at once, so a restart over a large fleet does not rewrite every policy's children
-in one wave.
+A Deployment is written only when what it is rendered from or its replicas differ: each carries
+a digest of its render input (``kvoffload.io/render-input``: the resolved policy's name,
+namespace and spec, and the renderer's version), so a quiet cycle renders nothing and writes
+nothing, a restarted operator's first one included. A policy met for the first time since the
+operator started whose Deployments are all up to date (a restart over the same spec) has its
+Service and PodMonitor resynced at a random time within ``children_resync_seconds`` rather than
+at once, so a restart over a large fleet does not rewrite every policy's children in one wave.
 Kubernetes API failures raise ``ReconcileError`` (after counting them, and an Event
 where a person can act on it); the handler turns that into a retry.
 
@@ -67,6 +65,7 @@ from kvoffload.analysis.prometheus import Target
 from kvoffload.api.conventions import (
     ANNOTATION_APPLIED,
     ANNOTATION_LEVEL_INDEX,
+    ANNOTATION_RENDER_INPUT,
     LABEL_CONFIG_HASH,
     LABEL_POLICY,
     LEGACY_DEPLOYMENT_ROLES,
@@ -106,6 +105,7 @@ from kvoffload.policy.render import (
     render_deployment,
     render_pod_monitor,
     render_service,
+    renderer_version,
 )
 from kvoffload.policy.sizing import (
     SizingError,
@@ -177,21 +177,19 @@ class ReconcileError(Exception):
         self.delay = delay
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Renders:
-    """What one policy's renders gave, for one input (``render_key``): config hashes, and digests, never manifests."""
+    """One policy's render input (``render_input``) and the config hash of each ladder level it gives."""
 
     key: str
     level_hashes: dict[int, str]
-    deployments: dict[tuple[str, int], str] = field(default_factory=dict)
-    """(level name, replicas) -> the applied-digest its Deployment renders to."""
 
 
-def render_key(policy: KVOffloadPolicy) -> str:
-    """Everything a render reads: the policy's name and namespace and its resolved spec."""
+def render_input(policy: KVOffloadPolicy) -> str:
+    """A digest of everything a render reads: the policy's name, namespace and resolved spec, and the renderer."""
     meta = policy.metadata
-    text = f"{meta.namespace}/{meta.name}\0{policy.spec.model_dump_json(by_alias=True)}"
-    return hashlib.sha256(text.encode()).hexdigest()
+    text = f"{renderer_version()}\0{meta.namespace}/{meta.name}\0{policy.spec.model_dump_json(by_alias=True)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 @dataclass
@@ -231,7 +229,7 @@ class Controller:
         self._monotonic = monotonic
         # (policy uid, kind) -> (render key, digest, when written): Service and PodMonitor are not listed each cycle.
         self._children: dict[tuple[str, str], tuple[str, str, float]] = {}
-        # policy uid -> its renders' digests for the current input.
+        # policy uid -> its render input and level config hashes, while the input stays the same.
         self._renders: dict[str, _Renders] = {}
         self._rng = random.Random()
         # Token Secrets the API server refused to let us read: when, and what the condition says.
@@ -365,8 +363,8 @@ class Controller:
         return plan
 
     def _renders_of(self, uid: str, policy: KVOffloadPolicy, ladder: list[Level]) -> _Renders:
-        """The policy's remembered renders, started afresh when their input changed."""
-        key = render_key(policy)
+        """The policy's render input and level config hashes, computed again when the input changed."""
+        key = render_input(policy)
         known = self._renders.get(uid)
         if known is None or known.key != key:
             known = _Renders(key, {level.index: config_hash(policy, level) for level in ladder})
@@ -427,7 +425,7 @@ class Controller:
 
         A role's Deployment is rendered (server-side apply); a draining level's and an adopted legacy one's
         are only scaled, so their pods never restart; one the plan does not name, or names at 0, goes.
-        A render whose input and replicas were rendered before is not done again: its digest is compared."""
+        A Deployment whose render input and replicas are the plan's is not rendered at all."""
         steps: list[tuple[int, str, Callable[[], Awaitable[object]]]] = []
         kept: set[str] = set()
         wanted: list[tuple[str, str, int, bool]] = [
@@ -449,14 +447,9 @@ class Controller:
                     scale = _bind(self._scale, ctx, (name, replicas))
                     steps.append((replicas - current.replicas, f"scale {name}", scale))
                 continue
-            known = renders.deployments.get((level_name, replicas))
-            if current is not None and known is not None and _up_to_date(current, known, replicas):
+            if current is not None and _up_to_date(current, renders.key, replicas):
                 continue
-            manifest = with_digest(render_deployment(policy, levels[level_name], replicas))
-            digest = manifest["metadata"]["annotations"][ANNOTATION_APPLIED]
-            renders.deployments[(level_name, replicas)] = digest
-            if current is not None and _up_to_date(current, digest, replicas):
-                continue
+            manifest = with_digest(render_deployment(policy, levels[level_name], replicas), renders.key)
             grows = replicas - (current.replicas if current is not None else 0)
             steps.append((grows, f"apply {name}", _bind(self._apply, ctx, manifest)))
         for d in owned.deployments:
@@ -735,19 +728,18 @@ def restore_price(spec: KVOffloadPolicySpec, prompt_tokens: int) -> RestorePrice
     )
 
 
-def with_digest(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The manifest with ``kvoffload.io/applied-digest``: a hash of everything rendered."""
+def with_digest(manifest: dict[str, Any], render_input: str | None = None) -> dict[str, Any]:
+    """The manifest with ``kvoffload.io/applied-digest``, a hash of everything rendered, and with
+    ``kvoffload.io/render-input`` when it is given."""
     text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     meta = manifest["metadata"]
-    return {
-        **manifest,
-        "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), ANNOTATION_APPLIED: digest}},
-    }
+    stamps = {ANNOTATION_APPLIED: digest} | ({ANNOTATION_RENDER_INPUT: render_input} if render_input else {})
+    return {**manifest, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), **stamps}}}
 
 
-def _up_to_date(current: DeploymentState, digest: str, replicas: int) -> bool:
-    return current.annotations.get(ANNOTATION_APPLIED) == digest and current.replicas == replicas
+def _up_to_date(current: DeploymentState, render_input: str, replicas: int) -> bool:
+    return current.annotations.get(ANNOTATION_RENDER_INPUT) == render_input and current.replicas == replicas
 
 
 def _host_memory(policy: KVOffloadPolicy, ladder: list[Level], variants: Variants) -> HostMemoryStatus:

@@ -25,6 +25,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from kvoffload import __version__
 from kvoffload.api.conventions import (
     ANNOTATION_LEVEL_INDEX,
     ANNOTATION_TIER_CAPACITY,
@@ -520,6 +521,16 @@ def _templates_dir() -> Path:
     if packaged.is_dir():  # the wheel: force-included as kvoffload/templates
         return Path(str(packaged))
     return Path(__file__).resolve().parents[3] / "templates"  # the editable install: <repo>/templates
+
+
+@functools.cache
+def renderer_version() -> str:
+    """A digest of what renders a policy besides the policy itself: the package's version and its templates.
+    Equal inputs under an equal renderer render equal manifests, so the operator compares inputs, not renders."""
+    digest = hashlib.sha256(__version__.encode())
+    for path in sorted(_templates_dir().glob("*")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
 
 @functools.cache
