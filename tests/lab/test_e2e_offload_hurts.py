@@ -54,20 +54,19 @@ TAIL_TOKENS = 32
 OUTPUT_TOKENS = 2
 PER_ENGINE_RATE = 13.0
 """Requests/s to each Ready engine: between the tier's 10.7/s and gpu-only's 16.6/s (virtual time)."""
+LAPTOP_RATE = 4.0
+"""The converse's rate: the laptop's gpu-only engine serves 4.9/s of these prompts, with the tier 20/s."""
 VOCAB = 32_000
+
+
+ONE_SEQUENCE = ["--gpu-kv-blocks", str(GPU_KV_BLOCKS), "--max-num-batched-tokens", "4096"]
+"""A GPU cache of one sequence and a prefill chunk of one whole prompt."""
 
 
 @pytest.fixture
 def cluster_engine_args() -> list[str]:
-    """The L40S's prices, a GPU cache of one sequence and a prefill chunk of one whole prompt, on every engine."""
-    return [
-        "--gpu-kv-blocks",
-        str(GPU_KV_BLOCKS),
-        "--gpu-class",
-        SLOW_LINK_CLASS,
-        "--max-num-batched-tokens",
-        "4096",
-    ]
+    """The L40S's prices and ``ONE_SEQUENCE`` on every engine."""
+    return [*ONE_SEQUENCE, "--gpu-class", SLOW_LINK_CLASS]
 
 
 @pytest_asyncio.fixture(params=APIS)
@@ -78,11 +77,11 @@ async def local_cluster(
         yield cluster
 
 
-def cpu_only(doc: dict[str, Any]) -> dict[str, Any]:
-    """One CPU tier of 4 GiB on the L40S; the rest as the e2e scenarios, maxRegression 2."""
+def cpu_only(doc: dict[str, Any], gpu_class: str = SLOW_LINK_CLASS) -> dict[str, Any]:
+    """One CPU tier of 4 GiB; the rest as the e2e scenarios, maxRegression 2."""
     spec = doc["spec"]
     spec["offload"] = {"backend": "native", "cpu": "4Gi"}
-    spec["gpu"] = {"class": SLOW_LINK_CLASS, "count": 1}
+    spec["gpu"] = {"class": gpu_class, "count": 1}
     spec["analysis"]["maxRegression"] = 2.0
     return doc
 
@@ -186,3 +185,25 @@ async def test_a_cpu_tier_that_slows_a_launch_bound_model_on_a_slow_link_is_roll
     untouched = {"added_latency": 0.0, "ttft_multiplier": 1.0, "itl_multiplier": 1.0, "in_outage": False}
     assert faults
     assert all(all(f[k] == v for k, v in untouched.items()) for f in faults), faults
+
+
+@pytest.mark.parametrize("cluster_engine_args", [ONE_SEQUENCE])  # no class: the seed laptop's prices
+async def test_the_same_policy_and_load_climb_where_the_tier_pays(
+    local_cluster: Cluster, operator: OperatorProcess
+) -> None:
+    """The converse: the same engines, policy and prompts, priced as the seed's laptop, whose miss of 4,000 tokens
+    is compute (233 ms) and whose restore is not (60 ms): the cpu canary passes and the tier is promoted."""
+    doc = cpu_only(policy_doc("chat", local_cluster), gpu_class="nvidia-l4")
+    await local_cluster.apply(doc)
+    started = time.monotonic()
+
+    async with per_engine_load(lambda: local_cluster.endpoints("chat"), "chat", LAPTOP_RATE) as counts:
+        status = await eventually(
+            lambda: in_phase(local_cluster, "chat", "RolledBack", "Stable"), "RolledBack or Stable", 200
+        )
+
+    metrics = {m["name"]: m.get("canary") for m in (status.get("lastAnalysis") or {}).get("metrics") or []}
+    print(f"\n{status['phase']} {time.monotonic() - started:.0f}s after apply; load {counts}; metrics {metrics}")
+    assert status["phase"] == "Stable", status.get("message")
+    assert [entry["decision"] for entry in status["history"]][-1] == "LevelPromoted"
+    assert status["stable"]["level"] == level_index(doc, "cpu")
