@@ -17,7 +17,7 @@ Why the tier hurts, in the emulator's model (``kvoffload.lab.engine``), with no 
   32-token tail, 2 output tokens (an ITL sample each), 13 requests/s to every Ready engine, round-robin.
   Per engine, not in total: with ``maxSurge`` 1 the canary step runs three engines where the baseline ran two,
   and a fixed total rate would give each a third less than the baseline measured. At 13/s the gpu-only
-  engines are 78% busy and keep up; the canary needs 122% of its time, so its queue and its TTFT grow for as
+  engines are 78% busy and keep up; the canary would need 121% of its time, so its queue and its TTFT grow for as
   long as it runs.
 
 The policy keeps the e2e scenarios' budgets (p99 TTFT 500 ms, ITL 200 ms), its warm-up at the default (one
