@@ -22,7 +22,10 @@ Why the tier hurts, in the emulator's model (``kvoffload.lab.engine``), with no 
 
 The policy keeps the e2e scenarios' budgets (p99 TTFT 500 ms, ITL 200 ms), its warm-up at the default (one
 window), and a canary/stable maxRegression of 2. Nothing is injected: ``/emulator/faults`` stays at its defaults
-on every engine (checked).
+on every engine (checked). Both tests run on the emulated API and on the real kube-apiserver.
+
+The converse, the last test: the same engines, policy and load priced as the seed's laptop, where a miss is
+compute and a restore saves it, climb to the CPU tier.
 """
 
 from __future__ import annotations
@@ -187,7 +190,7 @@ async def test_a_cpu_tier_that_slows_a_launch_bound_model_on_a_slow_link_is_roll
     assert all(all(f[k] == v for k, v in untouched.items()) for f in faults), faults
 
 
-@pytest.mark.parametrize("cluster_engine_args", [ONE_SEQUENCE])  # no class: the seed laptop's prices
+@pytest.mark.parametrize("cluster_engine_args", [ONE_SEQUENCE], ids=["laptop"])  # no class: the seed laptop's prices
 async def test_the_same_policy_and_load_climb_where_the_tier_pays(
     local_cluster: Cluster, operator: OperatorProcess
 ) -> None:
