@@ -57,8 +57,9 @@ TAIL_TOKENS = 32
 OUTPUT_TOKENS = 2
 PER_ENGINE_RATE = 13.0
 """Requests/s to each Ready engine: between the tier's 10.7/s and gpu-only's 16.6/s (virtual time)."""
-LAPTOP_RATE = 4.0
-"""The converse's rate: the laptop's gpu-only engine serves 4.9/s of these prompts, with the tier 20/s."""
+LAPTOP_RATE = 3.0
+"""The converse's rate: the laptop's gpu-only engine serves 4.9/s of these prompts (61% busy at 3/s), with the
+tier 20/s; a cold canary's first misses (one per prefix) then queue little."""
 VOCAB = 32_000
 
 
