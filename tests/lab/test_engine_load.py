@@ -3,6 +3,7 @@ the pinning delay at start, and a case where offload hurts with no fault injecte
 
 from __future__ import annotations
 
+import itertools
 import random
 import statistics
 from collections.abc import Sequence
@@ -248,3 +249,76 @@ def test_without_prefix_reuse_a_cpu_tier_changes_nothing_but_the_stores() -> Non
     assert s.totals.saved_gpu_s == 0
     assert s.totals.stored_bytes > 0
     assert p(tier, 0.5) == pytest.approx(p(base, 0.5), rel=0.02)
+
+
+# --- the e2e no-fault rollback's workload (tests/lab/test_e2e_offload_hurts.py), in virtual time -------------
+
+ONE_SEQUENCE = [
+    "serve",
+    MODEL,
+    "--max-model-len",
+    "4096",
+    "--gpu-kv-blocks",
+    "256",  # one max-length sequence: one request at a time
+    "--max-num-batched-tokens",
+    "4096",  # a whole prompt in one prefill chunk
+]
+BIG_CPU_TIER = ["--kv-offloading-size", "4"]  # holds all 8 prefixes
+
+
+def shared_prefixes(*, rate: float, seconds: float, seed: int = 11) -> list[tuple[float, list[int], int]]:
+    """The e2e's load on one engine: evenly spaced arrivals (round-robin), one of 8 shared 3,968-token prefixes
+    and a unique 32-token tail each, 2 output tokens."""
+    rng = random.Random(seed)
+    prefixes = [prompt(7_000 + i, 3968) for i in range(8)]
+    count = int(rate * seconds)
+    return [(i / rate, prefixes[rng.randrange(8)] + prompt(8_000_000 + i, 32), 2) for i in range(count)]
+
+
+def served_per_second(argv: Sequence[str]) -> float:
+    """Requests finished per second with the queue never empty (arrivals far above what the engine serves)."""
+    done = sorted(r.finished_at or 0.0 for r in run_virtual(scheduler(argv), shared_prefixes(rate=40, seconds=20)))
+    k = len(done) // 4  # the middle half: no start, no drain
+    return (len(done) - 2 * k) / (done[-k] - done[k])
+
+
+def window_p99s(requests: Sequence[Request], width: float = 6.0) -> list[float]:
+    """p99 TTFT of the requests that arrived in each successive window (the operator's analysis window)."""
+    end = max(r.arrived for r in requests)
+    out, start = [], 0.0
+    while start + width <= end:
+        out.append(p(ttfts([r for r in requests if start <= r.arrived < start + width]), 0.99))
+        start += width
+    return out
+
+
+def test_on_the_l40s_a_cpu_tier_cuts_what_a_one_sequence_engine_serves() -> None:
+    """A hit still runs the launch-bound forward, after its load and the step it lands in, holding the blocks the
+    next request needs: the tier costs service time. At 13 requests/s the gpu-only engine keeps up; the tier's
+    queue grows without end (what the e2e's canary shows, and the operator rolls back)."""
+    cls = ["--gpu-class", SLOW_LINK]
+    base_rate = served_per_second([*ONE_SEQUENCE, *cls])
+    tier_rate = served_per_second([*ONE_SEQUENCE, *cls, *BIG_CPU_TIER])
+    assert base_rate == pytest.approx(16.6, rel=0.05)
+    assert tier_rate == pytest.approx(10.7, rel=0.05)
+    work = shared_prefixes(rate=13, seconds=42)
+    base = window_p99s(run_virtual(scheduler([*ONE_SEQUENCE, *cls]), work))
+    tier_s = scheduler([*ONE_SEQUENCE, *cls, *BIG_CPU_TIER])
+    tier = window_p99s(run_virtual(tier_s, work))
+    assert tier_s.totals.avoided_tokens > 0.8 * 3968 * len(work)  # the tier serves most prefixes
+    assert max(base) < 0.1  # a miss and no wait
+    assert tier[0] > 5 * max(base)
+    assert all(b > a for a, b in itertools.pairwise(tier))  # the queue only grows
+    assert tier[-1] > 3.0
+
+
+def test_on_the_laptop_the_same_load_is_served_faster_with_the_tier() -> None:
+    """The converse: where compute, not launches, dominates a miss (the seed laptop's FLOPs), the same prompts
+    restored from the same tier serve four times the requests, and at a rate the gpu-only engine keeps up with
+    the tier's p99 TTFT is a fraction of its."""
+    assert served_per_second([*ONE_SEQUENCE, *BIG_CPU_TIER]) > 3.5 * served_per_second(ONE_SEQUENCE)
+    work = shared_prefixes(rate=3, seconds=42)
+    base = window_p99s(run_virtual(scheduler(ONE_SEQUENCE), work))
+    tier = window_p99s(run_virtual(scheduler([*ONE_SEQUENCE, *BIG_CPU_TIER]), work))
+    # Past the first two windows: each prefix misses once before the tier holds it.
+    assert all(t < 0.5 * b for t, b in zip(tier[2:], base[2:], strict=True))
