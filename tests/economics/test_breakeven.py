@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +20,7 @@ from tests.economics.test_profile import synthetic
 QWEN3 = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B", "Qwen/Qwen3-32B")
 # Issue 11's "H200 measured" column: prefill time of 1,480 tokens over the prompt's KV at 55 GB/s.
 ISSUE_RATIOS = (10.5, 12.9, 26.9)
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -25,19 +28,19 @@ def h200() -> Profile:
     return shipped_profile("nvidia-h200-141gb")
 
 
-def test_vllm_pages_are_one_layers_k_or_v_of_a_block() -> None:
-    # Qwen3: 8 KV heads × 128 × 2 B × 16 tokens = 32 KiB, whatever the depth
-    assert vllm_page_bytes(114_688, 28) == 32 * 1024
-    assert vllm_page_bytes(262_144, 64) == 32 * 1024
+def test_vllm_pages_are_one_layers_k_and_v_of_a_block() -> None:
+    # Qwen3: 8 KV heads × (128 + 128) × 2 B × 16 tokens = 64 KiB, whatever the depth (vLLM 0.32's LBHNC layout)
+    assert vllm_page_bytes(114_688, 28) == 64 * 1024
+    assert vllm_page_bytes(262_144, 64) == 64 * 1024
     with pytest.raises(ValueError, match="layers"):
         vllm_page_bytes(1, 0)
 
 
 def test_breakeven_arithmetic_on_a_synthetic_profile() -> None:
     p = synthetic()
-    # the shape has 2 layers: 1,024 B a token makes 4 KiB pages, and 400 tokens 100 of them (zero copy)
+    # the shape has 2 layers: 1,024 B a token makes 8 KiB pages, and 400 tokens 50 of them (zero copy)
     b = breakeven(p, "m", kv_bytes_per_token=1024, prompt_tokens=400)
-    assert b.page_bytes == 4096
+    assert b.page_bytes == 8192
     assert b.path == "zero_copy_12sm"
     assert b.recompute_ms == pytest.approx(20.0)
     assert b.restore_ms == pytest.approx((1e-4 + 400 * 1024 / 40e9) * 1e3)
@@ -87,9 +90,36 @@ def test_offload_pays_more_as_the_model_grows(h200: Profile) -> None:
 
 
 def test_h200_ratios_as_measured(h200: Profile) -> None:
-    # What this repository's H200 run gives, priced as vLLM 0.32 moves 32 KiB pages (batched DMA,
-    # 0.47 µs of host submit a page, held-out restores within 6%): a regression guard.
-    assert _ratios(h200) == pytest.approx([3.58, 5.99, 13.5], rel=0.02)
+    # What this repository's H200 run gives, priced as vLLM 0.32 moves 64 KiB pages (batched DMA,
+    # 0.47 µs of host submit a page): a regression guard, not a check (see the held-out test below).
+    assert _ratios(h200) == pytest.approx([4.63, 7.77, 17.5], rel=0.02)
+
+
+def _second_h200_restores(label_part: str) -> list[dict[str, Any]]:
+    """Whole 1,480-token restores a second H200 machine timed after the shipped profile was made
+    (bench/calibration/nvidia-h200-141gb.pages.log): held out of everything the profile holds."""
+    raw = json.loads((ROOT / "bench/calibration/nvidia-h200-141gb.pages.raw.json").read_text())
+    return [c for c in raw["restoreChecks"] if label_part in c["label"]]
+
+
+def test_restores_at_vllms_64_kib_pages_on_a_second_h200_are_predicted_within_15_percent(h200: Profile) -> None:
+    checks = _second_h200_restores("64 KiB pages")
+    assert len(checks) == 3  # Qwen3 0.6B, 8B, 32B
+    for c in checks:
+        predicted = h200.restore_seconds(c["pageBytes"] * c["pages"], c["pageBytes"])
+        assert predicted == pytest.approx(c["seconds"], rel=0.15), c["label"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="held out and missed by 15.0%: the second H200's host took 0.74 µs to submit a DMA page against the "
+    "0.47 µs the profile was measured with, and TP 2's 32 KiB pages are twice as many a byte (predicted 3.64 ms, "
+    "timed 4.28 ms; the 64 KiB restores miss by 10-11% the same way). Not tuned.",
+)
+def test_a_tp2_restore_at_vllms_32_kib_pages_on_a_second_h200_is_predicted_within_15_percent(h200: Profile) -> None:
+    (check,) = _second_h200_restores("TP2")
+    predicted = h200.restore_seconds(check["pageBytes"] * check["pages"], check["pageBytes"])
+    assert predicted == pytest.approx(check["seconds"], rel=0.15)
 
 
 def test_like_for_like_with_the_issues_arithmetic(h200: Profile) -> None:
@@ -105,11 +135,11 @@ def test_like_for_like_with_the_issues_arithmetic(h200: Profile) -> None:
 @pytest.mark.xfail(
     strict=True,
     reason=(
-        "not reproduced by this repository's H200 calibration: priced as vLLM moves the KV (32 KiB pages, "
-        "batched DMA with its per-page submit cost, checked against whole-prompt restores held out of the fit) "
-        "the ratios are 3.6×, 6.0×, 13.5×; the issue's 10.5×, 12.9×, 26.9× assume one contiguous 55 GB/s copy "
-        "and, for the 0.6B, a slower eager prefill (46k against 72k tok/s here). The constants are measured, "
-        "not tuned to match."
+        "not reproduced by this repository's H200 calibration: priced as vLLM 0.32 moves the KV (a 64 KiB page "
+        "per layer and block, batched DMA with its per-page submit cost, checked against whole-prompt restores "
+        "timed on a second H200) the ratios are 4.6×, 7.8×, 17.5×; the issue's 10.5×, 12.9×, 26.9× assume one "
+        "contiguous 55 GB/s copy and, for the 0.6B, a slower eager prefill (46k against 72k tok/s here). The "
+        "constants are measured, not tuned to match."
     ),
 )
 def test_h200_ratios_within_15_percent_of_the_issue(h200: Profile) -> None:

@@ -5,19 +5,19 @@ Why the tier hurts, in the emulator's model (``kvoffload.lab.engine``), with no 
 - The engines are priced as the L40S (estimated profile, PCIe Gen4) serving Qwen3-0.6B. Its eager prefill is
   launch-bound: a 4,000-token miss costs 56 ms, hardly more than the forward's fixed 53 ms. A prompt restored
   from the CPU tier still runs that forward for its 32-token tail, and first waits for its load (3,968 tokens,
-  about 24 ms over the link) and for the engine step the load lands in (one decode step, 14 ms). So a hit costs
-  about 90 ms where the miss it replaces cost 56.
+  about 20 ms over the link in 64 KiB pages) and for the engine step the load lands in (one decode step, 14 ms). So
+  a hit costs about 87 ms where the miss it replaces cost 56.
 - The GPU KV cache holds one max-length sequence (256 blocks of 16 tokens, ``maxModelLen`` 4096), so an engine
   serves one request at a time, and a loading request holds its blocks while the GPU idles (as does a finished
   one until its stores land). The tier's extra latency is then lost service time: in virtual time the
-  scheduler finishes 16.6 requests/s without the tier and 10.7 with it (``test_engine_load``).
+  scheduler finishes 16.0 requests/s without the tier and 10.7 with it (``test_engine_load``).
 - ``--max-num-batched-tokens 4096``: a whole prompt is one prefill chunk, so a miss pays the fixed cost once.
   (With vLLM's 2,048 default on a 48 GB class a miss takes two chunks, and the tier would save one of them.)
 - The load: 8 shared 3,968-token prefixes (a CPU tier of 4 GiB holds them all; the GPU, one) and a unique
   32-token tail, 2 output tokens (an ITL sample each), 13 requests/s to every Ready engine, round-robin.
   Per engine, not in total: with ``maxSurge`` 1 the canary step runs three engines where the baseline ran two,
   and a fixed total rate would give each a third less than the baseline measured. At 13/s the gpu-only
-  engines are 78% busy and keep up; the canary would need 121% of its time, so its queue and its TTFT grow for as
+  engines are 81% busy and keep up; the canary would need 121% of its time, so its queue and its TTFT grow for as
   long as it runs.
 
 The policy keeps the e2e scenarios' budgets (p99 TTFT 500 ms, ITL 200 ms), its warm-up at the default (one
@@ -56,7 +56,7 @@ PREFIX_TOKENS = 3968
 TAIL_TOKENS = 32
 OUTPUT_TOKENS = 2
 PER_ENGINE_RATE = 13.0
-"""Requests/s to each Ready engine: between the tier's 10.7/s and gpu-only's 16.6/s (virtual time)."""
+"""Requests/s to each Ready engine: between the tier's 10.7/s and gpu-only's 16.0/s (virtual time)."""
 LAPTOP_RATE = 3.0
 """The converse's rate: the laptop's gpu-only engine serves 4.9/s of these prompts (61% busy at 3/s), with the
 tier 20/s; a cold canary's first misses (one per prefix) then queue little."""

@@ -160,8 +160,8 @@ def test_a_class_prices_what_its_profile_says(gpu_class: str) -> None:
     assert cold == pytest.approx(profile.prefill_seconds(MODEL, 1480, "eager"))
     grow = profile.prefill_seconds(MODEL, 1480, "eager") - profile.prefill_seconds(MODEL, 1472, "eager")
     assert hit == pytest.approx(fixed + grow)
-    page = 16 * KV // (2 * 28)  # one layer's K or V of one block
-    assert page == 32_768
+    page = 16 * KV // 28  # one layer's K and V of one block (vLLM 0.32)
+    assert page == 65_536
     step = profile.decode_itl_seconds(MODEL, 1)
     assert restored == pytest.approx(fixed + grow + profile.restore_seconds(1472 * KV, page) + step)
 
@@ -188,7 +188,7 @@ def test_tensor_parallelism_splits_compute_and_bytes_per_rank() -> None:
     whole = profile.prefill_seconds(model, 4096, "eager")
     assert cost.compute_seconds(4096, 0) == pytest.approx(fixed + (whole - fixed) / 2)
     kv = config.kv_bytes_per_token
-    page = 16 * kv // (2 * 36 * 2)
+    page = 16 * kv // (36 * 2)  # a 64 KiB page a layer and block, half of it a rank
     assert cost.page_bytes == page
     assert cost.cpu_restore_seconds(4096 * kv) == pytest.approx(profile.restore_seconds(4096 * kv // 2, page))
     assert cost.itl_s == pytest.approx(profile.decode_itl_seconds(model, 1) / 2)
@@ -289,4 +289,4 @@ def test_an_fp8_kv_cache_halves_the_page_a_class_moves() -> None:
     bf16 = parse_argv(["serve", MODEL, f"--gpu-class={H200}"])[0]
     fp8 = parse_argv(["serve", MODEL, f"--gpu-class={H200}", "--kv-cache-dtype", "fp8"])[0]
     assert fp8.kv_bytes_per_token * 2 == bf16.kv_bytes_per_token
-    assert fp8.cost.page_bytes * 2 == bf16.cost.page_bytes == 32_768
+    assert fp8.cost.page_bytes * 2 == bf16.cost.page_bytes == 65_536

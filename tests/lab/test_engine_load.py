@@ -299,7 +299,7 @@ def test_on_the_l40s_a_cpu_tier_cuts_what_a_one_sequence_engine_serves() -> None
     cls = ["--gpu-class", SLOW_LINK]
     base_rate = served_per_second([*ONE_SEQUENCE, *cls])
     tier_rate = served_per_second([*ONE_SEQUENCE, *cls, *BIG_CPU_TIER])
-    assert base_rate == pytest.approx(16.6, rel=0.05)
+    assert base_rate == pytest.approx(16.0, rel=0.05)
     assert tier_rate == pytest.approx(10.7, rel=0.05)
     work = shared_prefixes(rate=13, seconds=42)
     base = window_p99s(run_virtual(scheduler([*ONE_SEQUENCE, *cls]), work))

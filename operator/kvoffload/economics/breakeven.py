@@ -2,7 +2,7 @@
 
 ``recomputeMs`` is the profile's prefill time of the whole prompt from nothing cached;
 ``restoreMs`` is what loading the prompt's KV from pinned host memory costs the way
-vLLM 0.32 moves it: one layer's K or V of one 16-token block per page, by the Triton
+vLLM 0.32 moves it: one layer's K and V of one 16-token block per page, by the Triton
 zero-copy kernel below 28 KiB and by one batched DMA otherwise, with the host's submit
 cost per page and a fixed cost per restore (see ``Profile.restore_seconds``). The ratio
 is recompute / restore: above 1 a CPU hit is faster than a miss.
@@ -67,15 +67,19 @@ class Breakeven:
 
 
 def vllm_page_bytes(kv_bytes_per_token: int, layers: int, block_tokens: int = VLLM_BLOCK_TOKENS) -> int:
-    """Bytes of one page vLLM moves: one layer's K (or V) of one block.
+    """Bytes of one page vLLM moves: one layer's K and V of one block.
 
-    vLLM splits FlashAttention's ``(2, num_blocks, ...)`` layer cache into a K and a V
-    tensor and copies each block's page of each (``CanonicalKVCacheTensor``), so a block
-    of a GQA model is ``2 × layers`` pages of ``block × kv_heads × head_dim × dtype`` bytes.
+    vLLM 0.32's offloading connector asks for the ``LBHNC`` KV cache layout
+    (``OffloadingConnector.get_required_kvcache_layout``): layer outermost, then block, with
+    each token's K and V side by side within the block. Its worker registers one
+    ``(num_blocks, page)`` tensor per layer (``offloading/worker.py``, ``register_kv_caches``),
+    with the page of the layer's ``AttentionSpec``: ``kv_heads × block × (head_dim + head_dim_v)
+    × dtype`` (``kv_cache_interface.py``). So a block is ``layers`` pages of ``block ×
+    kv_bytes_per_token / layers`` bytes: 64 KiB for every Qwen3 (8 KV heads of 128, bf16).
     """
     if layers < 1 or kv_bytes_per_token < 1:
         raise ValueError("layers and kv_bytes_per_token must be >= 1")
-    return block_tokens * kv_bytes_per_token // (2 * layers)
+    return block_tokens * kv_bytes_per_token // layers
 
 
 def breakeven(

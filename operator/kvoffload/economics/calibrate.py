@@ -91,7 +91,7 @@ PREFILL_GRAPH_MAX_TOKENS = 4096
 DECODE_BATCHES = (1, 8, 32, 128)
 DECODE_CONTEXT = 1024
 
-# Page sizes vLLM moves (one layer's K or V of one block: 8-64 KiB), 1 MiB, and one
+# Page sizes vLLM moves (one layer's K and V of one block: 8-64 KiB, less a rank under TP), 1 MiB, and one
 # Qwen3-0.6B block of all layers (16 tokens × 114,688 B = 1,835,008 B). 24 KiB is held out.
 PAGE_SIZES = (8 * KIB, 16 * KIB, 32 * KIB, 64 * KIB, 256 * KIB, MIB, 1_835_008)
 HELD_OUT_PAGE = 24 * KIB
@@ -675,12 +675,14 @@ def measure_restore_costs(run: Run, tr: Transfers, broken: set[str]) -> None:
     run.log(f"   fixed cost of a restore (16 pages of 8 KiB, submit to done): {fixed * 1e6:.1f} us")
     run.raw["restore"] = {"fixedSeconds": fixed, "submitSecondsPerPage": submit_cost}
 
-    # whole prompts as vLLM moves them: 1,480 tokens = 92 full blocks of 16 tokens
+    # whole prompts as vLLM 0.32 moves them (breakeven.vllm_page_bytes): 1,480 tokens = 92 full blocks of
+    # 16 tokens, a page per layer and block holding its K and V (64 KiB for a Qwen3, 32 KiB per rank at TP 2)
     blocks = 1480 // VLLM_BLOCK_TOKENS
     checks = [
-        ("Qwen3-0.6B 1480 tok, 32 KiB K/V pages", 32 * KIB, blocks * 28 * 2),
-        ("Qwen3-32B 1480 tok, 32 KiB K/V pages", 32 * KIB, blocks * 64 * 2),
-        ("Qwen3-8B TP2 1480 tok, 16 KiB K/V pages", 16 * KIB, blocks * 36 * 2),
+        ("Qwen3-0.6B 1480 tok, 64 KiB pages", 64 * KIB, blocks * 28),
+        ("Qwen3-8B 1480 tok, 64 KiB pages", 64 * KIB, blocks * 36),
+        ("Qwen3-32B 1480 tok, 64 KiB pages", 64 * KIB, blocks * 64),
+        ("Qwen3-8B TP2 1480 tok, 32 KiB pages", 32 * KIB, blocks * 36),
         ("Qwen3-0.6B 1480 tok, 1,835,008 B whole blocks", 1_835_008, blocks),
     ]
     out: list[dict[str, Any]] = []

@@ -7,8 +7,8 @@ shipped profile (``kvoffload.economics.profile``) and the served model's curves 
   uses) over prompt length. A miss of ``n`` tokens costs ``prefill(n)``; ``c`` tokens computed
   after ``h`` cached ones cost ``prefill(1) + prefill(h + c) - prefill(h)``: the forward's fixed
   cost plus the curve's growth over the whole context, so attention over the cached part counts;
-- a restore from the CPU tier: ``Profile.restore_seconds`` at the page vLLM moves (one layer's K
-  or V of one block): bytes / the bandwidth of vLLM's load path at that page size, plus the
+- a restore from the CPU tier: ``Profile.restore_seconds`` at the page vLLM moves (one layer's K and V
+  of one block): bytes / the bandwidth of vLLM's load path at that page size, plus the
   host's submit cost per page and a fixed cost; plus one engine step (the decode step at batch 1)
   that the request waits while the asynchronous load lands;
 - ITL: the profile's decode curve at the batch of requests running when the request arrives
@@ -52,6 +52,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Final
 
+from kvoffload.economics.breakeven import vllm_page_bytes
 from kvoffload.economics.profile import ModelShape, Profile, ProfileError, shipped_profile, shipped_profile_names
 
 log = logging.getLogger("kvoffload.emulate")
@@ -328,9 +329,9 @@ def class_cost(
     name = curve.model
     tp = tensor_parallel_size
     shape = curve.shape
-    # vLLM moves one layer's K or V of one block per page; a rank holds kv_heads / tp of the heads.
+    # vLLM's page (one layer's K and V of one block); a rank holds kv_heads / tp of the heads.
     kv = kv_bytes_per_token or shape.kv_bytes_per_token  # the engine's (an fp8 KV cache halves it)
-    page = max(1, block_size * kv // (2 * shape.layers * tp))
+    page = max(1, vllm_page_bytes(kv, shape.layers, block_size) // tp)
     step = profile.decode_itl_seconds(name, 1) / tp
     restore_rate = profile.bandwidth("h2d", profile.load_path(page, 64), page) * tp
     return CostModel(
