@@ -61,6 +61,7 @@ from kvoffload.policy.render import config_hash  # noqa: E402
 T = TypeVar("T")
 
 INTERVAL = "10s"
+"""analysis.interval of every policy (``--interval``): 10 s is a busy fleet; the CRD's default is 30 s."""
 WINDOW = "20s"
 SCRAPE_INTERVAL_S = 2.0
 GIB = 2**30
@@ -76,7 +77,7 @@ SAMPLED = (
 )
 
 
-def spec(prometheus_url: str) -> dict[str, Any]:
+def spec(prometheus_url: str, interval: str = INTERVAL) -> dict[str, Any]:
     """Two replicas, GPU-only then a 1 GiB CPU tier; a 20 s baseline, then a canary that may take 2 h to be Ready."""
     return {
         "model": {"name": "Qwen/Qwen3-0.6B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 4096},
@@ -91,7 +92,7 @@ def spec(prometheus_url: str) -> dict[str, Any]:
             "stepDuration": "1h",
             "progressDeadline": "2h",
         },
-        "analysis": {"interval": INTERVAL, "window": WINDOW, "ttftP99": "500ms", "itlP99": "50ms", "minRequests": 5},
+        "analysis": {"interval": interval, "window": WINDOW, "ttftP99": "500ms", "itlP99": "50ms", "minRequests": 5},
         "prometheus": {"url": prometheus_url},
     }
 
@@ -105,7 +106,9 @@ class PolicyPlan:
     """(level name, config hash, kv_offloading_size as vLLM shows it) of ladder levels 0 and 1."""
 
 
-def plan_fleet(policies: int, namespaces: int, prometheus_url: str) -> tuple[list[PolicyPlan], Dialect]:
+def plan_fleet(
+    policies: int, namespaces: int, prometheus_url: str, interval: str = INTERVAL
+) -> tuple[list[PolicyPlan], Dialect]:
     """The policies, and what the operator will render for them (by the package's own functions)."""
     plans: list[PolicyPlan] = []
     dialect: Dialect | None = None
@@ -115,7 +118,7 @@ def plan_fleet(policies: int, namespaces: int, prometheus_url: str) -> tuple[lis
             "apiVersion": f"{API_GROUP}/{API_VERSION}",
             "kind": "KVOffloadPolicy",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": spec(prometheus_url),
+            "spec": spec(prometheus_url, interval),
         }
         policy = parse_policy(json.loads(json.dumps(manifest)), f"{namespace}/{name}")
         dialect = judge_resolved(policy)
@@ -222,6 +225,22 @@ def apply_policies(api: kubernetes.client.ApiClient, plans: list[PolicyPlan]) ->
     return time.perf_counter() - start
 
 
+def body_bytes(api: kubernetes.client.ApiClient) -> dict[str, float]:
+    """The mean size of one policy as the API server serves it (what kopf decodes and keeps per policy), in bytes
+    of JSON: whole, its metadata.managedFields, and its status."""
+    items = kubernetes.client.CustomObjectsApi(api).list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)["items"]
+
+    def size(value: Any) -> int:
+        return len(json.dumps(value, separators=(",", ":")))
+
+    n = max(1, len(items))
+    return {
+        "whole": sum(size(i) for i in items) / n,
+        "managedFields": sum(size(i["metadata"].get("managedFields", [])) for i in items) / n,
+        "status": sum(size(i.get("status", {})) for i in items) / n,
+    }
+
+
 def modes(api: kubernetes.client.ApiClient) -> dict[str, int]:
     custom = kubernetes.client.CustomObjectsApi(api)
     listed = custom.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)
@@ -236,14 +255,20 @@ def modes(api: kubernetes.client.ApiClient) -> dict[str, int]:
 
 
 def bench_size(
-    policies: int, namespaces: int, measure_s: float, workdir: Path, tracemalloc: Path | None = None
+    policies: int,
+    namespaces: int,
+    measure_s: float,
+    workdir: Path,
+    tracemalloc: Path | None = None,
+    interval: str = INTERVAL,
 ) -> dict[str, Any]:
     work = workdir / f"size-{policies}"
     work.mkdir()
     server = PrometheusServer(work / "prometheus", scrape_interval=SCRAPE_INTERVAL_S)
     server.workdir.mkdir()
     server.start()
-    plans, dialect = plan_fleet(policies, min(namespaces, policies), server.url)
+    plans, dialect = plan_fleet(policies, min(namespaces, policies), server.url, interval)
+    interval_s = float(interval.removesuffix("s"))
     parent, child = multiprocessing.Pipe()
     exporter = multiprocessing.Process(target=serve_fleet, args=(engines_for(plans), dialect, child), daemon=True)
     exporter.start()
@@ -308,7 +333,7 @@ def bench_size(
 
         wait_until(all_mid_canary, 600, "every policy mid-canary", poll=5.0)
         mid_canary_s = time.monotonic() - began
-        time.sleep(float(INTERVAL.removesuffix("s")))  # one more interval: the canary starts' own writes are done
+        time.sleep(interval_s)  # one more interval: the canary starts' own writes are done
         first = operator_metrics(port)
         measure_began = time.monotonic()
         sweeps: list[float] = []
@@ -332,6 +357,8 @@ def bench_size(
         cycles = last["kvoffload_cycle_seconds_count"] - first["kvoffload_cycle_seconds_count"]
         cycle_sum = last["kvoffload_cycle_seconds_sum"] - first["kvoffload_cycle_seconds_sum"]
         final_modes = modes(api)
+        body = body_bytes(api)
+        print(f"      a policy as served: {body}", flush=True)
         if tracemalloc is not None:
             operator.send_signal(signal.SIGUSR2)
             wait_until(lambda: tracemalloc.exists() or None, 120, "the allocation dump")
@@ -340,10 +367,12 @@ def bench_size(
         stopped = time.monotonic()
         floor_s = status_write_floor(api, plans)
         print(f"      the API server's floor: {policies} status writes in {floor_s:.2f} s", flush=True)
-        restart = restart_cycle(stopped, operator, command, env, work, port, api, policies)
+        restart = restart_cycle(stopped, interval_s, operator, command, env, work, port, api, policies)
         operator = None  # restart_cycle stopped it and the one it started
         return {
             "policies": policies,
+            "interval": interval,
+            "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),
             "namespaces": min(namespaces, policies),
             "series": series,
             "apply_s": apply_s,
@@ -366,6 +395,7 @@ def bench_size(
             "rss_steady_max_bytes": max(in_window) if in_window else None,
             "rss_peak_bytes": peak,
             "modes_at_end": final_modes,
+            "policy_json_bytes": body,
             "status_write_floor_s": floor_s,
             "restart_to_all_analysed_s": restart.to_all_analysed_s,
             "restart_to_first_reconcile_s": restart.to_first_reconcile_s,
@@ -429,6 +459,7 @@ class Restart:
 
 def restart_cycle(
     stopped: float,
+    interval_s: float,
     operator: subprocess.Popen[bytes],
     command: list[str],
     env: dict[str, str],
@@ -445,12 +476,14 @@ def restart_cycle(
     # Every policy due at once: an analysis is due once half an interval has passed since the last one, so wait a
     # whole interval since the old operator stopped. Status times are whole seconds: 1.1 s more, and nothing the
     # old operator wrote can look newer than `since`.
-    time.sleep(max(0.0, stopped + float(INTERVAL.removesuffix("s")) - time.monotonic()) + 1.1)
+    time.sleep(max(0.0, stopped + interval_s - time.monotonic()) + 1.1)
     since = datetime.now(UTC).replace(microsecond=0)
     custom = kubernetes.client.CustomObjectsApi(api)
 
     def analysed() -> bool:
-        items = custom.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)["items"]
+        # From the API server's watch cache (resourceVersion 0), every 2 s: listing 1,000 policies with their
+        # status is work for the same 2 cores, and a tighter loop of it slowed the cycle it measures.
+        items = custom.list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL, resource_version="0")["items"]
         times = [((item.get("status") or {}).get("lastAnalysis") or {}).get("time") for item in items]
         return len(times) == policies and all(t and datetime.fromisoformat(t) >= since for t in times)
 
@@ -467,7 +500,7 @@ def restart_cycle(
         try:
             first = wait_until(first_reconcile, 120, "the restarted operator's first reconcile", poll=0.05)
             cpu_at_first = cpu_seconds(restarted.pid)
-            wait_until(lambda: analysed() or None, 600, "every policy analysed after the restart", poll=0.5)
+            wait_until(lambda: analysed() or None, 600, "every policy analysed after the restart", poll=2.0)
             done = time.monotonic()
             cpu = cpu_seconds(restarted.pid) - cpu_at_first
             queries = operator_metrics(port)["kvoffload_prometheus_queries_total"]
@@ -504,6 +537,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", default="1,100,1000")
     parser.add_argument("--namespaces", type=int, default=10)
+    parser.add_argument("--interval", default=INTERVAL, help="analysis.interval of every policy, in seconds (10s)")
     parser.add_argument("--measure", type=float, default=60.0, help="Seconds of steady state read per size.")
     parser.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
     parser.add_argument("--keep", type=Path, default=None, help="Keep logs (operator, Prometheus, kube) here.")
@@ -522,7 +556,7 @@ def main() -> None:
         for size in (int(s) for s in args.sizes.split(",")):
             print(f"{size} policies", flush=True)
             traced = args.tracemalloc.with_suffix(f".{size}.txt") if args.tracemalloc else None
-            row = bench_size(size, args.namespaces, args.measure, workdir, traced)
+            row = bench_size(size, args.namespaces, args.measure, workdir, traced, args.interval)
             rows.append(row)
             median = row["sweep_median_s"]
             print(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import SimpleNamespace
 from typing import Any, cast
 
 from kvoffload.controller.handlers import PolicyRuntime
@@ -64,14 +65,14 @@ def test_the_operator_metrics_time_sweeps_on_their_own_histogram() -> None:
 
 
 class CountingController:
-    """Stands in for the Controller: every reconcile plans nothing."""
+    """Stands in for the Controller: every reconcile plans nothing (a Plan with no requeue is all the runtime reads)."""
 
     def __init__(self) -> None:
         self.calls: list[str] = []
 
     async def reconcile(self, body: Mapping[str, Any]) -> Plan:
         self.calls.append(body["metadata"]["uid"])
-        return cast(Plan, None)
+        return cast(Plan, SimpleNamespace(requeue_after=None))
 
 
 async def test_the_policy_runtime_times_a_sweep_over_the_policies_it_watches() -> None:

@@ -67,12 +67,13 @@ class LoopSettings:
 
 @dataclass
 class _Slot:
-    """One policy's runtime: its lock, its wake-up and what its last cycle said."""
+    """One policy's runtime: its lock, its wake-up and when its last cycle wants the next (not its whole Plan:
+    a status held per policy for this would be most of what the operator keeps of a large fleet)."""
 
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     last_done: float | None = None
-    plan: Plan | None = None
+    requeue_after: float | None = None
     failures: int = 0
     retry_after: float | None = None
 
@@ -118,12 +119,13 @@ class PolicyRuntime:
         async with slot.lock:
             self.metrics.sweeps.started()
             try:
-                slot.plan = await self.controller.reconcile(body)
+                plan = await self.controller.reconcile(body)
             finally:
                 slot.last_done = time.monotonic()
                 self.metrics.sweeps.finished(uid, self._slots.keys())
+        slot.requeue_after = plan.requeue_after
         slot.failures, slot.retry_after = 0, None
-        return slot.plan
+        return plan
 
     async def ensure(self, body: Mapping[str, Any], logger: logging.Logger | logging.LoggerAdapter[Any]) -> None:
         """Reconcile now; API errors ask kopf to retry; anything else is left to the daemon's backoff."""
@@ -177,8 +179,8 @@ class PolicyRuntime:
     def _delay(self, body: Mapping[str, Any], slot: _Slot) -> float:
         """The analysis interval from the live body; sooner when the plan or a retry wants it."""
         delay = _interval(body)
-        if slot.plan is not None and slot.plan.requeue_after is not None:
-            delay = min(delay, slot.plan.requeue_after)
+        if slot.requeue_after is not None:
+            delay = min(delay, slot.requeue_after)
         if slot.failures and slot.retry_after is not None:
             delay = slot.retry_after
         if slot.last_done is not None:  # count from the last cycle, which ensure may have run

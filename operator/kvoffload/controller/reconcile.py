@@ -234,9 +234,9 @@ class Controller:
         self._rng = random.Random()
         # Token Secrets the API server refused to let us read: when, and what the condition says.
         self._forbidden: dict[SecretLocation, tuple[float, TokenCheck]] = {}
-        # policy uid -> (the status last written, as JSON, and the resourceVersion the API server gave that write).
-        # Text, not the model: it is read back only when kopf hands a cycle an older body, and 1,000 policies'
-        # status models held for that would cost more memory than the rest of the operator's state.
+        # policy uid -> (the status last written, as JSON, and the resourceVersion the API server gave that write),
+        # until a body at least that new arrives. Text, not the model: it is read back only when kopf hands a cycle
+        # an older body, and 1,000 policies' status models held for that would outweigh the rest of the state.
         self._written: dict[str, tuple[str, int]] = {}
 
     # --- the cycle -----------------------------------------------------------------------
@@ -271,8 +271,10 @@ class Controller:
         stored = _stored_status(body)
         written = self._written.get(uid)
         version = _resource_version(body)
-        if written is not None and version is not None and version < written[1]:
-            return KVOffloadPolicyStatus.model_validate_json(written[0])
+        if written is not None and version is not None:
+            if version < written[1]:
+                return KVOffloadPolicyStatus.model_validate_json(written[0])
+            del self._written[uid]  # kopf has caught up with that write: the body says as much, or more
         return stored
 
     def forget(self, uid: str) -> None:
