@@ -227,8 +227,8 @@ class Controller:
         if hub.query_counter is None:
             hub.query_counter = self.metrics.prometheus_queries
         self._monotonic = monotonic
-        # (policy uid, kind) -> (render key, digest, when written): Service and PodMonitor are not listed each cycle.
-        self._children: dict[tuple[str, str], tuple[str, str, float]] = {}
+        # (policy uid, kind) -> (render input, when written): Service and PodMonitor are not listed each cycle.
+        self._children: dict[tuple[str, str], tuple[str, float]] = {}
         # policy uid -> its render input and level config hashes, while the input stays the same.
         self._renders: dict[str, _Renders] = {}
         self._rng = random.Random()
@@ -378,7 +378,7 @@ class Controller:
         period = self.settings.children_resync_seconds
         written = self._monotonic() - period + self._rng.uniform(0.0, period)
         for kind in ("Service", "PodMonitor"):
-            self._children[(uid, kind)] = (key, "", written)
+            self._children[(uid, kind)] = (key, written)
 
     async def _parse(self, ctx: _Reconcile) -> tuple[KVOffloadPolicy, Dialect]:
         """The policy, with a ConfigMap architecture resolved, and its metric dialect; PolicyError names fields."""
@@ -471,11 +471,10 @@ class Controller:
             if (
                 written is not None
                 and written[0] == render
-                and now - written[2] < self.settings.children_resync_seconds
+                and now - written[1] < self.settings.children_resync_seconds
             ):
                 continue
             manifest = with_digest(render_child(policy))
-            digest = manifest["metadata"]["annotations"][ANNOTATION_APPLIED]
             try:
                 await self._apply(ctx, manifest)
             except ReconcileError as exc:
@@ -490,7 +489,7 @@ class Controller:
                     )
                 else:
                     raise
-            self._children[key] = (render, digest, now)
+            self._children[key] = (render, now)
 
     async def _apply(self, ctx: _Reconcile, manifest: dict[str, Any]) -> None:
         await self._api("apply", self.gateway.apply(manifest, ctx.ref), ctx.ref)
