@@ -179,9 +179,11 @@ class ReconcileError(Exception):
 
 @dataclass(frozen=True)
 class _Renders:
-    """One policy's render input (``render_input``) and the config hash of each ladder level it gives."""
+    """What one policy's render input (``render_input``) was judged to give: its metric dialect and the config
+    hash of each ladder level. Pure functions of the input, so they are worked out once per input."""
 
     key: str
+    dialect: Dialect
     level_hashes: dict[int, str]
 
 
@@ -289,7 +291,7 @@ class Controller:
         meta = ctx.body.get("metadata") or {}
         generation = meta.get("generation")
         try:
-            policy, dialect = await self._parse(ctx)
+            policy, renders = await self._parse(ctx)
         except PolicyError as exc:
             plan = invalid(ctx.status, [str(e) for e in exc.errors], generation, ctx.now)
             await self._finish(ctx, plan)
@@ -298,8 +300,7 @@ class Controller:
         spec = policy.spec
         ladder = build_ladder(spec)
         ctx.spec, ctx.ladder = spec, ladder
-        renders = self._renders_of(ctx.ref.uid, policy, ladder)
-        level_hashes = renders.level_hashes
+        level_hashes, dialect = renders.level_hashes, renders.dialect
         owned = await self._api("list", self.gateway.list_owned(ctx.ref), ctx.ref)
         stable_seen, canary_seen, retiring_seen = _observe_roles(owned, ctx.ref.name, ctx.status)
 
@@ -364,15 +365,6 @@ class Controller:
         await self._finish(ctx, plan)
         return plan
 
-    def _renders_of(self, uid: str, policy: KVOffloadPolicy, ladder: list[Level]) -> _Renders:
-        """The policy's render input and level config hashes, computed again when the input changed."""
-        key = render_input(policy)
-        known = self._renders.get(uid)
-        if known is None or known.key != key:
-            known = _Renders(key, {level.index: config_hash(policy, level) for level in ladder})
-            self._renders[uid] = known
-        return known
-
     def _defer_children(self, uid: str, key: str) -> None:
         """Resync this policy's Service and PodMonitor at a random time within the resync period, not now."""
         period = self.settings.children_resync_seconds
@@ -380,8 +372,9 @@ class Controller:
         for kind in ("Service", "PodMonitor"):
             self._children[(uid, kind)] = (key, written)
 
-    async def _parse(self, ctx: _Reconcile) -> tuple[KVOffloadPolicy, Dialect]:
-        """The policy, with a ConfigMap architecture resolved, and its metric dialect; PolicyError names fields."""
+    async def _parse(self, ctx: _Reconcile) -> tuple[KVOffloadPolicy, _Renders]:
+        """The policy, with a ConfigMap architecture resolved, and what its input gives (judged once per input:
+        ``judge_resolved`` and the level config hashes); PolicyError names fields."""
         obj = {k: v for k, v in ctx.body.items() if k != "status"}  # status is ours, not input
         policy = parse_policy(obj, f"{ctx.ref.namespace}/{ctx.ref.name}")
         spec = policy.spec
@@ -398,7 +391,14 @@ class Controller:
             except ConfigError as exc:
                 raise PolicyError([FieldError(path, f"ConfigMap {ref.name!r} key {ref.key!r}: {exc}")]) from None
             policy = policy.model_copy(update={"spec": with_architecture(spec, arch)})
-        return policy, judge_resolved(policy)
+        key = render_input(policy)
+        known = self._renders.get(ctx.ref.uid)
+        if known is None or known.key != key:
+            dialect = judge_resolved(policy)
+            hashes = {level.index: config_hash(policy, level) for level in build_ladder(policy.spec)}
+            known = _Renders(key, dialect, hashes)
+            self._renders[ctx.ref.uid] = known
+        return policy, known
 
     def _analysis_due(self, policy: KVOffloadPolicy, ctx: _Reconcile, generation: int | None) -> bool:
         status = ctx.status
