@@ -103,9 +103,9 @@ from kvoffload.policy.render import (
     config_hash,
     deployment_name,
     render_deployment,
+    render_input,
     render_pod_monitor,
     render_service,
-    renderer_version,
 )
 from kvoffload.policy.sizing import (
     SizingError,
@@ -178,7 +178,7 @@ class ReconcileError(Exception):
 
 
 @dataclass(frozen=True)
-class _Renders:
+class _Judged:
     """What one policy's render input (``render_input``) was judged to give: its metric dialect and the config
     hash of each ladder level. Pure functions of the input, so they are worked out once per input."""
 
@@ -187,11 +187,11 @@ class _Renders:
     level_hashes: dict[int, str]
 
 
-def render_input(policy: KVOffloadPolicy) -> str:
-    """A digest of everything a render reads: the policy's name, namespace and resolved spec, and the renderer."""
-    meta = policy.metadata
-    text = f"{renderer_version()}\0{meta.namespace}/{meta.name}\0{policy.spec.model_dump_json(by_alias=True)}"
-    return hashlib.sha256(text.encode()).hexdigest()[:16]
+_CHILDREN: tuple[tuple[str, Callable[[KVOffloadPolicy], dict[str, Any]]], ...] = (
+    ("Service", render_service),
+    ("PodMonitor", render_pod_monitor),
+)
+"""The policy's children besides its Deployments, by kind: one per policy, resynced by ``_apply_shared``."""
 
 
 @dataclass
@@ -231,8 +231,8 @@ class Controller:
         self._monotonic = monotonic
         # (policy uid, kind) -> (render input, when written): Service and PodMonitor are not listed each cycle.
         self._children: dict[tuple[str, str], tuple[str, float]] = {}
-        # policy uid -> its render input and level config hashes, while the input stays the same.
-        self._renders: dict[str, _Renders] = {}
+        # policy uid -> what its render input was judged to give, while the input stays the same.
+        self._judged: dict[str, _Judged] = {}
         self._rng = random.Random()
         # Token Secrets the API server refused to let us read: when, and what the condition says.
         self._forbidden: dict[SecretLocation, tuple[float, TokenCheck]] = {}
@@ -282,7 +282,7 @@ class Controller:
     def forget(self, uid: str) -> None:
         """Drop what is remembered of a policy (it was deleted or is no longer watched)."""
         self._written.pop(uid, None)
-        self._renders.pop(uid, None)
+        self._judged.pop(uid, None)
         for key in [k for k in self._children if k[0] == uid]:
             del self._children[key]
         self.metrics.forget_policy(uid)
@@ -291,7 +291,7 @@ class Controller:
         meta = ctx.body.get("metadata") or {}
         generation = meta.get("generation")
         try:
-            policy, renders = await self._parse(ctx)
+            policy, judged = await self._parse(ctx)
         except PolicyError as exc:
             plan = invalid(ctx.status, [str(e) for e in exc.errors], generation, ctx.now)
             await self._finish(ctx, plan)
@@ -300,7 +300,7 @@ class Controller:
         spec = policy.spec
         ladder = build_ladder(spec)
         ctx.spec, ctx.ladder = spec, ladder
-        level_hashes, dialect = renders.level_hashes, renders.dialect
+        level_hashes, dialect = judged.level_hashes, judged.dialect
         owned = await self._api("list", self.gateway.list_owned(ctx.ref), ctx.ref)
         stable_seen, canary_seen, retiring_seen = _observe_roles(owned, ctx.ref.name, ctx.status)
 
@@ -357,11 +357,11 @@ class Controller:
             }
         )
         plan = Plan(status=status, variants=variants, events=decided.events, requeue_after=decided.requeue_after)
-        first_meeting = (ctx.ref.uid, "Service") not in self._children
-        unchanged = await self._apply_deployments(ctx, policy, ladder, variants, owned, renders)
+        first_meeting = not any((ctx.ref.uid, kind) in self._children for kind, _ in _CHILDREN)
+        unchanged = await self._apply_deployments(ctx, policy, ladder, variants, owned, judged.key)
         if first_meeting and unchanged and owned.deployments:
-            self._defer_children(ctx.ref.uid, renders.key)
-        await self._apply_shared(ctx, policy, renders.key)
+            self._defer_children(ctx.ref.uid, judged.key)
+        await self._apply_shared(ctx, policy, judged.key)
         await self._finish(ctx, plan)
         return plan
 
@@ -369,10 +369,10 @@ class Controller:
         """Resync this policy's Service and PodMonitor at a random time within the resync period, not now."""
         period = self.settings.children_resync_seconds
         written = self._monotonic() - period + self._rng.uniform(0.0, period)
-        for kind in ("Service", "PodMonitor"):
+        for kind, _ in _CHILDREN:
             self._children[(uid, kind)] = (key, written)
 
-    async def _parse(self, ctx: _Reconcile) -> tuple[KVOffloadPolicy, _Renders]:
+    async def _parse(self, ctx: _Reconcile) -> tuple[KVOffloadPolicy, _Judged]:
         """The policy, with a ConfigMap architecture resolved, and what its input gives (judged once per input:
         ``judge_resolved`` and the level config hashes); PolicyError names fields."""
         obj = {k: v for k, v in ctx.body.items() if k != "status"}  # status is ours, not input
@@ -392,12 +392,12 @@ class Controller:
                 raise PolicyError([FieldError(path, f"ConfigMap {ref.name!r} key {ref.key!r}: {exc}")]) from None
             policy = policy.model_copy(update={"spec": with_architecture(spec, arch)})
         key = render_input(policy)
-        known = self._renders.get(ctx.ref.uid)
+        known = self._judged.get(ctx.ref.uid)
         if known is None or known.key != key:
             dialect = judge_resolved(policy)
             hashes = {level.index: config_hash(policy, level) for level in build_ladder(policy.spec)}
-            known = _Renders(key, dialect, hashes)
-            self._renders[ctx.ref.uid] = known
+            known = _Judged(key, dialect, hashes)
+            self._judged[ctx.ref.uid] = known
         return policy, known
 
     def _analysis_due(self, policy: KVOffloadPolicy, ctx: _Reconcile, generation: int | None) -> bool:
@@ -421,7 +421,7 @@ class Controller:
         ladder: list[Level],
         variants: Variants,
         owned: OwnedWorkloads,
-        renders: _Renders,
+        key: str,
     ) -> bool:
         """Write the level Deployments that differ from the plan, the shrinking ones first; True if none did.
 
@@ -449,9 +449,9 @@ class Controller:
                     scale = _bind(self._scale, ctx, (name, replicas))
                     steps.append((replicas - current.replicas, f"scale {name}", scale))
                 continue
-            if current is not None and _up_to_date(current, renders.key, replicas):
+            if current is not None and _up_to_date(current, key, replicas):
                 continue
-            manifest = with_digest(render_deployment(policy, levels[level_name], replicas), renders.key)
+            manifest = with_digest(render_deployment(policy, levels[level_name], replicas), key)
             grows = replicas - (current.replicas if current is not None else 0)
             steps.append((grows, f"apply {name}", _bind(self._apply, ctx, manifest)))
         for d in owned.deployments:
@@ -462,17 +462,13 @@ class Controller:
             await run()
         return not steps
 
-    async def _apply_shared(self, ctx: _Reconcile, policy: KVOffloadPolicy, render: str) -> None:
-        """Service and PodMonitor: written when their input changed, or after the resync period."""
+    async def _apply_shared(self, ctx: _Reconcile, policy: KVOffloadPolicy, key: str) -> None:
+        """Service and PodMonitor: written when their render input changed, or after the resync period."""
         now = self._monotonic()
-        for kind, render_child in (("Service", render_service), ("PodMonitor", render_pod_monitor)):
-            key = (ctx.ref.uid, kind)
-            written = self._children.get(key)
-            if (
-                written is not None
-                and written[0] == render
-                and now - written[1] < self.settings.children_resync_seconds
-            ):
+        for kind, render_child in _CHILDREN:
+            child = (ctx.ref.uid, kind)
+            written = self._children.get(child)
+            if written is not None and written[0] == key and now - written[1] < self.settings.children_resync_seconds:
                 continue
             manifest = with_digest(render_child(policy))
             try:
@@ -489,7 +485,7 @@ class Controller:
                     )
                 else:
                     raise
-            self._children[key] = (render, now)
+            self._children[child] = (key, now)
 
     async def _apply(self, ctx: _Reconcile, manifest: dict[str, Any]) -> None:
         await self._api("apply", self.gateway.apply(manifest, ctx.ref), ctx.ref)

@@ -533,6 +533,13 @@ def renderer_version() -> str:
     return digest.hexdigest()[:16]
 
 
+def render_input(policy: KVOffloadPolicy) -> str:
+    """A digest of everything a render reads: the policy's name, namespace and resolved spec, and the renderer."""
+    meta = policy.metadata
+    text = f"{renderer_version()}\0{meta.namespace}/{meta.name}\0{policy.spec.model_dump_json(by_alias=True)}"
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
 @functools.cache
 def _environment() -> jinja2.Environment:
     env = jinja2.Environment(
