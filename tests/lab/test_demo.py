@@ -205,9 +205,15 @@ def demo_replicas() -> int:
     return KVOffloadPolicy.model_validate(load_policy_doc(default_policy_path())).spec.replicas
 
 
+GIVE_UP_AFTER = 300
+"""Seconds the demo may take after its operator starts: inside the subprocess's 400 s, so a run that does
+not end reports where it stood (its JSON, progress view and operator log) instead of being killed mute."""
+
+
 def run_demo(scenario: str, out: Path, *args: str) -> tuple[dict[str, Any], subprocess.CompletedProcess[str]]:
+    command = [*KVOFFLOAD, "demo", "--scenario", scenario, "--fast", "-o", "json", "--out", str(out)]
     done = subprocess.run(
-        [*KVOFFLOAD, "demo", "--scenario", scenario, "--fast", "-o", "json", "--out", str(out), *args],
+        [*command, "--give-up-after", f"{GIVE_UP_AFTER}s", *args],
         capture_output=True,
         text=True,
         timeout=400,
@@ -217,8 +223,15 @@ def run_demo(scenario: str, out: Path, *args: str) -> tuple[dict[str, Any], subp
     try:
         doc = json.loads(done.stdout)
     except json.JSONDecodeError:
-        pytest.fail(f"stdout is not JSON (exit {done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        pytest.fail(f"stdout is not JSON (exit {done.returncode}):\n{done.stdout[-2000:]}\n{why(done, out)}")
     return doc, done
+
+
+def why(done: subprocess.CompletedProcess[str], out: Path) -> str:
+    """The end of the progress view and of the operator's log: where a run that went wrong stood."""
+    log = out / "operator.log"
+    tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:]) if log.is_file() else "(no operator.log)"
+    return f"{done.stderr[-6000:]}\n--- operator.log, last lines ---\n{tail}"
 
 
 def pinned_kubernetes_version() -> str:
@@ -237,7 +250,7 @@ def test_demo_promote_climbs_to_the_top_and_ends_stable_with_every_replica_there
     # control_plane: only so that the test skips (or fails under CI) without the binaries; the demo
     # starts a control plane of its own.
     doc, done = run_demo("promote", tmp_path / "out")
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, why(done, tmp_path / "out")
     assert doc["cluster"] == {"api": "real", "apiServerVersion": pinned_kubernetes_version()}
     print(f"\ndemo on kube-apiserver {doc['cluster']['apiServerVersion']}, {doc['elapsed']} s")
     final = doc["status"]
@@ -255,7 +268,7 @@ def test_demo_promote_climbs_to_the_top_and_ends_stable_with_every_replica_there
 @pytest.mark.timeout(420)
 def test_demo_regression_rolls_the_newest_tier_back_one_level_down(tmp_path: Path) -> None:
     doc, done = run_demo("regression", tmp_path / "out", "--api", "emulated")
-    assert done.returncode == 0, done.stderr[-4000:]
+    assert done.returncode == 0, why(done, tmp_path / "out")
     assert doc["cluster"] == {"api": "emulated", "apiServerVersion": None}
     final = doc["status"]
     assert final["phase"] == "RolledBack"

@@ -64,6 +64,20 @@ def emulate(args: tuple[str, ...], port: int, host: str, **options: Any) -> None
     run(Emulator(config, faults), host, port)
 
 
+def _duration_option(_ctx: click.Context, _param: click.Parameter, value: str | None) -> float | None:
+    from kvoffload.api.quantity import parse_duration
+
+    if value is None:
+        return None
+    try:
+        seconds = parse_duration(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+    if seconds <= 0:
+        raise click.BadParameter(f"{value!r} is not a positive duration")
+    return seconds
+
+
 @click.command("demo")
 @click.option(
     "--scenario",
@@ -97,8 +111,25 @@ def emulate(args: tuple[str, ...], port: int, host: str, **options: Any) -> None
     help="real: kube-apiserver and its controllers on this machine (built first if missing, 11-15 min cold). "
     "emulated: the in-process emulated API, quicker to start.",
 )
+@click.option(
+    "--give-up-after",
+    "give_up_after",
+    callback=_duration_option,
+    default=None,
+    metavar="DURATION",
+    help="End the run NOT as expected if the scenario has not ended this long after the operator started "
+    "(e.g. 5m). Default: twice the climb's planned time plus 90s, shown when it starts.",
+)
 @reports_bad_input
-def demo(scenario: str, fast: bool, output: str, out_dir: Path, policy_path: Path | None, api: str) -> None:
+def demo(
+    scenario: str,
+    fast: bool,
+    output: str,
+    out_dir: Path,
+    policy_path: Path | None,
+    api: str,
+    give_up_after: float | None,
+) -> None:
     """The whole loop on this machine, no cluster needed: the real Kubernetes control plane (or, with
     --api emulated, an emulated API), a real Prometheus, emulated vLLM engines, the operator, and a
     replay of the Mooncake conversation trace.
@@ -124,6 +155,7 @@ def demo(scenario: str, fast: bool, output: str, out_dir: Path, policy_path: Pat
                 policy_path=policy_path,
                 progress=progress,
                 api=api,
+                deadline=give_up_after,
             )
         )
     except (demo_mod.DemoError, ControlPlaneError) as exc:
