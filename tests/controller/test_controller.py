@@ -980,3 +980,79 @@ async def test_a_policy_running_under_the_old_naming_is_adopted_without_restarti
     assert status_of(kube)["stable"] == {**status_of(kube)["stable"], "level": 1, "configHash": hashes[1]}
     # the first canary pod was never replaced: it is still there, as Kubernetes would keep it
     assert kube.emulator.read_object("v1", "Pod", NS, "chat-canary-p0") is not None
+
+
+# --- at rest: readings are refreshed, not rewritten every cycle ----------------------------------
+
+
+class DriftingProvider(CraftedProvider):
+    """Healthy figures whose p99 TTFT drifts by a millisecond a call, as real readings do; ``verdict_breaks``
+    makes the next calls breach the 500 ms budget."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.breach = False
+
+    def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
+        self.calls.append(list(targets))
+        ttft = 0.9 if self.breach else 0.12 + 0.001 * len(self.calls)
+        sample = VariantSample(**{**HEALTHY.__dict__, "ttft_p99": ttft})
+        return {t.key: Measurements(canary=sample if t.canary_hash else None, stable=sample) for t in targets}
+
+
+async def climb_to_stable(kube: EmulatedCluster, controller: Controller, clock: Clock) -> None:
+    made: dict[str, int] = {}
+    await create_policy(kube)
+    for _ in range(200):
+        await sync_pods(kube, ["chat-gpu-only", "chat-cpu"], made)
+        clock.advance(1)
+        await controller.reconcile(policy_body(kube))
+        if status_of(kube).get("phase") == "Stable" and deployment(kube, "chat-gpu-only") is None:
+            return
+    pytest.fail(f"not Stable: {status_of(kube).get('message')}")
+
+
+def status_writes(kube: EmulatedCluster) -> int:
+    return sum(1 for method, plural, _ in writes(kube, PLURAL) if method == "PATCH" and plural == PLURAL)
+
+
+async def test_at_rest_fresh_readings_are_written_once_per_refresh_period_and_a_climb_writes_every_cycle(
+    kube: EmulatedCluster, clock: Clock
+) -> None:
+    provider = DriftingProvider()
+    settings = ControllerSettings(resting_refresh_seconds=30.0)
+    controller = Controller(kube.gateway(), MeasurementHub(provider, gather_window=0.0), settings, clock=clock)
+    calls_before_climb = len(provider.calls)
+    await climb_to_stable(kube, controller, clock)
+    climbing = len(provider.calls) - calls_before_climb
+    assert status_writes(kube) >= climbing - 2  # the climb: its readings were written as they came
+
+    before, analysed = status_writes(kube), len(provider.calls)
+    stamps = {status_of(kube)["lastAnalysis"]["time"]}
+    for _ in range(60):  # a minute at rest, analysed every second
+        clock.advance(1)
+        await controller.reconcile(policy_body(kube))
+        stamps.add(status_of(kube)["lastAnalysis"]["time"])
+    assert len(provider.calls) - analysed == 60  # analysed every cycle all the same
+    assert status_writes(kube) - before == 2  # at 30 s and 60 s, not 60 writes
+    assert len(stamps) == 3
+    assert status_of(kube)["phase"] == "Stable"
+
+
+async def test_at_rest_a_changed_verdict_is_written_at_once(kube: EmulatedCluster, clock: Clock) -> None:
+    provider = DriftingProvider()
+    settings = ControllerSettings(resting_refresh_seconds=300.0)
+    controller = Controller(kube.gateway(), MeasurementHub(provider, gather_window=0.0), settings, clock=clock)
+    await climb_to_stable(kube, controller, clock)
+    clock.advance(1)
+    await controller.reconcile(policy_body(kube))
+    before = status_writes(kube)
+
+    provider.breach = True
+    clock.advance(1)
+    await controller.reconcile(policy_body(kube))
+
+    assert status_writes(kube) == before + 1
+    analysis = status_of(kube)["lastAnalysis"]
+    assert analysis["verdict"] == "Fail"
+    assert analysis["consecutiveFailures"] == 1

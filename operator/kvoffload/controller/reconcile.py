@@ -154,6 +154,11 @@ class ControllerSettings:
     no ``spec.prometheus.bearerTokenSecret``."""
     forbidden_retry_seconds: float = 300.0
     """A token Secret the API server refused to let the operator read is asked for again only this often."""
+    resting_refresh_seconds: float = 300.0
+    """At rest (Stable, RolledBack, Held), a status whose only change is the latest analysis's readings (its
+    time, figures and the messages that quote them) is written at most this often, as the kubelet writes an
+    unchanged Node status (KEP-589): a resting fleet then costs the API server almost no writes. A change of
+    verdict, counter, condition, replicas or decision is written at once, and so is everything during a climb."""
 
 
 @dataclass(frozen=True)
@@ -500,7 +505,7 @@ class Controller:
         """Write the status if it changed, then the Events; count the new decisions."""
         new = _dump(plan.status)
         old = _dump(ctx.status) if ctx.status is not None else None
-        if new != old:
+        if new != old and self._worth_writing(ctx.status, plan.status, ctx.now):
             body = plan.status.model_dump(mode="json", by_alias=True)  # None removes a key (merge patch)
             stored = await self._api("patch_status", self.gateway.patch_status(ctx.ref, body), ctx.ref)
             version = _resource_version(stored) if isinstance(stored, Mapping) else None
@@ -510,6 +515,15 @@ class Controller:
         self.metrics.count_decisions(e.decision for e in plan.status.history if e not in before)
         for event in plan.events:
             await self.gateway.emit_event(ctx.ref, event.type, event.reason, event.message)
+
+    def _worth_writing(self, old: KVOffloadPolicyStatus | None, new: KVOffloadPolicyStatus, now: datetime) -> bool:
+        """Whether a changed status is written now: always, unless both are at rest in the same mode, only the
+        readings changed, and the stored analysis is younger than ``resting_refresh_seconds``."""
+        if old is None or new.mode is not old.mode or new.mode not in RESTING_MODES:
+            return True
+        if old.last_analysis is None or _without_readings(new) != _without_readings(old):
+            return True
+        return (now - old.last_analysis.time).total_seconds() >= self.settings.resting_refresh_seconds
 
     async def _measure(
         self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef, now: datetime
@@ -772,6 +786,29 @@ def _resource_version(obj: Mapping[str, Any]) -> int | None:
 
 def _dump(status: KVOffloadPolicyStatus) -> dict[str, Any]:
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+RESTING_MODES = frozenset({Mode.STABLE, Mode.ROLLED_BACK, Mode.HELD})
+"""Modes that nothing moves out of on its own schedule: their status is refreshed, not rewritten every cycle."""
+
+
+def _without_readings(status: KVOffloadPolicyStatus) -> dict[str, Any]:
+    """The status with what every analysis reads afresh blanked: its time and figures, the printer columns and
+    messages that quote them. What is left (verdicts, counters, conditions' states, replicas, history) is what a
+    write must never wait for."""
+    doc = _dump(status)
+    for key in ("message", "ttftP99", "externalShare"):
+        doc.pop(key, None)
+    for condition in doc.get("conditions", ()):
+        condition.pop("message", None)
+    analysis = doc.get("lastAnalysis")
+    if analysis is not None:
+        for key in ("time", "message"):
+            analysis.pop(key, None)
+        for metric in analysis.get("metrics", ()):
+            for key in ("stable", "canary", "threshold", "message"):  # threshold: some are relative to stable
+                metric.pop(key, None)
+    return doc
 
 
 def _plain(value: Any) -> Any:
