@@ -505,7 +505,7 @@ class Controller:
         """Write the status if it changed, then the Events; count the new decisions."""
         new = _dump(plan.status)
         old = _dump(ctx.status) if ctx.status is not None else None
-        if new != old and self._worth_writing(ctx.status, plan.status, ctx.now):
+        if new != old and (old is None or self._worth_writing(ctx.status, plan.status, old, new, ctx.now)):
             body = plan.status.model_dump(mode="json", by_alias=True)  # None removes a key (merge patch)
             stored = await self._api("patch_status", self.gateway.patch_status(ctx.ref, body), ctx.ref)
             version = _resource_version(stored) if isinstance(stored, Mapping) else None
@@ -516,12 +516,20 @@ class Controller:
         for event in plan.events:
             await self.gateway.emit_event(ctx.ref, event.type, event.reason, event.message)
 
-    def _worth_writing(self, old: KVOffloadPolicyStatus | None, new: KVOffloadPolicyStatus, now: datetime) -> bool:
-        """Whether a changed status is written now: always, unless both are at rest in the same mode, only the
-        readings changed, and the stored analysis is younger than ``resting_refresh_seconds``."""
+    def _worth_writing(
+        self,
+        old: KVOffloadPolicyStatus | None,
+        new: KVOffloadPolicyStatus,
+        old_doc: Mapping[str, Any],
+        new_doc: Mapping[str, Any],
+        now: datetime,
+    ) -> bool:
+        """Whether a changed status (``new``, dumped as ``new_doc``) is written now: always, unless both are at rest
+        in the same mode, only the readings changed, and the stored analysis is younger than
+        ``resting_refresh_seconds``."""
         if old is None or new.mode is not old.mode or new.mode not in RESTING_MODES:
             return True
-        if old.last_analysis is None or _without_readings(new) != _without_readings(old):
+        if old.last_analysis is None or _without_readings(new_doc) != _without_readings(old_doc):
             return True
         return (now - old.last_analysis.time).total_seconds() >= self.settings.resting_refresh_seconds
 
@@ -792,23 +800,21 @@ RESTING_MODES = frozenset({Mode.STABLE, Mode.ROLLED_BACK, Mode.HELD})
 """Modes that nothing moves out of on its own schedule: their status is refreshed, not rewritten every cycle."""
 
 
-def _without_readings(status: KVOffloadPolicyStatus) -> dict[str, Any]:
-    """The status with what every analysis reads afresh blanked: its time and figures, the printer columns and
+def _without_readings(doc: Mapping[str, Any]) -> dict[str, Any]:
+    """A dumped status without what every analysis reads afresh: its time and figures, the printer columns and
     messages that quote them. What is left (verdicts, counters, conditions' states, replicas, history) is what a
     write must never wait for."""
-    doc = _dump(status)
-    for key in ("message", "ttftP99", "externalShare"):
-        doc.pop(key, None)
-    for condition in doc.get("conditions", ()):
-        condition.pop("message", None)
+    out = {k: v for k, v in doc.items() if k not in ("message", "ttftP99", "externalShare")}
+    out["conditions"] = [{k: v for k, v in c.items() if k != "message"} for c in doc.get("conditions", ())]
     analysis = doc.get("lastAnalysis")
     if analysis is not None:
-        for key in ("time", "message"):
-            analysis.pop(key, None)
-        for metric in analysis.get("metrics", ()):
-            for key in ("stable", "canary", "threshold", "message"):  # threshold: some are relative to stable
-                metric.pop(key, None)
-    return doc
+        metrics = [  # threshold too: some are relative to the stable's reading
+            {k: v for k, v in m.items() if k not in ("stable", "canary", "threshold", "message")}
+            for m in analysis.get("metrics", ())
+        ]
+        kept = {k: v for k, v in analysis.items() if k not in ("time", "message")}
+        out["lastAnalysis"] = {**kept, "metrics": metrics}
+    return out
 
 
 def _plain(value: Any) -> Any:
