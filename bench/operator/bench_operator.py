@@ -15,7 +15,12 @@ For each fleet size, on this machine:
    ``kvoffload_sweep_seconds`` (one reconcile of every policy), ``kvoffload_prometheus_queries_total``,
    ``kvoffload_cycle_seconds``, and samples the process's VmRSS (VmHWM for the peak).
 
-    .venv/bin/python bench/operator/bench_operator.py [--sizes 1,100,1000] [--measure 60] [--json out.json]
+With ``--at-rest`` the fleet is measured at rest instead: a stand-in (``pod_standin.py``) makes every
+Deployment's pods Ready, every policy climbs one 20 s step to Stable, and the API server's own counter gives the
+status writes in the measured window; the restart's full cycle then ends when the operator's sweep has covered
+every policy (at rest, fresh readings are not written at once, so status times cannot show it).
+
+    .venv/bin/python bench/operator/bench_operator.py [--sizes 1,100,1000] [--measure 60] [--at-rest] [--json out.json]
 
 Needs /usr/bin/prometheus and the control-plane binaries ($KVOFFLOAD_KUBE_BIN or .kube-bin).
 """
@@ -47,6 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 import kubernetes.client  # noqa: E402
 import kubernetes.config  # noqa: E402
+from pod_standin import PodStandIn  # noqa: E402
 from tests.support.prometheus import SyntheticEngine, SyntheticFleet  # noqa: E402
 
 from kvoffload.analysis.dialects import Dialect  # noqa: E402
@@ -77,8 +83,10 @@ SAMPLED = (
 )
 
 
-def spec(prometheus_url: str, interval: str = INTERVAL) -> dict[str, Any]:
-    """Two replicas, GPU-only then a 1 GiB CPU tier; a 20 s baseline, then a canary that may take 2 h to be Ready."""
+def spec(prometheus_url: str, interval: str = INTERVAL, at_rest: bool = False) -> dict[str, Any]:
+    """Two replicas, GPU-only then a 1 GiB CPU tier; a 20 s baseline, then a canary that may take 2 h to be Ready
+    (``at_rest``: whose pods the stand-in makes Ready, one 20 s step to 100% and then Stable)."""
+    rollout = {"promotionSteps": [100], "stepDuration": "20s"} if at_rest else {"stepDuration": "1h"}
     return {
         "model": {"name": "Qwen/Qwen3-0.6B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 4096},
         "gpu": {"class": "nvidia-l4"},
@@ -89,8 +97,8 @@ def spec(prometheus_url: str, interval: str = INTERVAL) -> dict[str, Any]:
             "canaryReplicas": 1,
             "maxSurge": 1,
             "baselineDuration": "20s",
-            "stepDuration": "1h",
             "progressDeadline": "2h",
+            **rollout,
         },
         "analysis": {"interval": interval, "window": WINDOW, "ttftP99": "500ms", "itlP99": "50ms", "minRequests": 5},
         "prometheus": {"url": prometheus_url},
@@ -107,7 +115,7 @@ class PolicyPlan:
 
 
 def plan_fleet(
-    policies: int, namespaces: int, prometheus_url: str, interval: str = INTERVAL
+    policies: int, namespaces: int, prometheus_url: str, interval: str = INTERVAL, at_rest: bool = False
 ) -> tuple[list[PolicyPlan], Dialect]:
     """The policies, and what the operator will render for them (by the package's own functions)."""
     plans: list[PolicyPlan] = []
@@ -118,7 +126,7 @@ def plan_fleet(
             "apiVersion": f"{API_GROUP}/{API_VERSION}",
             "kind": "KVOffloadPolicy",
             "metadata": {"name": name, "namespace": namespace},
-            "spec": spec(prometheus_url, interval),
+            "spec": spec(prometheus_url, interval, at_rest),
         }
         policy = parse_policy(json.loads(json.dumps(manifest)), f"{namespace}/{name}")
         dialect = judge_resolved(policy)
@@ -210,6 +218,19 @@ def operator_metrics(port: int) -> dict[str, float]:
     return values
 
 
+def status_patches(api: kubernetes.client.ApiClient) -> float:
+    """Status writes of KVOffloadPolicies the API server has answered since it started (its own counter)."""
+    method, url, headers, body, post = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
+    answer = api.call_api(method, url, headers, body, post)
+    total = 0.0
+    for line in answer.read().decode().splitlines():
+        if line.startswith("apiserver_request_total{") and all(
+            label in line for label in ('resource="kvoffloadpolicies"', 'subresource="status"', 'verb="PATCH"')
+        ):
+            total += float(line.rsplit(" ", 1)[1])
+    return total
+
+
 def apply_policies(api: kubernetes.client.ApiClient, plans: list[PolicyPlan]) -> float:
     core = kubernetes.client.CoreV1Api(api)
     for namespace in sorted({p.namespace for p in plans}):
@@ -250,7 +271,29 @@ def modes(api: kubernetes.client.ApiClient) -> dict[str, int]:
         key = str(status.get("mode") or "none")
         if status.get("canary") is None and key == "Step":
             key = "Step without canary"
+        if status.get("retiring"):  # a level still draining: its pods go, and each change is written
+            key += ", draining"
+        history, analysis = status.get("history") or [], status.get("lastAnalysis") or {}
+        analysed = datetime.fromisoformat(analysis["time"]) if "time" in analysis else None
+        decided = datetime.fromisoformat(history[-1]["time"]) if history else None
+        if key == "Stable" and decided is not None and (analysed is None or analysed <= decided):
+            # The first guard analysis (stable against its baseline, not canary against stable) is a new shape
+            # of analysis, written once: the climb's last write.
+            key += ", guard not yet analysed"
         counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def verdicts(api: kubernetes.client.ApiClient) -> dict[str, int]:
+    """How many policies' latest analysis is each verdict, and how many carry a run of Inconclusive or Fail."""
+    listed = kubernetes.client.CustomObjectsApi(api).list_cluster_custom_object(API_GROUP, API_VERSION, PLURAL)
+    counts: dict[str, int] = {}
+    for item in listed["items"]:
+        analysis = (item.get("status") or {}).get("lastAnalysis") or {}
+        keys = [str(analysis.get("verdict"))]
+        keys += [f"{k} > 0" for k in ("consecutiveInconclusive", "consecutiveFailures") if analysis.get(k)]
+        for key in keys:
+            counts[key] = counts.get(key, 0) + 1
     return counts
 
 
@@ -261,19 +304,22 @@ def bench_size(
     workdir: Path,
     tracemalloc: Path | None = None,
     interval: str = INTERVAL,
+    at_rest: bool = False,
 ) -> dict[str, Any]:
     work = workdir / f"size-{policies}"
     work.mkdir()
     server = PrometheusServer(work / "prometheus", scrape_interval=SCRAPE_INTERVAL_S)
     server.workdir.mkdir()
     server.start()
-    plans, dialect = plan_fleet(policies, min(namespaces, policies), server.url, interval)
+    plans, dialect = plan_fleet(policies, min(namespaces, policies), server.url, interval, at_rest)
+    settled = "Stable" if at_rest else "Step"  # the mode every policy sits in while measured
     interval_s = float(interval.removesuffix("s"))
     parent, child = multiprocessing.Pipe()
     exporter = multiprocessing.Process(target=serve_fleet, args=(engines_for(plans), dialect, child), daemon=True)
     exporter.start()
     operator: subprocess.Popen[bytes] | None = None
     plane = ControlPlane(workdir=work / "kube")
+    pods: PodStandIn | None = None
     try:
         address, series = parent.recv()
         server.add_targets([(address, {})])
@@ -295,6 +341,9 @@ def bench_size(
             lambda: _served(api), 60, "the KVOffloadPolicy resource to be served", poll=0.5
         )  # Established, then served
         apply_s = apply_policies(api, plans)
+        if at_rest:
+            pods = PodStandIn(api, sorted({p.namespace for p in plans}))
+            pods.start()
         # Every series with a full window of samples before the operator judges a baseline.
         server.wait_for_series(
             f"count(count_over_time(vllm:time_to_first_token_seconds_count[{WINDOW}]) >= 10)",
@@ -324,17 +373,19 @@ def bench_size(
         sampler = threading.Thread(target=sample_rss, daemon=True)
         sampler.start()
 
-        def all_mid_canary() -> dict[str, int] | None:
+        def all_settled() -> dict[str, int] | None:
             if operator is not None and operator.poll() is not None:
                 raise RuntimeError(f"the operator exited {operator.returncode}; see {work / 'operator.log'}")
             counts = modes(api)
-            print(f"      {time.monotonic() - began:6.1f} s  {counts}", flush=True)
-            return counts if counts.get("Step") == policies else None
+            made = f"  pods made {pods.made}, deleted {pods.deleted}" if pods is not None else ""
+            print(f"      {time.monotonic() - began:6.1f} s  {counts}{made}", flush=True)
+            return counts if counts.get(settled) == policies else None
 
-        wait_until(all_mid_canary, 600, "every policy mid-canary", poll=5.0)
+        wait_until(all_settled, 1200, f"every policy in {settled}", poll=5.0)
         mid_canary_s = time.monotonic() - began
-        time.sleep(interval_s)  # one more interval: the canary starts' own writes are done
+        time.sleep(interval_s)  # one more interval: the moves' own writes are done
         first = operator_metrics(port)
+        patches_before = status_patches(api)
         measure_began = time.monotonic()
         sweeps: list[float] = []
         covered: list[float] = []
@@ -350,6 +401,7 @@ def bench_size(
                 print(f"      {done:.0f} sweeps in one poll: their mean only is known", flush=True)
             previous = now
         last = previous
+        patches = status_patches(api) - patches_before
         in_window = [value for when, value in rss if when >= measure_began - began]
         peak = status_of(operator.pid)["VmHWM"]
         n_sweeps = last["kvoffload_sweep_seconds_count"] - first["kvoffload_sweep_seconds_count"]
@@ -357,6 +409,8 @@ def bench_size(
         cycles = last["kvoffload_cycle_seconds_count"] - first["kvoffload_cycle_seconds_count"]
         cycle_sum = last["kvoffload_cycle_seconds_sum"] - first["kvoffload_cycle_seconds_sum"]
         final_modes = modes(api)
+        final_verdicts = verdicts(api)
+        print(f"      at the end: {final_modes}, latest verdicts {final_verdicts}", flush=True)
         body = body_bytes(api)
         print(f"      a policy as served: {body}", flush=True)
         if tracemalloc is not None:
@@ -367,11 +421,12 @@ def bench_size(
         stopped = time.monotonic()
         floor_s = status_write_floor(api, plans)
         print(f"      the API server's floor: {policies} status writes in {floor_s:.2f} s", flush=True)
-        restart = restart_cycle(stopped, interval_s, operator, command, env, work, port, api, policies)
+        restart = restart_cycle(stopped, interval_s, operator, command, env, work, port, api, policies, at_rest)
         operator = None  # restart_cycle stopped it and the one it started
         return {
             "policies": policies,
             "interval": interval,
+            "mode": settled,
             "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),
             "namespaces": min(namespaces, policies),
             "series": series,
@@ -386,6 +441,8 @@ def bench_size(
             if n_sweeps
             else None,
             "queries": queries,
+            "status_writes": patches,
+            "status_writes_per_sweep": patches / n_sweeps if n_sweeps else None,
             "queries_per_sweep": queries / n_sweeps if n_sweeps else None,
             "reconciles": cycles,
             "reconciles_per_sweep": cycles / n_sweeps if n_sweeps else None,
@@ -395,6 +452,7 @@ def bench_size(
             "rss_steady_max_bytes": max(in_window) if in_window else None,
             "rss_peak_bytes": peak,
             "modes_at_end": final_modes,
+            "verdicts_at_end": final_verdicts,
             "policy_json_bytes": body,
             "status_write_floor_s": floor_s,
             "restart_to_all_analysed_s": restart.to_all_analysed_s,
@@ -412,6 +470,8 @@ def bench_size(
             except subprocess.TimeoutExpired:
                 operator.kill()
                 operator.wait()
+        if pods is not None:
+            pods.stop()
         plane.stop()
         server.stop()
         exporter.terminate()
@@ -467,10 +527,12 @@ def restart_cycle(
     port: int,
     api: kubernetes.client.ApiClient,
     policies: int,
+    at_rest: bool = False,
 ) -> Restart:
     """One full cycle with every policy due at once: once the operator stopped at ``stopped`` (monotonic) has been
     gone an analysis interval, start a new one (as a failover does) and time it until every policy holds an
-    analysis newer than the restart."""
+    analysis newer than the restart (``at_rest``, where fresh readings are not written at once: until the
+    operator's own sweep metric has covered every policy)."""
     operator.terminate()
     operator.wait(60)
     # Every policy due at once: an analysis is due once half an interval has passed since the last one, so wait a
@@ -487,6 +549,10 @@ def restart_cycle(
         times = [((item.get("status") or {}).get("lastAnalysis") or {}).get("time") for item in items]
         return len(times) == policies and all(t and datetime.fromisoformat(t) >= since for t in times)
 
+    def swept() -> bool:
+        found = operator_metrics(port)
+        return found.get("kvoffload_sweep_seconds_count", 0) >= 1 and found.get("kvoffload_sweep_policies") == policies
+
     def first_reconcile() -> float | None:
         try:
             done = operator_metrics(port).get("kvoffload_cycle_seconds_count", 0.0)
@@ -500,7 +566,7 @@ def restart_cycle(
         try:
             first = wait_until(first_reconcile, 120, "the restarted operator's first reconcile", poll=0.05)
             cpu_at_first = cpu_seconds(restarted.pid)
-            wait_until(lambda: analysed() or None, 600, "every policy analysed after the restart", poll=2.0)
+            wait_until(lambda: (swept() if at_rest else analysed()) or None, 600, "every policy analysed", poll=2.0)
             done = time.monotonic()
             cpu = cpu_seconds(restarted.pid) - cpu_at_first
             queries = operator_metrics(port)["kvoffload_prometheus_queries_total"]
@@ -539,6 +605,11 @@ def main() -> None:
     parser.add_argument("--namespaces", type=int, default=10)
     parser.add_argument("--interval", default=INTERVAL, help="analysis.interval of every policy, in seconds (10s)")
     parser.add_argument("--measure", type=float, default=60.0, help="Seconds of steady state read per size.")
+    parser.add_argument(
+        "--at-rest",
+        action="store_true",
+        help="Measure a resting fleet: a stand-in makes every Deployment's pods Ready, every policy climbs to Stable.",
+    )
     parser.add_argument("--json", type=Path, default=None, help="Also write the figures here.")
     parser.add_argument("--keep", type=Path, default=None, help="Keep logs (operator, Prometheus, kube) here.")
     parser.add_argument(
@@ -556,14 +627,15 @@ def main() -> None:
         for size in (int(s) for s in args.sizes.split(",")):
             print(f"{size} policies", flush=True)
             traced = args.tracemalloc.with_suffix(f".{size}.txt") if args.tracemalloc else None
-            row = bench_size(size, args.namespaces, args.measure, workdir, traced, args.interval)
+            row = bench_size(size, args.namespaces, args.measure, workdir, traced, args.interval, args.at_rest)
             rows.append(row)
             median = row["sweep_median_s"]
             print(
                 f"{size:>5} policies  {row['series']:>7} series  sweeps {row['sweeps']:.0f}  "
                 f"sweep median {'-' if median is None else f'{median * 1000:.0f} ms'} "
                 f"(runs {[round(s, 2) for s in row['sweep_runs_s']]})  "
-                f"queries/sweep {row['queries_per_sweep']}  reconcile mean "
+                f"queries/sweep {row['queries_per_sweep']}  status writes/sweep {row['status_writes_per_sweep']}  "
+                f"reconcile mean "
                 f"{(row['reconcile_mean_s'] or 0) * 1000:.1f} ms  "
                 f"RSS steady {mib(row['rss_steady_median_bytes'])} (max {mib(row['rss_steady_max_bytes'])}) "
                 f"peak {mib(row['rss_peak_bytes'])}  errors {row['reconcile_errors']:.0f}  "
