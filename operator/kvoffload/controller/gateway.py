@@ -208,6 +208,7 @@ class DeploymentState:
     observed_generation: int
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
+    resource_version: int | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -273,6 +274,13 @@ def _rfc3339(value: str | None) -> datetime.datetime | None:
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
+def resource_version(obj: Mapping[str, Any]) -> int | None:
+    """metadata.resourceVersion as a number, or None where it is not one. The API server's come from etcd's
+    revision and only grow, so the operator compares them to tell an older copy from a newer one."""
+    value = (obj.get("metadata") or {}).get("resourceVersion")
+    return int(value) if isinstance(value, str) and value.isdigit() else None
+
+
 def parse_pod(pod: Mapping[str, Any]) -> PodState:
     """Read readiness, restarts, OOM kills and crash loops from a pod's status."""
     meta, status = pod.get("metadata", {}), pod.get("status") or {}
@@ -318,6 +326,7 @@ def parse_deployment(deployment: Mapping[str, Any]) -> DeploymentState:
         observed_generation=int(status.get("observedGeneration") or 0),
         labels=labels,
         annotations=meta.get("annotations") or {},
+        resource_version=resource_version(deployment),
     )
 
 

@@ -11,6 +11,8 @@ operator decided and how it is doing, not what the engines do (those come from v
 - ``kvoffload_sweep_policies``: how many policies the last sweep covered.
 - ``kvoffload_api_errors_total{operation}``: Kubernetes API operations that failed.
 - ``kvoffload_prometheus_queries_total``: PromQL queries sent (per cycle, constant in the policies).
+- ``kvoffload_workload_reads_total{source}``: reads of a policy's Deployments and pods: ``watch`` from the
+  operator's watch of them, ``list`` by two API calls (no watch yet, or one behind the operator's own write).
 - ``kvoffload_policies{phase}``: policies per phase.
 - ``kvoffload_reconcile_errors_total``: reconciles that ended in an unexpected error.
 
@@ -279,6 +281,12 @@ class OperatorMetrics:
         )
         self.prometheus_queries = Counter(
             "kvoffload_prometheus_queries", "PromQL queries sent to Prometheus.", registry=r
+        )
+        self.workload_reads = Counter(
+            "kvoffload_workload_reads",
+            "Reads of a policy's Deployments and pods, by source (watch or list).",
+            ["source"],
+            registry=r,
         )
         self.reconcile_errors = Counter(
             "kvoffload_reconcile_errors", "Reconciles that ended in an unexpected error.", registry=r

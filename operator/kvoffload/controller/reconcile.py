@@ -8,7 +8,8 @@ only call it at the right times (``kvoffload.handlers``). One cycle:
    in the condition's message and a Warning Event; no Deployment is touched, and
    nothing is raised (bad input must not make kopf retry forever).
 2. Observe: the config hash of every ladder level, the policy's own Deployments and
-   pods (ready pods per config hash; OOMKilled, CrashLoopBackOff and restarts).
+   pods (ready pods per config hash; OOMKilled, CrashLoopBackOff and restarts), from the
+   operator's watch of them where kopf runs it (``controller/workloads.py``), else by a list.
 3. Measure the analysis subject through the ``MeasurementHub`` (one batched query per
    metric for all policies) and ``assess()`` it, at most about once per
    ``analysis.interval`` (a reconcile woken early by an edit does not add a verdict).
@@ -91,8 +92,10 @@ from kvoffload.controller.gateway import (
     OwnedWorkloads,
     PodState,
     PolicyRef,
+    resource_version,
 )
 from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
+from kvoffload.controller.workloads import Workloads
 from kvoffload.economics.breakeven import breakeven
 from kvoffload.economics.profile import Profile, ProfileError, shipped_profile
 from kvoffload.policy.catalog import ConfigError, architecture_from_configmap_data
@@ -225,6 +228,7 @@ class Controller:
         clock: Clock = utc_now,
         metrics: OperatorMetrics | None = None,
         monotonic: Callable[[], float] = time.monotonic,
+        workloads: Workloads | None = None,
     ) -> None:
         self.gateway = gateway
         self.hub = hub
@@ -234,6 +238,7 @@ class Controller:
         if hub.query_counter is None:
             hub.query_counter = self.metrics.prometheus_queries
         self._monotonic = monotonic
+        self.workloads = workloads or Workloads(gateway, self.metrics, monotonic)
         # (policy uid, kind) -> (render input, when written): Service and PodMonitor are not listed each cycle.
         self._children: dict[tuple[str, str], tuple[str, float]] = {}
         # policy uid -> what its render input was judged to give, while the input stays the same.
@@ -277,7 +282,7 @@ class Controller:
         grow, so a body older than the last write shows a smaller one."""
         stored = _stored_status(body)
         written = self._written.get(uid)
-        version = _resource_version(body)
+        version = resource_version(body)
         if written is not None and version is not None:
             if version < written[1]:
                 return KVOffloadPolicyStatus.model_validate_json(written[0])
@@ -288,6 +293,7 @@ class Controller:
         """Drop what is remembered of a policy (it was deleted or is no longer watched)."""
         self._written.pop(uid, None)
         self._judged.pop(uid, None)
+        self.workloads.forget(uid)
         for key in [k for k in self._children if k[0] == uid]:
             del self._children[key]
         self.metrics.forget_policy(uid)
@@ -306,7 +312,7 @@ class Controller:
         ladder = build_ladder(spec)
         ctx.spec, ctx.ladder = spec, ladder
         level_hashes, dialect = judged.level_hashes, judged.dialect
-        owned = await self._api("list", self.gateway.list_owned(ctx.ref), ctx.ref)
+        owned = await self._api("list", self.workloads.owned(ctx.ref), ctx.ref)
         stable_seen, canary_seen, retiring_seen = _observe_roles(owned, ctx.ref.name, ctx.status)
 
         assessment = measurements = price = token = None
@@ -493,13 +499,17 @@ class Controller:
             self._children[child] = (key, now)
 
     async def _apply(self, ctx: _Reconcile, manifest: dict[str, Any]) -> None:
-        await self._api("apply", self.gateway.apply(manifest, ctx.ref), ctx.ref)
+        stored = await self._api("apply", self.gateway.apply(manifest, ctx.ref), ctx.ref)
+        if manifest["kind"] == "Deployment":
+            self.workloads.wrote(ctx.ref, manifest["metadata"]["name"], resource_version(stored))
 
     async def _scale(self, ctx: _Reconcile, target: tuple[str, int]) -> None:
-        await self._api("scale", self.gateway.scale_owned(target[0], target[1], ctx.ref), ctx.ref)
+        stored = await self._api("scale", self.gateway.scale_owned(target[0], target[1], ctx.ref), ctx.ref)
+        self.workloads.wrote(ctx.ref, target[0], resource_version(stored))
 
     async def _delete(self, ctx: _Reconcile, name: str) -> None:
         await self._api("delete", self.gateway.delete_owned("Deployment", name, ctx.ref), ctx.ref)
+        self.workloads.deleted(ctx.ref, name)
 
     async def _finish(self, ctx: _Reconcile, plan: Plan) -> None:
         """Write the status if it changed, then the Events; count the new decisions."""
@@ -508,7 +518,7 @@ class Controller:
         if new != old and (old is None or self._worth_writing(ctx.status, plan.status, old, new, ctx.now)):
             body = plan.status.model_dump(mode="json", by_alias=True)  # None removes a key (merge patch)
             stored = await self._api("patch_status", self.gateway.patch_status(ctx.ref, body), ctx.ref)
-            version = _resource_version(stored) if isinstance(stored, Mapping) else None
+            version = resource_version(stored) if isinstance(stored, Mapping) else None
             if version is not None:
                 self._written[ctx.ref.uid] = (plan.status.model_dump_json(by_alias=True), version)
         before = ctx.status.history if ctx.status is not None else []
@@ -784,12 +794,6 @@ def _stored_status(body: Mapping[str, Any]) -> KVOffloadPolicyStatus | None:
     except ValidationError as exc:  # someone wrote garbage: start over rather than crash every cycle
         log.warning("Ignoring an unreadable status: %s", exc)
         return None
-
-
-def _resource_version(obj: Mapping[str, Any]) -> int | None:
-    """metadata.resourceVersion as a number, or None where it is not one (an emulator's, say)."""
-    value = (obj.get("metadata") or {}).get("resourceVersion")
-    return int(value) if isinstance(value, str) and value.isdigit() else None
 
 
 def _dump(status: KVOffloadPolicyStatus) -> dict[str, Any]:
