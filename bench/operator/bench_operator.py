@@ -13,7 +13,8 @@ For each fleet size, on this machine:
    and is analysed every ``analysis.interval`` (10 s), stable and canary both;
 4. once every policy is mid-canary, the bench reads the operator's own metrics for ``--measure`` seconds:
    ``kvoffload_sweep_seconds`` (one reconcile of every policy), ``kvoffload_prometheus_queries_total``,
-   ``kvoffload_cycle_seconds``, and samples the process's VmRSS (VmHWM for the peak).
+   ``kvoffload_cycle_seconds``, ``kvoffload_workload_reads_total`` (engines read from the watch or listed), the
+   API server's own count of Deployment and pod lists, and samples the process's VmRSS (VmHWM for the peak).
 
 With ``--at-rest`` the fleet is measured at rest instead: a stand-in (``pod_standin.py``) makes every
 Deployment's pods Ready, every policy climbs one 20 s step to Stable, and the API server's own counter gives the
@@ -80,6 +81,7 @@ SAMPLED = (
     "kvoffload_cycle_seconds_count",
     "kvoffload_cycle_seconds_sum",
     "kvoffload_reconcile_errors_total",
+    "kvoffload_workload_reads_total",
 )
 
 
@@ -210,25 +212,33 @@ def operator_metrics(port: int) -> dict[str, float]:
     names = "&".join(f"name[]={n}" for n in SAMPLED)
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics?{names}", timeout=30) as answer:
         text = answer.read().decode()
-    values: dict[str, float] = {}
+    values: dict[str, float] = {"kvoffload_workload_reads_total:watch": 0.0, "kvoffload_workload_reads_total:list": 0.0}
     for line in text.splitlines():
-        match = re.match(r"^([a-z_]+) ([0-9.e+-]+|NaN)$", line)
+        match = re.match(r'^([a-z_]+)(?:\{source="([a-z]+)"\})? ([0-9.e+-]+|NaN)$', line)
         if match and match.group(1) in SAMPLED:
-            values[match.group(1)] = float(match.group(2))
+            key = f"{match.group(1)}:{match.group(2)}" if match.group(2) else match.group(1)
+            values[key] = float(match.group(3))
     return values
 
 
-def status_patches(api: kubernetes.client.ApiClient) -> float:
-    """Status writes of KVOffloadPolicies the API server has answered since it started (its own counter)."""
+def api_requests(api: kubernetes.client.ApiClient) -> dict[str, float]:
+    """Requests the API server has answered since it started (its own counter): KVOffloadPolicy status writes
+    (``status``) and lists of Deployments and pods (``lists``)."""
     method, url, headers, body, post = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
     answer = api.call_api(method, url, headers, body, post)
-    total = 0.0
+    wanted = {
+        "status": ('resource="kvoffloadpolicies"', 'subresource="status"', 'verb="PATCH"'),
+        "lists": ('verb="LIST"', 'resource="pods"'),
+        "deployment_lists": ('verb="LIST"', 'resource="deployments"'),
+    }
+    totals = dict.fromkeys(wanted, 0.0)
     for line in answer.read().decode().splitlines():
-        if line.startswith("apiserver_request_total{") and all(
-            label in line for label in ('resource="kvoffloadpolicies"', 'subresource="status"', 'verb="PATCH"')
-        ):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+        if line.startswith("apiserver_request_total{"):
+            for key, labels in wanted.items():
+                if all(label in line for label in labels):
+                    totals[key] += float(line.rsplit(" ", 1)[1])
+    totals["lists"] += totals.pop("deployment_lists")
+    return totals
 
 
 def apply_policies(api: kubernetes.client.ApiClient, plans: list[PolicyPlan]) -> float:
@@ -385,7 +395,7 @@ def bench_size(
         mid_canary_s = time.monotonic() - began
         time.sleep(interval_s)  # one more interval: the moves' own writes are done
         first = operator_metrics(port)
-        patches_before = status_patches(api)
+        requests_before = api_requests(api)
         measure_began = time.monotonic()
         sweeps: list[float] = []
         covered: list[float] = []
@@ -401,7 +411,9 @@ def bench_size(
                 print(f"      {done:.0f} sweeps in one poll: their mean only is known", flush=True)
             previous = now
         last = previous
-        patches = status_patches(api) - patches_before
+        requests_after = api_requests(api)
+        patches = requests_after["status"] - requests_before["status"]
+        lists = requests_after["lists"] - requests_before["lists"]
         in_window = [value for when, value in rss if when >= measure_began - began]
         peak = status_of(operator.pid)["VmHWM"]
         n_sweeps = last["kvoffload_sweep_seconds_count"] - first["kvoffload_sweep_seconds_count"]
@@ -443,6 +455,11 @@ def bench_size(
             "queries": queries,
             "status_writes": patches,
             "status_writes_per_sweep": patches / n_sweeps if n_sweeps else None,
+            "deployment_and_pod_lists": lists,
+            "workload_reads_watch": last["kvoffload_workload_reads_total:watch"]
+            - first["kvoffload_workload_reads_total:watch"],
+            "workload_reads_list": last["kvoffload_workload_reads_total:list"]
+            - first["kvoffload_workload_reads_total:list"],
             "queries_per_sweep": queries / n_sweeps if n_sweeps else None,
             "reconciles": cycles,
             "reconciles_per_sweep": cycles / n_sweeps if n_sweeps else None,
@@ -635,6 +652,8 @@ def main() -> None:
                 f"sweep median {'-' if median is None else f'{median * 1000:.0f} ms'} "
                 f"(runs {[round(s, 2) for s in row['sweep_runs_s']]})  "
                 f"queries/sweep {row['queries_per_sweep']}  status writes/sweep {row['status_writes_per_sweep']}  "
+                f"Deployment and pod lists {row['deployment_and_pod_lists']:.0f} (reads: "
+                f"{row['workload_reads_watch']:.0f} from the watch, {row['workload_reads_list']:.0f} listed)  "
                 f"reconcile mean "
                 f"{(row['reconcile_mean_s'] or 0) * 1000:.1f} ms  "
                 f"RSS steady {mib(row['rss_steady_median_bytes'])} (max {mib(row['rss_steady_max_bytes'])}) "
