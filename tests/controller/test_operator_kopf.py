@@ -138,44 +138,48 @@ async def test_under_kopf_a_cycle_reads_the_engines_from_the_watch_and_lists_onl
 ) -> None:
     registry = kopf.OperatorRegistry()
     controller = Controller(kube.gateway(), MeasurementHub(HealthyProvider(), gather_window=0.01))
-    register(registry, controller, workloads=controller.workloads)
+    register(registry, controller)
 
     def reads(source: str) -> float:
         value = controller.metrics.registry.get_sample_value("kvoffload_workload_reads_total", {"source": source})
         return value or 0.0
 
-    async with running_kopf(kube, registry=registry):
-        await kube.emulator.create_object(policy_manifest("chat", NS, spec=quick_spec()))
-        await wait_for(lambda: phase_of(kube, "chat") == "Canary", "the canary step", 15)
-        canary = read(kube, "apps/v1", "Deployment", "chat-cpu")
-        assert canary is not None
-        listed = reads("list")
-        # Each Deployment write holds the next cycle to a list until the watch shows it; two writes (the
-        # stable's and the canary's) and a baseline of cycles an interval apart read mostly from the watch.
-        assert listed <= 4, (listed, reads("watch"))
-        assert reads("watch") > listed
+    controller.workloads.watch(kube.api_client, None)  # as run_operator does
+    try:
+        async with running_kopf(kube, registry=registry):
+            await kube.emulator.create_object(policy_manifest("chat", NS, spec=quick_spec()))
+            await wait_for(lambda: phase_of(kube, "chat") == "Canary", "the canary step", 15)
+            canary = read(kube, "apps/v1", "Deployment", "chat-cpu")
+            assert canary is not None
+            listed = reads("list")
+            # Each Deployment write holds the next cycle to a list until the watch shows it; two writes (the
+            # stable's and the canary's) and a baseline of cycles an interval apart read mostly from the watch.
+            assert listed <= 4, (listed, reads("watch"))
+            assert reads("watch") > listed
 
-        # A pod of the canary turns Ready: the cycles see it through the watch alone.
-        pod = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": "chat-cpu-0",
-                "namespace": NS,
-                "labels": canary["spec"]["template"]["metadata"]["labels"],
-            },
-            "spec": canary["spec"]["template"]["spec"],
-        }
-        await kube.emulator.create_object(pod)
-        ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
-        await kube.emulator.patch_object("v1", "Pod", NS, "chat-cpu-0", {"status": ready}, subresource="status")
+            # A pod of the canary turns Ready: the cycles see it through the watch alone.
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": "chat-cpu-0",
+                    "namespace": NS,
+                    "labels": canary["spec"]["template"]["metadata"]["labels"],
+                },
+                "spec": canary["spec"]["template"]["spec"],
+            }
+            await kube.emulator.create_object(pod)
+            ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+            await kube.emulator.patch_object("v1", "Pod", NS, "chat-cpu-0", {"status": ready}, subresource="status")
 
-        def canary_ready() -> bool:
-            status = (read(kube, POLICY_API, KIND, "chat") or {}).get("status") or {}
-            return bool((status.get("canary") or {}).get("ready") == 1)
+            def canary_ready() -> bool:
+                status = (read(kube, POLICY_API, KIND, "chat") or {}).get("status") or {}
+                return bool((status.get("canary") or {}).get("ready") == 1)
 
-        await wait_for(canary_ready, "the canary's Ready pod in the status", 10)
-        assert reads("list") == listed
+            await wait_for(canary_ready, "the canary's Ready pod in the status", 10)
+            assert reads("list") == listed
+    finally:
+        controller.workloads.stop()
 
 
 class CursedController(Controller):

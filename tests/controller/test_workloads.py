@@ -1,50 +1,56 @@
-"""Workloads: a cycle reads the engines from the watch, and by a list until the watch shows the operator's own
-write (the ReplicaSet controller's expectations)."""
+"""Workloads: a cycle reads the engines from a watch of them, and lists only before the watch has listed, behind
+the operator's own write (the ReplicaSet controller's expectations), or where nothing is watched. Over HTTP
+against the emulated API server (its list and watch); ``tests/test_chart_rbac.py`` runs the same on the real one,
+a refused watch included."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 from kvoffload.api.conventions import LABEL_POLICY
-from kvoffload.controller.gateway import KubernetesGateway, OwnedWorkloads, PolicyRef
+from kvoffload.controller.gateway import ApiRejectedError, PolicyRef
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.workloads import EXPECTATION_TTL, Workloads, index_deployment, index_pod
+from tests.support.kube import EmulatedCluster, policy_manifest, wait_for
 
-POLICY = PolicyRef(namespace="team", name="chat", uid="uid-chat")
+NS = "default"
+OTHER = PolicyRef(namespace=NS, name="other", uid="uid-other")
 
 
-def deployment(
-    name: str, version: int, *, owners: tuple[str, ...] = ("uid-chat",), label: bool = True
-) -> dict[str, Any]:
+async def make_policy(kube: EmulatedCluster) -> PolicyRef:
+    """The policy "chat": the emulator's garbage collector removes whatever names an owner that does not exist."""
+    return PolicyRef.from_body(await kube.emulator.create_object(policy_manifest("chat", NS)))
+
+
+def deployment(name: str, *owners: str, label: bool = True) -> dict[str, Any]:
+    labels = {"app": name}
     return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
         "metadata": {
             "name": name,
-            "namespace": "team",
-            "resourceVersion": str(version),
+            "namespace": NS,
             "labels": {LABEL_POLICY: "chat"} if label else {},
-            "ownerReferences": [{"uid": uid, "controller": True} for uid in owners],
+            "ownerReferences": [
+                {"apiVersion": "kvoffload.io/v1alpha1", "kind": "KVOffloadPolicy", "name": "chat", "uid": uid}
+                for uid in owners
+            ],
         },
-        "spec": {"replicas": 2},
-        "status": {"readyReplicas": 1},
+        "spec": {"replicas": 2, "selector": {"matchLabels": labels}, "template": {"metadata": {"labels": labels}}},
     }
 
 
 def pod(name: str, policy: str | None = "chat") -> dict[str, Any]:
     labels = {LABEL_POLICY: policy} if policy else {}
-    return {"metadata": {"name": name, "namespace": "team", "labels": labels}, "status": {"phase": "Running"}}
-
-
-class Listing:
-    """Stands in for the gateway's list: counts the calls."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-
-    async def list_owned(self, policy: PolicyRef) -> OwnedWorkloads:
-        self.calls += 1
-        return OwnedWorkloads(deployments=(), pods=())
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {"containers": [{"name": "vllm", "image": "vllm"}]},
+    }
 
 
 class Clock:
@@ -55,96 +61,157 @@ class Clock:
         return self.now
 
 
-def indexes(*deployments: dict[str, Any]) -> tuple[dict[Any, list[Any]], dict[Any, list[Any]]]:
-    """What kopf's indexes hold after these objects' events."""
-    by_owner: dict[Any, list[Any]] = {}
-    for body in deployments:
-        for key, value in index_deployment(body).items():
-            by_owner.setdefault(key, []).append(value)
-    by_policy: dict[Any, list[Any]] = {}
-    for body in (pod("chat-cpu-1"), pod("chat-cpu-0"), pod("other-0", "other")):
-        for key, value in index_pod(body).items():
-            by_policy.setdefault(key, []).append(value)
-    return by_owner, by_policy
-
-
-def workloads() -> tuple[Workloads, Listing, Clock, OperatorMetrics]:
-    listing, clock, metrics = Listing(), Clock(), OperatorMetrics()
-    return Workloads(cast(KubernetesGateway, listing), metrics, clock), listing, clock, metrics
-
-
 def reads(metrics: OperatorMetrics, source: str) -> float:
     return metrics.registry.get_sample_value("kvoffload_workload_reads_total", {"source": source}) or 0.0
 
 
+Watched = tuple[Workloads, OperatorMetrics, Clock, PolicyRef]
+
+
+@pytest.fixture
+async def watched(kube: EmulatedCluster) -> AsyncIterator[Watched]:
+    metrics, clock = OperatorMetrics(), Clock()
+    workloads = Workloads(kube.gateway(), metrics, clock)
+    policy = await make_policy(kube)
+    for obj in (
+        deployment("chat-gpu-only", policy.uid),
+        deployment("bystander", policy.uid, label=False),
+        pod("chat-gpu-only-0"),
+    ):
+        await kube.emulator.create_object(obj)
+    workloads.watch(kube.api_client, None)
+    try:
+        await wait_for(lambda: read_from_the_watch(workloads, metrics, policy), "the watch's first list", 10)
+        yield workloads, metrics, clock, policy
+    finally:
+        workloads.stop()
+
+
+async def read_from_the_watch(workloads: Workloads, metrics: OperatorMetrics, policy: PolicyRef) -> bool:
+    await workloads.owned(policy)
+    return reads(metrics, "watch") > 0
+
+
 def test_the_indexes_keep_only_the_engines_under_their_policy() -> None:
-    assert index_deployment(deployment("bystander", 1, label=False)) == {}
+    assert index_deployment(deployment("bystander", "uid-chat", label=False)) == {}
     assert index_pod(pod("bystander-0", None)) == {}
-    state = index_deployment(deployment("chat-cpu", 7, owners=("uid-chat", "uid-old")))
+    state = index_deployment(deployment("chat-cpu", "uid-chat", "uid-old"))
     assert set(state) == {"uid-chat", "uid-old"}
-    assert state["uid-chat"].resource_version == 7
-    assert state["uid-chat"].ready_replicas == 1
-    assert set(index_pod(pod("chat-cpu-0"))) == {("team", "chat")}
+    assert set(index_pod(pod("chat-cpu-0"))) == {(NS, "chat")}
 
 
-async def test_without_a_watch_every_read_is_a_list() -> None:
-    reader, listing, _, metrics = workloads()
-    await reader.owned(POLICY)
-    await reader.owned(POLICY)
-    assert listing.calls == 2
-    assert (reads(metrics, "list"), reads(metrics, "watch")) == (2, 0)
+async def test_without_a_watch_every_read_is_a_list(kube: EmulatedCluster) -> None:
+    metrics = OperatorMetrics()
+    workloads = Workloads(kube.gateway(), metrics)
+    policy = await make_policy(kube)
+    await kube.emulator.create_object(deployment("chat-gpu-only", policy.uid))
+    owned = await workloads.owned(policy)
+    assert [d.name for d in owned.deployments] == ["chat-gpu-only"]
+    assert (reads(metrics, "list"), reads(metrics, "watch")) == (1, 0)
 
 
-async def test_with_a_watch_a_read_makes_no_call_and_is_sorted_by_name() -> None:
-    reader, listing, _, metrics = workloads()
-    reader.attach(*indexes(deployment("chat-gpu-only", 5), deployment("chat-cpu", 6)))
-    owned = await reader.owned(POLICY)
-    assert listing.calls == 0
-    assert [d.name for d in owned.deployments] == ["chat-cpu", "chat-gpu-only"]
-    assert [p.name for p in owned.pods] == ["chat-cpu-0", "chat-cpu-1"]  # not the other policy's
-    assert reads(metrics, "watch") == 1
+async def test_namespace_patterns_are_not_watched(kube: EmulatedCluster) -> None:
+    metrics = OperatorMetrics()
+    workloads = Workloads(kube.gateway(), metrics)
+    workloads.watch(kube.api_client, ["llm-*"])
+    await workloads.owned(OTHER)
+    assert reads(metrics, "list") == 1
 
 
-async def test_after_its_own_write_a_policy_lists_until_the_watch_shows_that_version() -> None:
-    reader, listing, _, _ = workloads()
-    deployments, pods = indexes(deployment("chat-cpu", 6))
-    reader.attach(deployments, pods)
-    reader.wrote(POLICY, "chat-cpu", 9)
-    await reader.owned(POLICY)
-    assert listing.calls == 1  # the watch still shows version 6
-    deployments.update(indexes(deployment("chat-cpu", 10))[0])  # a later version than the write's: caught up
-    await reader.owned(POLICY)
-    await reader.owned(POLICY)
-    assert listing.calls == 1
+async def test_the_watch_follows_adds_changes_relabels_and_deletes_without_a_list(
+    kube: EmulatedCluster, watched: Watched
+) -> None:
+    workloads, metrics, _, policy = watched
+    listed = reads(metrics, "list")
+    owned = await workloads.owned(policy)
+    assert [d.name for d in owned.deployments] == ["chat-gpu-only"]  # not the bystander
+    assert [p.name for p in owned.pods] == ["chat-gpu-only-0"]
+
+    await kube.emulator.create_object(deployment("chat-cpu", policy.uid))
+    await kube.emulator.create_object(pod("chat-cpu-0"))
+    await kube.emulator.create_object(pod("other-0", "other"))
+    ready = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
+    await kube.emulator.patch_object("v1", "Pod", NS, "chat-cpu-0", {"status": ready}, subresource="status")
+
+    async def seen() -> bool:
+        owned = await workloads.owned(policy)
+        return [d.name for d in owned.deployments] == ["chat-cpu", "chat-gpu-only"] and [
+            (p.name, p.ready) for p in owned.pods
+        ] == [("chat-cpu-0", True), ("chat-gpu-only-0", False)]
+
+    await wait_for(seen, "the new Deployment and the Ready pod", 10)
+
+    await kube.emulator.delete_object("apps/v1", "Deployment", NS, "chat-gpu-only")
+    await kube.emulator.patch_object("v1", "Pod", NS, "chat-gpu-only-0", {"metadata": {"labels": {LABEL_POLICY: None}}})
+
+    async def gone() -> bool:
+        owned = await workloads.owned(policy)
+        return [d.name for d in owned.deployments] == ["chat-cpu"] and [p.name for p in owned.pods] == ["chat-cpu-0"]
+
+    await wait_for(gone, "the deleted Deployment and the pod that lost its label gone", 10)
+    assert reads(metrics, "list") == listed
+
+
+async def test_after_its_own_write_a_policy_lists_until_the_watch_shows_that_version(
+    kube: EmulatedCluster, watched: Watched
+) -> None:
+    workloads, metrics, clock, policy = watched
+    stored = await kube.gateway().apply(deployment("chat-cpu"), policy)
+    version = int(stored["metadata"]["resourceVersion"])
+    workloads.wrote(policy, "chat-cpu", version + 1_000)  # a version the watch cannot have shown yet
+    listed = reads(metrics, "list")
+    owned = await workloads.owned(policy)
+    assert reads(metrics, "list") == listed + 1
+    assert "chat-cpu" in [d.name for d in owned.deployments]  # the list is read-after-write
     # another policy is not held back by this one's write
-    reader.wrote(POLICY, "chat-cpu", 11)
-    await reader.owned(PolicyRef(namespace="team", name="other", uid="uid-other"))
-    assert listing.calls == 1
+    await workloads.owned(OTHER)
+    assert reads(metrics, "list") == listed + 1
+    clock.now += EXPECTATION_TTL + 1  # a write the watch never shows stops holding the policy back
+    await workloads.owned(policy)
+    assert reads(metrics, "list") == listed + 1
+
+    workloads.wrote(policy, "chat-cpu", version)  # the real one: the watch shows it at once or soon after
+
+    async def from_the_watch() -> bool:
+        before = reads(metrics, "list")
+        owned = await workloads.owned(policy)
+        return reads(metrics, "list") == before and "chat-cpu" in [d.name for d in owned.deployments]
+
+    await wait_for(from_the_watch, "the watch to show the write", 10)
 
 
-async def test_after_a_delete_a_policy_lists_until_the_watch_shows_it_gone() -> None:
-    reader, listing, _, _ = workloads()
-    deployments, pods = indexes(deployment("chat-cpu", 6))
-    reader.attach(deployments, pods)
-    reader.deleted(POLICY, "chat-cpu")
-    await reader.owned(POLICY)
-    assert listing.calls == 1
-    deployments.clear()
-    owned = await reader.owned(POLICY)
-    assert listing.calls == 1
-    assert owned.deployments == ()
+async def test_after_a_delete_a_policy_lists_until_the_watch_shows_it_gone(
+    kube: EmulatedCluster, watched: Watched
+) -> None:
+    workloads, metrics, _, policy = watched
+    workloads.deleted(policy, "chat-gpu-only")  # not deleted yet: the watch still shows it
+    listed = reads(metrics, "list")
+    await workloads.owned(policy)
+    assert reads(metrics, "list") == listed + 1
+    await kube.gateway().delete_owned("Deployment", "chat-gpu-only", policy)
+
+    async def from_the_watch() -> bool:
+        before = reads(metrics, "list")
+        owned = await workloads.owned(policy)
+        return reads(metrics, "list") == before and owned.deployments == ()
+
+    await wait_for(from_the_watch, "the watch to show the delete", 10)
 
 
-@pytest.mark.parametrize("forgotten", [False, True], ids=["expired", "forgotten"])
-async def test_a_write_the_watch_never_shows_stops_holding_the_policy_back(forgotten: bool) -> None:
-    reader, listing, clock, _ = workloads()
-    reader.attach(*indexes(deployment("chat-cpu", 6)))
-    reader.wrote(POLICY, "chat-cpu", 9)
-    await reader.owned(POLICY)
-    assert listing.calls == 1
-    if forgotten:
-        reader.forget(POLICY.uid)
-    else:
-        clock.now += EXPECTATION_TTL + 1
-    await reader.owned(POLICY)
-    assert listing.calls == 1
+async def test_a_refused_watch_fails_the_read_with_the_api_servers_message(kube: EmulatedCluster) -> None:
+    workloads = Workloads(kube.gateway(), OperatorMetrics())
+    policy = await make_policy(kube)
+    kube.emulator.fail_next(403, method="GET", plural="pods", times=1_000, message='cannot watch resource "pods"')
+    workloads.watch(kube.api_client, [NS])
+    try:
+
+        async def refused() -> bool:
+            try:
+                await workloads.owned(policy)
+            except ApiRejectedError as exc:
+                return 'cannot watch resource "pods"' in str(exc) and exc.status == 403
+            return False
+
+        await wait_for(refused, "the refusal", 10)
+    finally:
+        workloads.stop()

@@ -9,9 +9,8 @@
   policy never stops the operator. It ends when the policy is deleted; Kubernetes' garbage
   collector removes the children through their ownerReferences.
 - A per-policy ``asyncio.Lock`` keeps reconciles of one policy from overlapping.
-- With a ``Workloads``, two kopf indexes watch the engines' Deployments and pods (selected by the
-  policy label on the server) and every handler hands them to it, so a cycle reads them from memory
-  instead of listing them (``controller/workloads.py``). kopf calls no handler before both are filled.
+- ``run_operator`` watches the engines' Deployments and pods beside kopf (``controller/workloads.py``),
+  so a cycle reads them from memory instead of listing them.
 - Kubernetes API failures in ``ensure`` become ``kopf.TemporaryError(delay=...)``; a bad spec
   never raises (the policy goes Invalid).
 
@@ -36,21 +35,18 @@ from typing import Any
 
 import kopf
 
-from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, LABEL_POLICY, PEERING_NAME, PLURAL
+from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, PEERING_NAME, PLURAL
 from kvoffload.api.quantity import parse_duration
-from kvoffload.controller.gateway import DeploymentState, PodState
 from kvoffload.controller.health import Health, Role
 from kvoffload.controller.leadership import Leadership, LeaseSettings
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
-from kvoffload.controller.workloads import Workloads, index_deployment, index_pod
+from kvoffload.controller.workloads import Workloads
 from kvoffload.rollout.decide import Plan
 
 log = logging.getLogger(__name__)
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
-DEPLOYMENTS = ("apps", "v1", "deployments")
-PODS = ("v1", "pods")
 DIFFBASE_KEY = "last-handled-configuration"
 DEFAULT_INTERVAL = 30.0
 """Seconds between cycles when spec.analysis.interval cannot be read (an invalid policy)."""
@@ -226,45 +222,24 @@ def register(
     *,
     loop_settings: LoopSettings | None = None,
     metrics: OperatorMetrics | None = None,
-    workloads: Workloads | None = None,
 ) -> PolicyRuntime:
-    """Add the operator's handlers to ``registry``; returns the runtime they share. With ``workloads`` (the
-    Controller's), the engines' Deployments and pods are watched and read from the watch."""
+    """Add the operator's handlers to ``registry``; returns the runtime they share."""
     runtime = PolicyRuntime(controller, loop_settings, metrics)
     cancel_after = runtime.loop.daemon_cancellation_timeout
-
-    def attach(indexes: Mapping[str, Any]) -> None:
-        if workloads is not None:
-            workloads.attach(indexes["kvoffload_deployments"], indexes["kvoffload_pods"])
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_settings(settings)
-        if workloads is not None:  # only the engines' objects travel, not every pod of the namespace
-            settings.watching.label_selectors[DEPLOYMENTS] = LABEL_POLICY
-            settings.watching.label_selectors[PODS] = LABEL_POLICY
         await runtime.start()
-
-    if workloads is not None:
-
-        @kopf.index(*DEPLOYMENTS, id="kvoffload_deployments", registry=registry, labels={LABEL_POLICY: kopf.PRESENT})
-        async def kvoffload_deployments(body: kopf.Body, **_: Any) -> dict[str, DeploymentState]:
-            return index_deployment(body)
-
-        @kopf.index(*PODS, id="kvoffload_pods", registry=registry, labels={LABEL_POLICY: kopf.PRESENT})
-        async def kvoffload_pods(body: kopf.Body, **_: Any) -> dict[tuple[str, str], PodState]:
-            return index_pod(body)
 
     @kopf.on.resume(*RESOURCE, registry=registry)
     @kopf.on.create(*RESOURCE, registry=registry)
     @kopf.on.update(*RESOURCE, registry=registry)
-    async def ensure(body: kopf.Body, logger: Any, **kwargs: Any) -> None:
-        attach(kwargs)
+    async def ensure(body: kopf.Body, logger: Any, **_: Any) -> None:
         await runtime.ensure(body, logger)
 
     @kopf.daemon(*RESOURCE, registry=registry, cancellation_timeout=cancel_after)
-    async def policy_loop(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Any, **kwargs: Any) -> None:
-        attach(kwargs)
+    async def policy_loop(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Any, **_: Any) -> None:
         await runtime.run_loop(body, stopped, logger)
 
     return runtime
@@ -312,7 +287,7 @@ async def run_operator(
     controller = Controller(gateway, hub, controller_settings, metrics=metrics, workloads=workloads)
 
     registry = kopf.OperatorRegistry()
-    register(registry, controller, metrics=metrics, workloads=workloads)
+    register(registry, controller, metrics=metrics)
     admission_only = kopf.OperatorRegistry()  # what a standby serves
     for each in (registry, admission_only):
         # A registry of our own gets none of kopf's fallback logins: log in as the gateway does.
@@ -343,6 +318,8 @@ async def run_operator(
                 return
         health.set(Role.LEADER, ready=False)
         metrics.leader.set(1)
+        # Its own client: the watches hold their connections for minutes at a time.
+        workloads.watch(api_client_from_environment(), None if clusterwide else list(namespaces))
         await kopf.operator(
             registry=registry,
             standalone=standalone,
@@ -352,6 +329,7 @@ async def run_operator(
             ready_flag=ready,
         )
     finally:
+        workloads.stop()
         for task in (readying, beating):
             task.cancel()
         metrics.leader.set(0)

@@ -1,26 +1,44 @@
 """The policies' Deployments and pods, as each cycle reads them.
 
 Listing them costs two API calls per policy per cycle: 2,000 a cycle for 1,000 policies, each a TLS round
-trip and a JSON decode in the operator. Under kopf they come instead from one watch per kind (kopf indexes,
-with the server-side label selector ``kvoffload.io/policy``, the policy label every engine carries), kept
-as the few fields the cycle reads (``DeploymentState``, ``PodState``), as controller-runtime's cache does.
+trip and a JSON decode in the operator. ``kvoffload run`` keeps them instead from a list and then a watch of
+each kind (client-go's informer), with the server-side label selector ``kvoffload.io/policy`` that every
+engine carries, and keeps of each object only the fields the cycle reads (``DeploymentState``, ``PodState``).
+Each watch runs in a thread of its own, so a climb's stream of pod changes costs the event loop nothing.
 
-A watch can be behind the operator's own write: kopf batches an object's events for a moment, so the cycle
-right after a write could see the Deployment as it was before it and write again. A policy whose Deployment
-this operator wrote is therefore read by a list until the watch has shown that write (the resourceVersion the
-write returned, or a later one, or the object gone after a delete), or for at most ``EXPECTATION_TTL``
-seconds: the "expectations" of Kubernetes' ReplicaSet controller. Before a watch is attached (a Controller
-run without kopf: tests, the lab) every read is a list.
+kopf's own indexes were tried first: over 1,000 policies (2,000 Deployments, 2,000 pods) a restarted
+operator's first reconcile came 65.8 s after its start instead of about 5 s, because kopf puts every watched
+object through its per-object machinery before it calls any handler (``bench/operator/README.md``).
+
+- **Behind its own write.** A watch can trail the operator's own write by a moment, and a cycle that read the
+  Deployment as it was before would write again. After the operator writes a policy's Deployment, that policy
+  is read by a list until the watch shows the write (the resourceVersion the write returned or a later one, or
+  the object gone after a delete), or for at most ``EXPECTATION_TTL`` seconds: the "expectations" of
+  Kubernetes' ReplicaSet controller.
+- **Before the first list, and after a failed one,** a read is a list. A watch the API server refuses (403)
+  fails every read of its namespace with that refusal, as a refused list would.
+- Without ``watch()`` (the controller's own tests), and where the namespaces are patterns (``-n 'llm-*'``),
+  every read is a list.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import random
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Generic, TypeVar
+
+import kubernetes.client
+import urllib3
+from kubernetes.client.exceptions import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from kvoffload.api.conventions import LABEL_POLICY
 from kvoffload.controller.gateway import (
+    ApiRejectedError,
     DeploymentState,
     KubernetesGateway,
     OwnedWorkloads,
@@ -28,18 +46,25 @@ from kvoffload.controller.gateway import (
     PolicyRef,
     parse_deployment,
     parse_pod,
+    resource_path,
 )
 from kvoffload.controller.metrics import OperatorMetrics
 
+log = logging.getLogger(__name__)
+
 EXPECTATION_TTL = 60.0
-"""Seconds after which a write the watch has not shown no longer makes its policy list (a watch that far
-behind is being re-established by kopf; a list then would not be fresher for long)."""
+"""Seconds after which a write the watch has not shown no longer makes its policy list."""
+WATCH_SECONDS = 270
+"""The API server ends each watch after this long; it is resumed from the last version seen."""
+PAGE = 500
+"""Objects per page of a list."""
 
-Index = Mapping[Any, Iterable[Any]]
-"""A kopf index as the cycle reads it: key -> the values of every object indexed under that key."""
+V = TypeVar("V")
+Ident = tuple[str, str]
+"""(namespace, name) of a watched object."""
 
 
-def index_deployment(body: Mapping[str, Any]) -> dict[str, DeploymentState]:
+def index_deployment(body: Mapping[str, Any]) -> dict[Hashable, DeploymentState]:
     """A Deployment under the uid of each policy it names as an owner (``list_owned`` checks the same)."""
     if LABEL_POLICY not in (body.get("metadata", {}).get("labels") or {}):
         return {}
@@ -48,7 +73,7 @@ def index_deployment(body: Mapping[str, Any]) -> dict[str, DeploymentState]:
     return {str(ref["uid"]): state for ref in refs if ref.get("uid")}
 
 
-def index_pod(body: Mapping[str, Any]) -> dict[tuple[str, str], PodState]:
+def index_pod(body: Mapping[str, Any]) -> dict[Hashable, PodState]:
     """A pod under (namespace, policy label), as ``list_owned`` selects them."""
     meta = body.get("metadata", {})
     policy = (meta.get("labels") or {}).get(LABEL_POLICY)
@@ -57,9 +82,173 @@ def index_pod(body: Mapping[str, Any]) -> dict[tuple[str, str], PodState]:
     return {(str(meta.get("namespace")), str(policy)): parse_pod(body)}
 
 
+class Informer(Generic[V]):
+    """One kind in one scope (a namespace, or all of them): a list, then a watch from the list's version, again
+    and again, in a thread of its own. It keeps what ``index`` gives of each object (key -> value); ``values``
+    reads them under a lock."""
+
+    def __init__(
+        self,
+        api: kubernetes.client.ApiClient,
+        api_version: str,
+        plural: str,
+        namespace: str | None,
+        index: Callable[[Mapping[str, Any]], Mapping[Hashable, V]],
+    ) -> None:
+        self._api = api
+        self._path = resource_path(api_version, plural, namespace)
+        self._index = index
+        self.name = f"{plural} in {namespace}" if namespace else f"{plural} in every namespace"
+        self._lock = threading.Lock()
+        self._store: dict[Hashable, dict[Ident, V]] = {}
+        self._placed: dict[Ident, list[Hashable]] = {}
+        self.synced = False
+        """True from the end of a list until a list fails."""
+        self.refused: str | None = None
+        """The API server's message while it refuses this list or watch (403), until a watch is answered."""
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"watch {self.name}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop at the next event or the end of the current watch (the thread is a daemon: nothing waits)."""
+        self._stopped.set()
+
+    def values(self, key: Hashable) -> list[V]:
+        with self._lock:
+            return list(self._store.get(key, {}).values())
+
+    # --- the thread -----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        version: str | None = None
+        failures = 0
+        while not self._stopped.is_set():
+            try:
+                if version is None:
+                    version = self._list()
+                version = self._watch(version)
+                failures = 0
+            except Exception as exc:  # the thread must outlive every error: it is the operator's eyes
+                failures += 1
+                version = None
+                self.synced = False
+                refused = isinstance(exc, ApiException) and exc.status == 403
+                message = _message(exc)
+                if refused and self.refused != message:
+                    log.error("watch of %s refused: %s", self.name, message)
+                elif failures == 1 and not refused:
+                    log.warning("watch of %s failed, listing again: %s", self.name, message)
+                self.refused = message if refused else None
+                self._stopped.wait(random.uniform(0.5, 1.0) * min(30.0, 2.0 ** min(failures, 5)))
+
+    def _list(self) -> str:
+        store: dict[Hashable, dict[Ident, V]] = {}
+        placed: dict[Ident, list[Hashable]] = {}
+        query = {"labelSelector": LABEL_POLICY, "limit": str(PAGE)}
+        while True:
+            page = json.loads(self._get(query).read())
+            for item in page.get("items") or []:
+                _place(store, placed, item, self._index(item))
+            meta = page.get("metadata") or {}
+            if not meta.get("continue"):
+                break
+            query = {**query, "continue": meta["continue"]}
+        with self._lock:
+            self._store, self._placed = store, placed
+        self.synced = True
+        return str(meta.get("resourceVersion") or "")
+
+    def _watch(self, version: str) -> str | None:
+        """Apply the watch's events until it ends; the last version seen, or None when it expired (410)."""
+        query = {
+            "labelSelector": LABEL_POLICY,
+            "watch": "true",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_SECONDS),
+        }
+        response = self._get(query)
+        self.refused = None  # only a watch that the API server answers ends a refusal: the list alone is not enough
+        try:
+            for line in iter_resp_lines(response.response):  # type: ignore[no-untyped-call]
+                if self._stopped.is_set():
+                    return version
+                if not line:
+                    continue
+                event = json.loads(line)
+                kind, obj = event.get("type"), event.get("object") or {}
+                if kind == "ERROR":
+                    if obj.get("code") == 410:
+                        return None
+                    raise ApiException(status=obj.get("code") or 500, reason=obj.get("message"))
+                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
+                if kind == "BOOKMARK":
+                    continue
+                with self._lock:
+                    _remove(self._store, self._placed, _ident(obj))
+                    if kind != "DELETED":
+                        _place(self._store, self._placed, obj, self._index(obj))
+        finally:
+            response.response.close()  # a new connection per watch (every few minutes), never a half-read one
+        return version
+
+    def _get(self, query: Mapping[str, str]) -> Any:
+        request = self._api.param_serialize(
+            method="GET",
+            resource_path=self._path,
+            query_params=list(query.items()),
+            header_params={"Accept": "application/json"},
+            auth_settings=["BearerToken"],
+        )
+        response = self._api.call_api(*request, _request_timeout=(10.0, WATCH_SECONDS + 30.0))
+        if not 200 <= response.status <= 299:
+            raise ApiException(status=response.status, reason=response.reason, body=response.read().decode())  # type: ignore[no-untyped-call]
+        return response
+
+
+def _ident(obj: Mapping[str, Any]) -> Ident:
+    meta = obj.get("metadata") or {}
+    return str(meta.get("namespace") or ""), str(meta.get("name") or "")
+
+
+def _place(
+    store: dict[Hashable, dict[Ident, V]],
+    placed: dict[Ident, list[Hashable]],
+    obj: Mapping[str, Any],
+    entries: Mapping[Hashable, V],
+) -> None:
+    ident = _ident(obj)
+    for key, value in entries.items():
+        store.setdefault(key, {})[ident] = value
+    if entries:
+        placed[ident] = list(entries)
+
+
+def _remove(store: dict[Hashable, dict[Ident, V]], placed: dict[Ident, list[Hashable]], ident: Ident) -> None:
+    for key in placed.pop(ident, ()):
+        bucket = store.get(key)
+        if bucket is not None:
+            bucket.pop(ident, None)
+            if not bucket:
+                del store[key]
+
+
+def _message(exc: BaseException) -> str:
+    if isinstance(exc, ApiException):
+        try:
+            return str(json.loads(exc.body or "")["message"])
+        except (ValueError, KeyError, TypeError):
+            return f"{exc.status} {exc.reason}"
+    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
+        return f"connection: {exc}"
+    return repr(exc)
+
+
 class Workloads:
-    """Reads a policy's Deployments and pods: from the attached watch indexes where they can be trusted,
-    else by a list through the gateway."""
+    """Reads a policy's Deployments and pods: from the watch where it can be trusted, else by a list."""
 
     def __init__(
         self,
@@ -70,31 +259,47 @@ class Workloads:
         self._gateway = gateway
         self._metrics = metrics or OperatorMetrics()
         self._monotonic = monotonic
-        self._deployments: Index | None = None
-        self._pods: Index | None = None
+        # namespace (None: every namespace) -> its Deployments' and pods' informers
+        self._watched: dict[str | None, tuple[Informer[DeploymentState], Informer[PodState]]] = {}
         # policy uid -> Deployment name -> (resourceVersion its write returned, None for a delete; when written)
         self._expected: dict[str, dict[str, tuple[int | None, float]]] = {}
 
-    @property
-    def watched(self) -> bool:
-        return self._deployments is not None and self._pods is not None
+    def watch(self, api: kubernetes.client.ApiClient, namespaces: Sequence[str] | None) -> None:
+        """Start watching the engines of these namespaces (None: of every namespace). Namespace patterns
+        cannot be watched one by one: with any, nothing is watched and every read is a list."""
+        scopes: Iterable[str | None] = [None] if namespaces is None else namespaces
+        if namespaces is not None and any(set(ns) & set("*?[") for ns in namespaces):
+            log.info("namespaces given as patterns: the engines are listed every cycle, not watched")
+            return
+        for scope in scopes:
+            deployments = Informer(api, "apps/v1", "deployments", scope, index_deployment)
+            pods = Informer(api, "v1", "pods", scope, index_pod)
+            self._watched[scope] = (deployments, pods)
+            deployments.start()
+            pods.start()
 
-    def attach(self, deployments: Index, pods: Index) -> None:
-        """Read from these indexes (``index_deployment``, ``index_pod``) from now on. kopf hands its handlers
-        the same live indexes every time, and only once every index has been filled by its first list."""
-        self._deployments, self._pods = deployments, pods
+    def stop(self) -> None:
+        for informers in self._watched.values():
+            for informer in informers:
+                informer.stop()
 
     async def owned(self, policy: PolicyRef) -> OwnedWorkloads:
         """The policy's Deployments and the pods with its label, sorted by name."""
-        if self._deployments is None or self._pods is None or not self._caught_up(policy.uid, self._deployments):
-            self._metrics.workload_reads.labels(source="list").inc()
-            return await self._gateway.list_owned(policy)
+        informers = self._watched.get(None) or self._watched.get(policy.namespace)
+        if informers is not None:
+            refused = next((i.refused for i in informers if i.refused), None)
+            if refused is not None:
+                raise ApiRejectedError(f"watch the engines of {policy}: {refused}", 403)
+        deployments, pods = informers if informers is not None else (None, None)
+        if deployments is None or pods is None or not (deployments.synced and pods.synced):
+            return await self._listed(policy)
+        found = deployments.values(policy.uid)
+        if not self._caught_up(policy.uid, found):
+            return await self._listed(policy)
         self._metrics.workload_reads.labels(source="watch").inc()
-        deployments: Iterable[DeploymentState] = self._deployments.get(policy.uid, ())
-        pods: Iterable[PodState] = self._pods.get((policy.namespace, policy.name), ())
         return OwnedWorkloads(
-            deployments=tuple(sorted(deployments, key=lambda d: d.name)),
-            pods=tuple(sorted(pods, key=lambda p: p.name)),
+            deployments=tuple(sorted(found, key=lambda d: d.name)),
+            pods=tuple(sorted(pods.values((policy.namespace, policy.name)), key=lambda p: p.name)),
         )
 
     def wrote(self, policy: PolicyRef, name: str, resource_version: int | None) -> None:
@@ -108,12 +313,16 @@ class Workloads:
     def forget(self, uid: str) -> None:
         self._expected.pop(uid, None)
 
-    def _caught_up(self, uid: str, deployments: Index) -> bool:
+    async def _listed(self, policy: PolicyRef) -> OwnedWorkloads:
+        self._metrics.workload_reads.labels(source="list").inc()
+        return await self._gateway.list_owned(policy)
+
+    def _caught_up(self, uid: str, deployments: Iterable[DeploymentState]) -> bool:
         """Whether the watch shows every write of this policy's Deployments that the operator made."""
         expected = self._expected.get(uid)
         if not expected:
             return True
-        seen = {d.name: d.resource_version for d in deployments.get(uid, ())}
+        seen = {d.name: d.resource_version for d in deployments}
         now = self._monotonic()
         for name, (version, when) in list(expected.items()):
             shown = name not in seen if version is None else (seen.get(name) or 0) >= version
