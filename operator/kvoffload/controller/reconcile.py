@@ -9,7 +9,7 @@ only call it at the right times (``kvoffload.handlers``). One cycle:
    nothing is raised (bad input must not make kopf retry forever).
 2. Observe: the config hash of every ladder level, the policy's own Deployments and
    pods (ready pods per config hash; OOMKilled, CrashLoopBackOff and restarts), from the
-   operator's watch of them where kopf runs it (``controller/workloads.py``), else by a list.
+   operator's watch of them under ``kvoffload run`` (``controller/workloads.py``), else by a list.
 3. Measure the analysis subject through the ``MeasurementHub`` (one batched query per
    metric for all policies) and ``assess()`` it, at most about once per
    ``analysis.interval`` (a reconcile woken early by an edit does not add a verdict).
