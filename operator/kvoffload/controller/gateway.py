@@ -34,6 +34,7 @@ import hashlib
 import json
 import logging
 import random
+import re
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 from urllib.parse import quote
@@ -609,7 +610,7 @@ class KubernetesGateway:
                 last = exc.__cause__ or exc
             except ApiException as exc:
                 if exc.status not in RETRIABLE_STATUSES:
-                    raise ApiRejectedError(f"{what}: {exc.status} {_message(exc)}", exc.status) from exc
+                    raise ApiRejectedError(f"{what}: {exc.status} {api_message(exc)}", exc.status) from exc
                 last = exc
             except urllib3.exceptions.HTTPError as exc:
                 last = exc
@@ -668,9 +669,12 @@ def _field_conflicts(exc: ApiException) -> list[str]:
     ]
 
 
-def _message(exc: ApiException) -> str:
-    """The API server's message from a Status body, else the HTTP reason."""
+def api_message(exc: BaseException) -> str:
+    """The API server's message from a Status body (it names the verb and resource refused), else the HTTP
+    reason, else the error itself, without object addresses so that one failure reads the same each time."""
     try:
-        return str(json.loads(exc.body or "")["message"])
+        return str(json.loads(getattr(exc, "body", None) or "")["message"])
     except (ValueError, KeyError, TypeError):
-        return str(exc.reason)
+        pass
+    reason = getattr(exc, "reason", None)
+    return re.sub(r" at 0x[0-9a-f]+", "", str(reason if reason is not None else exc))

@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import os
-import re
 import socket
 import threading
 import uuid
@@ -38,6 +36,8 @@ from typing import Any
 import kubernetes
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
+
+from kvoffload.controller.gateway import api_message
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ class _Lock(LeaseLock):
             found, record = False, exc  # would die, leaving a leader that no longer renews
         if not found and getattr(record, "status", None) != 404:
             # The library only retries; a candidate that may not read its Lease would wait in silence.
-            refusal = _api_message(record)
+            refusal = api_message(record)
             if refusal != self._last_refusal:
                 log.warning("cannot read the Lease %s/%s (retrying): %s", namespace, name, refusal)
                 self._last_refusal = refusal
@@ -157,16 +157,8 @@ class _Lock(LeaseLock):
                 self.api_instance.replace_namespaced_lease(self.name, self.namespace, lease)
                 return True
             except Exception as exc:
-                log.warning("could not hand the Lease %s/%s back: %s", self.namespace, self.name, _api_message(exc))
+                log.warning("could not hand the Lease %s/%s back: %s", self.namespace, self.name, api_message(exc))
                 return False
-
-
-def _api_message(exc: Any) -> str:
-    """The API server's own message (it names the verb and resource refused), else the HTTP reason."""
-    try:
-        return str(json.loads(exc.body)["message"])
-    except (TypeError, ValueError, KeyError, AttributeError):
-        return re.sub(r" at 0x[0-9a-f]+", "", str(getattr(exc, "reason", exc)))  # the same failure, said once
 
 
 class Leadership:

@@ -32,7 +32,6 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 import kubernetes.client
-import urllib3
 from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
@@ -44,6 +43,7 @@ from kvoffload.controller.gateway import (
     OwnedWorkloads,
     PodState,
     PolicyRef,
+    api_message,
     parse_deployment,
     parse_pod,
     resource_path,
@@ -136,7 +136,7 @@ class Informer(Generic[V]):
                 version = None
                 self.synced = False
                 refused = isinstance(exc, ApiException) and exc.status == 403
-                message = _message(exc)
+                message = api_message(exc)
                 if refused and self.refused != message:
                     log.error("watch of %s refused: %s", self.name, message)
                 elif failures == 1 and not refused:
@@ -234,17 +234,6 @@ def _remove(store: dict[Hashable, dict[Ident, V]], placed: dict[Ident, list[Hash
             bucket.pop(ident, None)
             if not bucket:
                 del store[key]
-
-
-def _message(exc: BaseException) -> str:
-    if isinstance(exc, ApiException):
-        try:
-            return str(json.loads(exc.body or "")["message"])
-        except (ValueError, KeyError, TypeError):
-            return f"{exc.status} {exc.reason}"
-    if isinstance(exc, urllib3.exceptions.HTTPError | OSError):
-        return f"connection: {exc}"
-    return repr(exc)
 
 
 class Workloads:
