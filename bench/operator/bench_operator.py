@@ -226,18 +226,14 @@ def api_requests(api: kubernetes.client.ApiClient) -> dict[str, float]:
     (``status``) and lists of Deployments and pods (``lists``)."""
     method, url, headers, body, post = api.param_serialize("GET", "/metrics", auth_settings=["BearerToken"])
     answer = api.call_api(method, url, headers, body, post)
-    wanted = {
-        "status": ('resource="kvoffloadpolicies"', 'subresource="status"', 'verb="PATCH"'),
-        "lists": ('verb="LIST"', 'resource="pods"'),
-        "deployment_lists": ('verb="LIST"', 'resource="deployments"'),
-    }
-    totals = dict.fromkeys(wanted, 0.0)
+    totals = {"status": 0.0, "lists": 0.0}
     for line in answer.read().decode().splitlines():
-        if line.startswith("apiserver_request_total{"):
-            for key, labels in wanted.items():
-                if all(label in line for label in labels):
-                    totals[key] += float(line.rsplit(" ", 1)[1])
-    totals["lists"] += totals.pop("deployment_lists")
+        if not line.startswith("apiserver_request_total{"):
+            continue
+        if all(label in line for label in ('resource="kvoffloadpolicies"', 'subresource="status"', 'verb="PATCH"')):
+            totals["status"] += float(line.rsplit(" ", 1)[1])
+        elif 'verb="LIST"' in line and ('resource="pods"' in line or 'resource="deployments"' in line):
+            totals["lists"] += float(line.rsplit(" ", 1)[1])
     return totals
 
 
@@ -456,10 +452,11 @@ def bench_size(
             "status_writes": patches,
             "status_writes_per_sweep": patches / n_sweeps if n_sweeps else None,
             "deployment_and_pod_lists": lists,
-            "workload_reads_watch": last["kvoffload_workload_reads_total:watch"]
-            - first["kvoffload_workload_reads_total:watch"],
-            "workload_reads_list": last["kvoffload_workload_reads_total:list"]
-            - first["kvoffload_workload_reads_total:list"],
+            **{
+                f"workload_reads_{source}": last[f"kvoffload_workload_reads_total:{source}"]
+                - first[f"kvoffload_workload_reads_total:{source}"]
+                for source in ("watch", "list")
+            },
             "queries_per_sweep": queries / n_sweeps if n_sweeps else None,
             "reconciles": cycles,
             "reconciles_per_sweep": cycles / n_sweeps if n_sweeps else None,

@@ -275,12 +275,13 @@ class Workloads:
     async def owned(self, policy: PolicyRef) -> OwnedWorkloads:
         """The policy's Deployments and the pods with its label, sorted by name."""
         informers = self._watched.get(None) or self._watched.get(policy.namespace)
-        if informers is not None:
-            refused = next((i.refused for i in informers if i.refused), None)
-            if refused is not None:
-                raise ApiRejectedError(f"watch the engines of {policy}: {refused}", 403)
-        deployments, pods = informers if informers is not None else (None, None)
-        if deployments is None or pods is None or not (deployments.synced and pods.synced):
+        if informers is None:
+            return await self._listed(policy)
+        deployments, pods = informers
+        refused = deployments.refused or pods.refused
+        if refused is not None:
+            raise ApiRejectedError(f"watch the engines of {policy}: {refused}", 403)
+        if not (deployments.synced and pods.synced):
             return await self._listed(policy)
         found = deployments.values(policy.uid)
         if not self._caught_up(policy.uid, found):
