@@ -18,12 +18,15 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvoffload.analysis.assess import Measurements
 from kvoffload.analysis.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
+from kvoffload.analysis import prometheus
 from kvoffload.analysis.prometheus import (
+    SCOPE_MAX_CHARS,
     WORKLOAD_QUERIES,
     LabelNames,
     PrometheusProvider,
     build_queries,
     promql_duration,
+    scope_matcher,
 )
 from tests.support import paths
 from tests.support.prometheus import (
@@ -126,6 +129,25 @@ def test_every_series_the_queries_read_exists_in_a_real_vllm_capture() -> None:
     for query in build_queries("2m", NEWEST, workload=True):
         for name in re.findall(r"(vllm:[a-z_:]+)\{", query.expr):
             assert name in present or name in offload, f"{name} ({query.field}) is not in the vLLM 0.32 capture"
+
+
+def test_a_batch_is_scoped_to_its_own_namespaces_and_policies_and_a_too_large_one_asks_fleet_wide() -> None:
+    assert scope_matcher([("llm", "chat")]) == 'namespace="llm", kvoffload_io_policy="chat"'
+    # Dots are the one regex metacharacter a Kubernetes name can hold; a raw string keeps one backslash.
+    assert scope_matcher([("llm", "chat"), ("other", "chat.v2"), ("llm", "code")]) == (
+        "namespace=~`llm|other`, kvoffload_io_policy=~`chat|chat\\.v2|code`"
+    )
+    renamed = LabelNames(policy="app_policy", namespace="ns")
+    assert scope_matcher([("a", "p")], renamed) == 'ns="a", app_policy="p"'
+    assert scope_matcher([]) is None
+    many = [("llm", f"policy-{i:04d}") for i in range(1000)]
+    assert scope_matcher(many) is None  # most of a fleet: one fleet-wide answer is cheaper than naming it
+    fits = many[: SCOPE_MAX_CHARS // 20]
+    matcher = scope_matcher(fits)
+    assert matcher is not None
+    for query in build_queries("2m", NEWEST, 'cluster="prod"', workload=True, scope=matcher):
+        assert f'{{{matcher}, cluster="prod"' in query.expr
+        assert 'kvoffload_io_policy!=""' not in query.expr
 
 
 @pytest.mark.parametrize(("window", "promql"), [("2m", "120s"), ("1m30s", "90s"), ("1500ms", "1500ms"), (10, "10s")])
@@ -423,6 +445,24 @@ def test_queries_per_cycle_do_not_grow_with_the_number_of_policies(scraped_fleet
     before = provider.queries
     provider.measure([synthetic_target("llm", "chat", WINDOW), synthetic_target("llm", "code", "20s")])
     assert provider.queries - before == 2 * one  # one set of queries per distinct window
+
+
+@pytest.mark.prometheus
+def test_a_scoped_batch_reads_only_its_policies_series_and_measures_what_a_fleet_wide_one_does(
+    scraped_fleet: PrometheusServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at = time.time()
+    # Two namespaces and two names: the matcher also selects llm/code and other/chat, which are not asked for.
+    batch = [synthetic_target("llm", "chat", WINDOW), synthetic_target("other", "warm", WINDOW, workload=True)]
+    scoped = PrometheusProvider(scraped_fleet.url, clock=lambda: at)
+    got = scoped.measure(batch)
+    monkeypatch.setattr(prometheus, "SCOPE_MAX_CHARS", 0)
+    fleet_wide = PrometheusProvider(scraped_fleet.url, clock=lambda: at)
+    assert fleet_wide.measure(batch) == got
+    assert got[("llm", "chat")].canary is not None
+    assert got[("llm", "chat")].canary.requests == pytest.approx(100, rel=0.15)
+    assert scoped.queries == fleet_wide.queries
+    assert 0 < scoped.series < fleet_wide.series  # llm/warm and both code engines were left in Prometheus
 
 
 @pytest.mark.prometheus

@@ -7,7 +7,10 @@ from one level to another relabels nothing. A target names the config hash of
 its stable and of its canary (``status.stable``/``status.canary``). Each query
 covers every policy at once and groups by (namespace, policy, level, hash), so
 the queries per cycle depend on how many distinct (window, dialect, extra
-matchers) the policies use, never on how many policies there are.
+matchers) the policies use, never on how many policies there are. A batch's
+queries are scoped to its own policies by a label matcher (``scope_matcher``), so
+what Prometheus evaluates and the provider decodes grows with the batch, not with
+the fleet; a batch too large to name asks fleet-wide.
 
 A group in which some target asks for the workload figures (``Target.workload``:
 a ladder in its baseline) gets ``WORKLOAD_QUERIES`` more queries: the bucket rates
@@ -25,7 +28,7 @@ from __future__ import annotations
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -133,6 +136,33 @@ ALLOCATED_LABELS = ("pod", LABEL_TIER, LABEL_CPU_SIZE_BYTES, LABEL_CPU_NUM_CHUNK
 """The labels of vllm:kv_offload_config_info read into ``VariantSample.offload_allocated``."""
 
 
+SCOPE_MAX_CHARS = 2000
+"""The longest matcher a batch is scoped with (about 160 policies). A larger batch is most of the fleet's answer
+anyway, so it asks fleet-wide, and a query's URL, which may hold the matcher twice, stays under the 8 kB that
+common proxies accept."""
+
+
+def scope_matcher(keys: Collection[PolicyKey], labels: LabelNames | None = None) -> str | None:
+    """A matcher selecting the series of these policies (a superset across namespaces), or None when too long.
+
+    Namespace and policy names are Kubernetes names, whose only regex metacharacter is ``.``; Prometheus
+    anchors the expression.
+    """
+    labels = labels or LabelNames()
+    if not keys:
+        return None
+
+    def one_of(label: str, values: Iterable[str]) -> str:
+        names = sorted(set(values))
+        if len(names) == 1:
+            return f'{label}="{names[0]}"'
+        escaped = (name.replace(".", "\\.") for name in names)
+        return f"{label}=~`{'|'.join(escaped)}`"  # a raw string: the backslash is not escaped again
+
+    matcher = f"{one_of(labels.namespace, (k[0] for k in keys))}, {one_of(labels.policy, (k[1] for k in keys))}"
+    return matcher if len(matcher) <= SCOPE_MAX_CHARS else None
+
+
 def build_queries(
     window: str,
     dialect: Dialect,
@@ -140,17 +170,18 @@ def build_queries(
     labels: LabelNames | None = None,
     *,
     workload: bool = False,
+    scope: str | None = None,
 ) -> tuple[Query, ...]:
     """The queries of one group of policies sharing (window, dialect, extra matchers).
 
-    Each selects every policy (``<policy label>!=""``) and groups by namespace, policy, level and config hash.
-    Metrics the dialect lacks are left out. ``workload`` adds the ``WORKLOAD_QUERIES`` of the
-    baseline's workload figures, at the end.
+    Each selects the policies of ``scope`` (a ``scope_matcher``), or every policy (``<policy label>!=""``),
+    and groups by namespace, policy, level and config hash. Metrics the dialect lacks are left out.
+    ``workload`` adds the ``WORKLOAD_QUERIES`` of the baseline's workload figures, at the end.
     """
     labels = labels or LabelNames()
     w = promql_duration(window)
     by = labels.grouping()
-    sel = f'{labels.policy}!=""' + (f", {extra_matchers}" if extra_matchers else "")
+    sel = (scope or f'{labels.policy}!=""') + (f", {extra_matchers}" if extra_matchers else "")
 
     def s(extra: str = "") -> str:
         return "{" + sel + (f", {extra}" if extra else "") + "}"
@@ -257,6 +288,8 @@ class PrometheusProvider:
         self.labels = labels or LabelNames()
         self.queries = 0
         """HTTP queries sent so far (tests and the bench check that a cycle's count is constant)."""
+        self.series = 0
+        """Series read from the answers so far (what a batch's scope saves shows here)."""
         self._token = bearer_token
         self._token_file = bearer_token_file
         self._clock = clock
@@ -293,8 +326,10 @@ class PrometheusProvider:
         for (window, dialect, extra), members in groups.items():
             # One set of workload queries per group, and only when someone in it asks.
             workload = any(t.workload for t in members)
+            scope = scope_matcher([t.key for t in members], self.labels)
+            queries = build_queries(window, dialect, extra, self.labels, workload=workload, scope=scope)
             try:
-                collected = self._collect(build_queries(window, dialect, extra, self.labels, workload=workload), at)
+                collected = self._collect(queries, at)
             except (
                 requests.RequestException,
                 PrometheusApiClientException,
@@ -322,7 +357,9 @@ class PrometheusProvider:
         labels = self.labels
         found: dict[tuple[str, str, str], _Collected] = defaultdict(_Collected)
         for query in queries:
-            for item in self._query(query.expr, at):
+            answer = self._query(query.expr, at)
+            self.series += len(answer)
+            for item in answer:
                 metric = item["metric"]
                 key = (
                     metric.get(labels.namespace, ""),
