@@ -21,7 +21,7 @@ import pytest
 from kvoffload.analysis.assess import Measurements, VariantSample
 from kvoffload.analysis.hub import MeasurementHub
 from kvoffload.analysis.prometheus import PolicyKey, Target
-from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, KIND, PLURAL
+from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, KIND, PAUSE, PLURAL
 from kvoffload.controller.handlers import LoopSettings, register
 from kvoffload.controller.reconcile import Controller, ControllerSettings
 from kvoffload.rollout.decide import Plan
@@ -189,6 +189,51 @@ class CursedController(Controller):
         if body["metadata"]["name"] == "cursed":
             raise RuntimeError("a bug that only this policy triggers")
         return await super().reconcile(body)
+
+
+class CountingController(Controller):
+    """Counts its cycles."""
+
+    cycles = 0
+
+    async def reconcile(self, body: Mapping[str, Any]) -> Plan:
+        self.cycles += 1
+        return await super().reconcile(body)
+
+
+async def test_an_edited_spec_or_a_new_annotation_wakes_a_policy_at_once_and_its_own_status_writes_do_not(
+    kube: EmulatedCluster,
+) -> None:
+    registry = kopf.OperatorRegistry()
+    controller = CountingController(kube.gateway(), MeasurementHub(HealthyProvider(), gather_window=0.01))
+    register(registry, controller)
+    spec = quick_spec()
+    spec["analysis"]["interval"] = spec["rollout"]["baselineDuration"] = "1h"  # nothing falls due on its own
+    custom = kubernetes.client.CustomObjectsApi(kube.api_client)
+
+    async def patch(body: dict[str, Any]) -> None:
+        await kube.call(
+            custom.patch_namespaced_custom_object, API_GROUP, API_VERSION, NS, PLURAL, "chat", body,
+            _content_type="application/merge-patch+json",
+        )  # fmt: skip
+
+    def stable_replicas() -> int | None:
+        return ((read(kube, "apps/v1", "Deployment", "chat-gpu-only") or {}).get("spec") or {}).get("replicas")
+
+    async with running_kopf(kube, registry=registry):
+        await kube.emulator.create_object(policy_manifest("chat", NS, spec=spec))
+        await wait_for(lambda: phase_of(kube, "chat") == "Baseline", "the first cycle's status", 10)
+        await asyncio.sleep(1.5)  # the watch events of its own writes (status, finalizer) have come and gone
+        settled = controller.cycles
+        await asyncio.sleep(1.5)
+        assert controller.cycles == settled, "a status write woke the policy"
+
+        await patch({"spec": {"replicas": 3}})
+        await wait_for(lambda: stable_replicas() == 3, "the edited spec within seconds, not the hour", 10)
+
+        edited = controller.cycles
+        await patch({"metadata": {"annotations": {PAUSE: "1"}}})
+        await wait_for(lambda: controller.cycles > edited, "a cycle for the new annotation", 10)
 
 
 async def test_one_policy_that_breaks_the_controller_does_not_stop_the_others(kube: EmulatedCluster) -> None:
