@@ -39,6 +39,7 @@ from kvoffload.api.webhook import (
     WEBHOOK_PATH,
     validating_webhook_configuration,
 )
+from kvoffload.controller.bodies import plain_body
 from kvoffload.controller.reconcile import judge_resolved
 from kvoffload.policy.loading import parse_policy
 
@@ -85,7 +86,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         old = kwargs.get("old")  # kopf passes the admission request's oldObject and operation
         if kwargs.get("operation") == "UPDATE" and (meta.get("deletionTimestamp") or not _spec_changed(body, old)):
             return
-        found = problems(_plain(body))
+        found = problems(plain_body(body))
         if found:
             raise kopf.AdmissionError(message(found), code=ADMISSION_CODE)
 
@@ -95,14 +96,6 @@ def webhook_server(
 ) -> kopf.WebhookServer:
     """kopf's HTTPS server for the webhook, with the deployment's certificate (reloaded when it changes)."""
     return kopf.WebhookServer(addr=address, port=port, host=host, certfile=certfile, pkeyfile=keyfile)
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
 
 
 __all__ = [

@@ -82,6 +82,7 @@ from kvoffload.api.types import (
     Mode,
     VariantStatus,
 )
+from kvoffload.controller.bodies import plain_body
 from kvoffload.controller.gateway import (
     ApiRejectedError,
     DeploymentState,
@@ -260,7 +261,7 @@ class Controller:
         ReconcileError when the Kubernetes API failed (nothing is half-judged: the next cycle
         decides again from the status as stored).
         """
-        plain = _plain(body)
+        plain = plain_body(body)
         ref = PolicyRef.from_body(plain)
         ctx = _Reconcile(ref, plain, self._freshest_status(ref.uid, plain), self.clock())
         try:
@@ -819,15 +820,6 @@ def _without_readings(doc: Mapping[str, Any]) -> dict[str, Any]:
         kept = {k: v for k, v in analysis.items() if k not in ("time", "message")}
         out["lastAnalysis"] = {**kept, "metrics": metrics}
     return out
-
-
-def _plain(value: Any) -> Any:
-    """A kopf Body (nested Mappings) as plain dicts and lists."""
-    if isinstance(value, Mapping):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
 
 
 def _is_404(exc: GatewayError) -> bool:
