@@ -440,7 +440,8 @@ class _Engine:
 
     @property
     def hash(self) -> str:
-        hashed = {k: v for k, v in dataclasses.asdict(self).items() if k != "gpu"}  # gpu shows in resources
+        # Not dataclasses.asdict: it would deep-copy the GPU class too, only to drop it (the gpu shows in resources).
+        hashed = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "gpu"}
         canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
