@@ -16,9 +16,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvoffload.analysis import prometheus
 from kvoffload.analysis.assess import Measurements
 from kvoffload.analysis.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
-from kvoffload.analysis import prometheus
 from kvoffload.analysis.prometheus import (
     SCOPE_MAX_CHARS,
     WORKLOAD_QUERIES,

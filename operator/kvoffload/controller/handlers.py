@@ -139,6 +139,8 @@ class PolicyRuntime:
     def noticed(self, body: Mapping[str, Any]) -> None:
         """A watch event of the policy: wake its daemon when its input changed (not for its status alone)."""
         meta = body.get("metadata") or {}
+        if meta.get("deletionTimestamp"):  # kopf stops its daemon; the garbage collector takes the children
+            return
         seen = (meta.get("generation"), tuple(sorted((meta.get("annotations") or {}).items())))
         slot = self.slot(_uid(body))
         previous, slot.seen_input = slot.seen_input, seen
