@@ -73,6 +73,7 @@ WINDOW = "20s"
 SCRAPE_INTERVAL_S = 2.0
 GIB = 2**30
 KVOFFLOAD = str(Path(sys.executable).parent / "kvoffload")
+PY_SPY = os.environ.get("KVOFFLOAD_PY_SPY", "py-spy")
 SAMPLED = (
     "kvoffload_sweep_seconds_count",
     "kvoffload_sweep_seconds_sum",
@@ -311,6 +312,8 @@ def bench_size(
     tracemalloc: Path | None = None,
     interval: str = INTERVAL,
     at_rest: bool = False,
+    mallinfo: Path | None = None,
+    py_spy: Path | None = None,
 ) -> dict[str, Any]:
     work = workdir / f"size-{policies}"
     work.mkdir()
@@ -360,8 +363,10 @@ def bench_size(
         log = (work / "operator.log").open("wb")
         env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
         traced = dict(env)
-        if tracemalloc is not None:  # the first operator only: tracing slows it
-            traced |= {"PYTHONPATH": str(Path(__file__).parent / "memtrace"), "KVOFFLOAD_TRACEMALLOC": str(tracemalloc)}
+        if tracemalloc is not None or mallinfo is not None:  # the first operator only: tracing slows it
+            traced["PYTHONPATH"] = str(Path(__file__).parent / "memtrace")
+            traced |= {"KVOFFLOAD_TRACEMALLOC": str(tracemalloc)} if tracemalloc is not None else {}
+            traced |= {"KVOFFLOAD_MALLINFO": str(mallinfo)} if mallinfo is not None else {}
         command = [KVOFFLOAD, "run", "-A", "--standalone", "--metrics-port", str(port), "--prometheus-url", server.url]
         began = time.monotonic()
         operator = subprocess.Popen(command, env=traced, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -393,6 +398,7 @@ def bench_size(
         first = operator_metrics(port)
         requests_before = api_requests(api)
         measure_began = time.monotonic()
+        cpu_began = cpu_seconds(operator.pid)
         sweeps: list[float] = []
         covered: list[float] = []
         previous = first
@@ -407,6 +413,7 @@ def bench_size(
                 print(f"      {done:.0f} sweeps in one poll: their mean only is known", flush=True)
             previous = now
         last = previous
+        cpu_measured = cpu_seconds(operator.pid) - cpu_began
         requests_after = api_requests(api)
         patches = requests_after["status"] - requests_before["status"]
         lists = requests_after["lists"] - requests_before["lists"]
@@ -421,6 +428,12 @@ def bench_size(
         print(f"      at the end: {final_modes}, latest verdicts {final_verdicts}", flush=True)
         body = body_bytes(api)
         print(f"      a policy as served: {body}", flush=True)
+        malloc_held = None
+        if mallinfo is not None:  # after the measured window: the trim must not change what was measured
+            operator.send_signal(signal.SIGUSR1)
+            wait_until(lambda: mallinfo.exists() or None, 60, "the malloc report")
+            malloc_held = mallinfo.read_text()
+            print("      malloc: " + "; ".join(malloc_held.splitlines()), flush=True)
         if tracemalloc is not None:
             operator.send_signal(signal.SIGUSR2)
             wait_until(lambda: tracemalloc.exists() or None, 120, "the allocation dump")
@@ -429,7 +442,7 @@ def bench_size(
         stopped = time.monotonic()
         floor_s = status_write_floor(api, plans)
         print(f"      the API server's floor: {policies} status writes in {floor_s:.2f} s", flush=True)
-        restart = restart_cycle(stopped, interval_s, operator, command, env, work, port, api, policies, at_rest)
+        restart = restart_cycle(stopped, interval_s, operator, command, env, work, port, api, policies, at_rest, py_spy)
         operator = None  # restart_cycle stopped it and the one it started
         return {
             "policies": policies,
@@ -461,6 +474,7 @@ def bench_size(
             "reconciles": cycles,
             "reconciles_per_sweep": cycles / n_sweeps if n_sweeps else None,
             "reconcile_mean_s": cycle_sum / cycles if cycles else None,
+            "operator_cpu_per_sweep_s": cpu_measured / n_sweeps if n_sweeps else None,
             "reconcile_errors": last["kvoffload_reconcile_errors_total"] - first["kvoffload_reconcile_errors_total"],
             "rss_steady_median_bytes": statistics.median(in_window) if in_window else None,
             "rss_steady_max_bytes": max(in_window) if in_window else None,
@@ -469,12 +483,15 @@ def bench_size(
             "verdicts_at_end": final_verdicts,
             "policy_json_bytes": body,
             "status_write_floor_s": floor_s,
+            "malloc_report": malloc_held,
             "restart_to_all_analysed_s": restart.to_all_analysed_s,
             "restart_to_first_reconcile_s": restart.to_first_reconcile_s,
             "full_cycle_s": restart.cycle_s,
             "full_cycle_operator_cpu_s": restart.operator_cpu_s,
             "restart_cycle_queries": restart.queries,
             "restart_rss_peak_bytes": restart.rss_peak_bytes,
+            "full_cycle_own_sweeps_s": restart.sweeps_s,
+            "full_cycle_own_sweeps": restart.sweeps,
         }
     finally:
         if operator is not None and operator.poll() is None:
@@ -529,6 +546,10 @@ class Restart:
     """CPU the operator used in that cycle."""
     queries: float
     rss_peak_bytes: int
+    sweeps_s: float | None = None
+    """At rest: the operator's own time for it (``kvoffload_sweep_seconds``), summed over the sweeps it took to
+    cover every policy (the first ones cover only the policies known by then)."""
+    sweeps: float | None = None
 
 
 def restart_cycle(
@@ -542,11 +563,13 @@ def restart_cycle(
     api: kubernetes.client.ApiClient,
     policies: int,
     at_rest: bool = False,
+    py_spy: Path | None = None,
 ) -> Restart:
     """One full cycle with every policy due at once: once the operator stopped at ``stopped`` (monotonic) has been
     gone an analysis interval, start a new one (as a failover does) and time it until every policy holds an
     analysis newer than the restart (``at_rest``, where fresh readings are not written at once: until the
-    operator's own sweep metric has covered every policy)."""
+    operator's own sweep metric has covered every policy). ``py_spy``: profile the restarted operator from its
+    start to the end of the cycle into this file (raw, collapsed stacks)."""
     operator.terminate()
     operator.wait(60)
     # Every policy due at once: an analysis is due once half an interval has passed since the last one, so wait a
@@ -577,14 +600,27 @@ def restart_cycle(
     with (work / "operator-restarted.log").open("wb") as log:
         began = time.monotonic()
         restarted = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        profiler = None
+        if py_spy is not None:
+            profiler = subprocess.Popen(
+                [PY_SPY, "record", "--pid", str(restarted.pid), "-r", "100", "--nonblocking", "--format", "raw",
+                 "-o", str(py_spy)],
+                stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
         try:
             first = wait_until(first_reconcile, 120, "the restarted operator's first reconcile", poll=0.05)
             cpu_at_first = cpu_seconds(restarted.pid)
-            wait_until(lambda: (swept() if at_rest else analysed()) or None, 600, "every policy analysed", poll=2.0)
+            # At rest the poll reads a few families of the operator's metrics: cheap, so 0.25 s.
+            poll = 0.25 if at_rest else 2.0
+            wait_until(lambda: (swept() if at_rest else analysed()) or None, 600, "every policy analysed", poll=poll)
             done = time.monotonic()
             cpu = cpu_seconds(restarted.pid) - cpu_at_first
-            queries = operator_metrics(port)["kvoffload_prometheus_queries_total"]
+            found_metrics = operator_metrics(port)
+            queries = found_metrics["kvoffload_prometheus_queries_total"]
             peak = status_of(restarted.pid)["VmHWM"]
+            if profiler is not None:
+                profiler.send_signal(signal.SIGINT)  # py-spy writes what it has on SIGINT
+                profiler.wait(60)
         finally:
             restarted.terminate()
             try:
@@ -592,10 +628,12 @@ def restart_cycle(
             except subprocess.TimeoutExpired:
                 restarted.kill()
                 restarted.wait()
-    found = Restart(done - began, first - began, done - first, cpu, queries, peak)
+    sweeps = (found_metrics["kvoffload_sweep_seconds_sum"], found_metrics["kvoffload_sweep_seconds_count"])
+    found = Restart(done - began, first - began, done - first, cpu, queries, peak, *(sweeps if at_rest else ()))
+    own = f", by its own sweeps {found.sweeps_s:.1f} s in {found.sweeps:.0f}" if found.sweeps_s is not None else ""
     print(
         f"      restart: first reconcile {found.to_first_reconcile_s:.1f} s after the start, every policy analysed "
-        f"{found.cycle_s:.1f} s later ({found.operator_cpu_s:.1f} s of the operator's CPU), {queries:.0f} queries",
+        f"{found.cycle_s:.1f} s later ({found.operator_cpu_s:.1f} s of the operator's CPU{own}), {queries:.0f} queries",
         flush=True,
     )
     return found
@@ -633,6 +671,20 @@ def main() -> None:
         help="Trace the first operator's allocations and write the largest sites here (slows it; RSS figures then "
         "include the tracing).",
     )
+    parser.add_argument(
+        "--py-spy",
+        type=Path,
+        default=None,
+        help="Profile the restarted operator's full cycle with py-spy ($KVOFFLOAD_PY_SPY or py-spy on PATH) into "
+        "this file, as collapsed stacks.",
+    )
+    parser.add_argument(
+        "--mallinfo",
+        type=Path,
+        default=None,
+        help="After the measured window, write the first operator's malloc figures and its RSS before and after "
+        "malloc_trim(0) here: how much of the RSS is freed memory malloc still holds.",
+    )
     args = parser.parse_args()
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvoffload-bench-operator-") as tmp:
@@ -641,7 +693,11 @@ def main() -> None:
         for size in (int(s) for s in args.sizes.split(",")):
             print(f"{size} policies", flush=True)
             traced = args.tracemalloc.with_suffix(f".{size}.txt") if args.tracemalloc else None
-            row = bench_size(size, args.namespaces, args.measure, workdir, traced, args.interval, args.at_rest)
+            held = args.mallinfo.with_suffix(f".{size}.txt") if args.mallinfo else None
+            spied = args.py_spy.with_suffix(f".{size}.txt") if args.py_spy else None
+            row = bench_size(
+                size, args.namespaces, args.measure, workdir, traced, args.interval, args.at_rest, held, spied
+            )
             rows.append(row)
             median = row["sweep_median_s"]
             print(
@@ -653,6 +709,7 @@ def main() -> None:
                 f"{row['workload_reads_watch']:.0f} from the watch, {row['workload_reads_list']:.0f} listed)  "
                 f"reconcile mean "
                 f"{(row['reconcile_mean_s'] or 0) * 1000:.1f} ms  "
+                f"operator CPU/sweep {row['operator_cpu_per_sweep_s'] or 0:.1f} s  "
                 f"RSS steady {mib(row['rss_steady_median_bytes'])} (max {mib(row['rss_steady_max_bytes'])}) "
                 f"peak {mib(row['rss_peak_bytes'])}  errors {row['reconcile_errors']:.0f}  "
                 f"full cycle {row['full_cycle_s']:.1f} s ({row['full_cycle_operator_cpu_s']:.1f} s CPU; "
