@@ -9,6 +9,7 @@ the subprocess points its policies at a Prometheus that is not there (Inconclusi
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 import urllib.request
 from collections.abc import Mapping, Sequence
@@ -22,7 +23,7 @@ from kvoffload.analysis.assess import Measurements, VariantSample
 from kvoffload.analysis.hub import MeasurementHub
 from kvoffload.analysis.prometheus import PolicyKey, Target
 from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, KIND, PAUSE, PLURAL
-from kvoffload.controller.handlers import LoopSettings, register
+from kvoffload.controller.handlers import NOTICED, LoopSettings, configure_settings, register
 from kvoffload.controller.reconcile import Controller, ControllerSettings
 from kvoffload.rollout.decide import Plan
 from tests.support.kube import EmulatedCluster, kvoffload_run, policy_manifest, running_kopf, wait_for
@@ -234,6 +235,21 @@ async def test_an_edited_spec_or_a_new_annotation_wakes_a_policy_at_once_and_its
         edited = controller.cycles
         await patch({"metadata": {"annotations": {PAUSE: "1"}}})
         await wait_for(lambda: controller.cycles > edited, "a cycle for the new annotation", 10)
+
+
+def test_kopfs_line_for_every_noticed_event_is_dropped_and_its_other_lines_are_kept(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    configure_settings(kopf.OperatorSettings())
+    objects = logging.getLogger("kopf.objects")
+    with caplog.at_level(logging.INFO, logger="kopf.objects"):
+        objects.info("Handler %r succeeded.", NOTICED)
+        objects.info("Daemon 'policy_loop' succeeded.")
+        objects.error("Handler %r failed with an exception. Will ignore.", NOTICED)
+    assert [r.getMessage() for r in caplog.records] == [
+        "Daemon 'policy_loop' succeeded.",
+        "Handler 'noticed' failed with an exception. Will ignore.",
+    ]
 
 
 async def test_one_policy_that_breaks_the_controller_does_not_stop_the_others(kube: EmulatedCluster) -> None:

@@ -50,6 +50,8 @@ from kvoffload.rollout.decide import Plan
 log = logging.getLogger(__name__)
 
 RESOURCE = (API_GROUP, API_VERSION, PLURAL)
+NOTICED = "noticed"
+"""The id of the event handler that wakes a policy's daemon."""
 DEFAULT_INTERVAL = 30.0
 """Seconds between cycles when spec.analysis.interval cannot be read (an invalid policy)."""
 MIN_GAP = 0.5
@@ -222,12 +224,22 @@ class _NoDiffBase(kopf.DiffBaseStorage):
         pass
 
 
+class _QuietNoticed(logging.Filter):
+    """Drops kopf's "Handler 'noticed' succeeded." line: the event handler runs for every watch event, the
+    operator's own status writes included, and the line would be most of the log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno == logging.INFO and record.getMessage() == f"Handler {NOTICED!r} succeeded.")
+
+
 def configure_settings(settings: kopf.OperatorSettings) -> None:
     """kopf settings of the operator: its own finalizer and annotation prefix, quiet Events, sane timeouts."""
     settings.persistence.finalizer = FINALIZER
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=API_GROUP)
     settings.persistence.diffbase_storage = _NoDiffBase()
     settings.posting.level = logging.WARNING  # kopf's own log lines become Events only at WARNING and above
+    if not any(isinstance(f, _QuietNoticed) for f in logging.getLogger("kopf.objects").filters):
+        logging.getLogger("kopf.objects").addFilter(_QuietNoticed())
     settings.posting.reporting_component = "kvoffload"
     settings.peering.name = PEERING_NAME
     settings.peering.mandatory = False
@@ -253,7 +265,7 @@ def register(
         configure_settings(settings)
         await runtime.start()
 
-    @kopf.on.event(*RESOURCE, registry=registry)
+    @kopf.on.event(*RESOURCE, id=NOTICED, registry=registry)
     async def noticed(body: kopf.Body, type: str | None, **_: Any) -> None:
         if type != "DELETED":
             runtime.noticed(body)
