@@ -108,6 +108,7 @@ class _Lock(LeaseLock):
         self.released = False
         self._guard = threading.Lock()
         self._last_refusal = ""
+        self._last_renewal_refusal = ""  # apart: a read that works between two refused renewals must not reset it
 
     def get(self, name: str, namespace: str) -> tuple[bool, Any]:
         if self.released:
@@ -144,11 +145,11 @@ class _Lock(LeaseLock):
                 self.api_instance.replace_namespaced_lease(name=name, namespace=namespace, body=self.lease_reference)
             except Exception as exc:
                 refusal = api_message(exc)
-                if refusal != self._last_refusal:
+                if refusal != self._last_renewal_refusal:
                     log.warning("cannot renew the Lease %s/%s (retrying): %s", namespace, name, refusal)
-                    self._last_refusal = refusal
+                    self._last_renewal_refusal = refusal
                 return False
-            self._last_refusal = ""
+            self._last_renewal_refusal = ""
             return True
 
     def release(self) -> bool:
