@@ -365,8 +365,9 @@ def bench_size(
         traced = dict(env)
         if tracemalloc is not None or mallinfo is not None:  # the first operator only: tracing slows it
             traced["PYTHONPATH"] = str(Path(__file__).parent / "memtrace")
-            traced |= {"KVOFFLOAD_TRACEMALLOC": str(tracemalloc)} if tracemalloc is not None else {}
-            traced |= {"KVOFFLOAD_MALLINFO": str(mallinfo)} if mallinfo is not None else {}
+            for name, path in (("KVOFFLOAD_TRACEMALLOC", tracemalloc), ("KVOFFLOAD_MALLINFO", mallinfo)):
+                if path is not None:
+                    traced[name] = str(path)
         command = [KVOFFLOAD, "run", "-A", "--standalone", "--metrics-port", str(port), "--prometheus-url", server.url]
         began = time.monotonic()
         operator = subprocess.Popen(command, env=traced, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -628,8 +629,11 @@ def restart_cycle(
             except subprocess.TimeoutExpired:
                 restarted.kill()
                 restarted.wait()
-    sweeps = (found_metrics["kvoffload_sweep_seconds_sum"], found_metrics["kvoffload_sweep_seconds_count"])
-    found = Restart(done - began, first - began, done - first, cpu, queries, peak, *(sweeps if at_rest else ()))
+    swept_by: dict[str, float] = {}
+    if at_rest:
+        swept_by["sweeps_s"] = found_metrics["kvoffload_sweep_seconds_sum"]
+        swept_by["sweeps"] = found_metrics["kvoffload_sweep_seconds_count"]
+    found = Restart(done - began, first - began, done - first, cpu, queries, peak, **swept_by)
     own = f", by its own sweeps {found.sweeps_s:.1f} s in {found.sweeps:.0f}" if found.sweeps_s is not None else ""
     print(
         f"      restart: first reconcile {found.to_first_reconcile_s:.1f} s after the start, every policy analysed "

@@ -6,12 +6,12 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def plain(value: Any) -> Any:
+def _plain(value: Any) -> Any:
     """Nested Mappings (a kopf Body and its views) as plain dicts and lists."""
     if isinstance(value, Mapping):
-        return {str(k): plain(v) for k, v in value.items()}
+        return {str(k): _plain(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [plain(v) for v in value]
+        return [_plain(v) for v in value]
     return value
 
 
@@ -21,10 +21,10 @@ def plain_body(body: Mapping[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for key, value in body.items():
         if key == "metadata" and isinstance(value, Mapping):
-            out[key] = {str(k): plain(v) for k, v in value.items() if k != "managedFields"}
+            out[key] = {str(k): _plain(v) for k, v in value.items() if k != "managedFields"}
         else:
-            out[str(key)] = plain(value)
+            out[str(key)] = _plain(value)
     return out
 
 
-__all__ = ["plain", "plain_body"]
+__all__ = ["plain_body"]
