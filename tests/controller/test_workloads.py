@@ -1,10 +1,11 @@
-"""Workloads: a cycle reads the engines from a watch of them, and lists only before the watch has listed, behind
-the operator's own write (the ReplicaSet controller's expectations), or where nothing is watched. Over HTTP
-against the emulated API server (its list and watch); ``tests/test_chart_rbac.py`` runs the same on the real one,
-a refused watch included."""
+"""Workloads: a cycle reads the engines from a watch of them (waiting for its first list), and lists only behind
+the operator's own write (the ReplicaSet controller's expectations), after a failed list, or where nothing is
+watched. Over HTTP against the emulated API server (its list and watch); ``tests/test_chart_rbac.py`` runs the same
+on the real one, a refused watch included."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -108,6 +109,23 @@ async def test_without_a_watch_every_read_is_a_list(kube: EmulatedCluster) -> No
     owned = await workloads.owned(policy)
     assert [d.name for d in owned.deployments] == ["chat-gpu-only"]
     assert (reads(metrics, "list"), reads(metrics, "watch")) == (1, 0)
+
+
+async def test_a_read_before_the_watchs_first_list_waits_for_it_instead_of_listing(kube: EmulatedCluster) -> None:
+    metrics = OperatorMetrics()
+    workloads = Workloads(kube.gateway(), metrics)
+    policy = await make_policy(kube)
+    await kube.emulator.create_object(deployment("chat-gpu-only", policy.uid))
+    await kube.emulator.create_object(pod("chat-gpu-only-0"))
+    workloads.watch(kube.api_client, [NS])
+    try:
+        first, second = await asyncio.gather(workloads.owned(policy), workloads.owned(policy))
+    finally:
+        workloads.stop()
+    for owned in (first, second):
+        assert [d.name for d in owned.deployments] == ["chat-gpu-only"]
+        assert [p.name for p in owned.pods] == ["chat-gpu-only-0"]
+    assert (reads(metrics, "list"), reads(metrics, "watch")) == (0, 2)
 
 
 async def test_namespace_patterns_are_not_watched(kube: EmulatedCluster) -> None:

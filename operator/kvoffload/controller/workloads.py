@@ -15,14 +15,18 @@ object through its per-object machinery before it calls any handler (``bench/ope
   is read by a list until the watch shows the write (the resourceVersion the write returned or a later one, or
   the object gone after a delete), or for at most ``EXPECTATION_TTL`` seconds: the "expectations" of
   Kubernetes' ReplicaSet controller.
-- **Before the first list, and after a failed one,** a read is a list. A watch the API server refuses (403)
-  fails every read of its namespace with that refusal, as a refused list would.
+- **Before the first list** a read waits for it, for at most ``FIRST_LIST_WAIT`` seconds (client-go's
+  ``WaitForCacheSync``): at a restart over 1,000 policies the reconciles that came first otherwise listed their
+  engines by two calls each while the watch's own list was under way. **After a failed list**, and where the
+  first one takes longer than that, a read is a list. A watch the API server refuses (403) fails every read of
+  its namespace with that refusal, as a refused list would.
 - Without ``watch()`` (the controller's own tests), and where the namespaces are patterns (``-n 'llm-*'``),
   every read is a list.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import random
@@ -58,6 +62,8 @@ WATCH_SECONDS = 270
 """The API server ends each watch after this long; it is resumed from the last version seen."""
 PAGE = 500
 """Objects per page of a list."""
+FIRST_LIST_WAIT = 30.0
+"""Seconds a read waits for the watch's first list before it lists for itself."""
 
 V = TypeVar("V")
 Ident = tuple[str, str]
@@ -106,6 +112,8 @@ class Informer(Generic[V]):
         """True from the end of a list until a list fails."""
         self.refused: str | None = None
         """The API server's message while it refuses this list or watch (403), until a watch is answered."""
+        self.first_listed = threading.Event()
+        """Set once the first list has ended, whether it worked or not."""
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"watch {self.name}", daemon=True)
 
@@ -132,6 +140,7 @@ class Informer(Generic[V]):
                 version = self._watch(version)
                 failures = 0
             except Exception as exc:  # the thread must outlive every error: it is the operator's eyes
+                self.first_listed.set()
                 failures += 1
                 version = None
                 self.synced = False
@@ -159,6 +168,7 @@ class Informer(Generic[V]):
         with self._lock:
             self._store, self._placed = store, placed
         self.synced = True
+        self.first_listed.set()
         return str(meta.get("resourceVersion") or "")
 
     def _watch(self, version: str) -> str | None:
@@ -252,6 +262,8 @@ class Workloads:
         self._watched: dict[str | None, tuple[Informer[DeploymentState], Informer[PodState]]] = {}
         # policy uid -> Deployment name -> (resourceVersion its write returned, None for a delete; when written)
         self._expected: dict[str, dict[str, tuple[int | None, float]]] = {}
+        # namespace -> the one wait for its informers' first lists that every read of it shares
+        self._first_lists: dict[str | None, asyncio.Future[None]] = {}
 
     def watch(self, api: kubernetes.client.ApiClient, namespaces: Sequence[str] | None) -> None:
         """Start watching the engines of these namespaces (None: of every namespace). Namespace patterns
@@ -274,10 +286,13 @@ class Workloads:
 
     async def owned(self, policy: PolicyRef) -> OwnedWorkloads:
         """The policy's Deployments and the pods with its label, sorted by name."""
-        informers = self._watched.get(None) or self._watched.get(policy.namespace)
+        scope = None if None in self._watched else policy.namespace
+        informers = self._watched.get(scope)
         if informers is None:
             return await self._listed(policy)
         deployments, pods = informers
+        if not (deployments.synced and pods.synced):
+            await self._first_listed(scope, informers)
         refused = deployments.refused or pods.refused
         if refused is not None:
             raise ApiRejectedError(f"watch the engines of {policy}: {refused}", 403)
@@ -291,6 +306,20 @@ class Workloads:
             deployments=tuple(sorted(found, key=lambda d: d.name)),
             pods=tuple(sorted(pods.values((policy.namespace, policy.name)), key=lambda p: p.name)),
         )
+
+    async def _first_listed(self, scope: str | None, informers: tuple[Informer[Any], ...]) -> None:
+        """Wait until each informer's first list has ended (or ``FIRST_LIST_WAIT``): one waiting thread per scope,
+        whatever the number of reads that wait on it."""
+        waiting = self._first_lists.get(scope)
+        if waiting is None:
+            deadline = self._monotonic() + FIRST_LIST_WAIT
+
+            def wait() -> None:
+                for informer in informers:
+                    informer.first_listed.wait(max(0.0, deadline - self._monotonic()))
+
+            waiting = self._first_lists[scope] = asyncio.ensure_future(asyncio.to_thread(wait))
+        await asyncio.shield(waiting)
 
     def wrote(self, policy: PolicyRef, name: str, resource_version: int | None) -> None:
         """The operator wrote the policy's Deployment ``name`` and the API server answered with this version."""
