@@ -493,6 +493,7 @@ def bench_size(
             "restart_rss_peak_bytes": restart.rss_peak_bytes,
             "full_cycle_own_sweeps_s": restart.sweeps_s,
             "full_cycle_own_sweeps": restart.sweeps,
+            "restart_listed_reads": restart.listed_reads,
         }
     finally:
         if operator is not None and operator.poll() is None:
@@ -551,6 +552,8 @@ class Restart:
     """At rest: the operator's own time for it (``kvoffload_sweep_seconds``), summed over the sweeps it took to
     cover every policy (the first ones cover only the policies known by then)."""
     sweeps: float | None = None
+    listed_reads: float = 0.0
+    """Reads of a policy's engines by two lists, not from the watch: before the watch's first list is in."""
 
 
 def restart_cycle(
@@ -633,11 +636,13 @@ def restart_cycle(
     if at_rest:
         swept_by["sweeps_s"] = found_metrics["kvoffload_sweep_seconds_sum"]
         swept_by["sweeps"] = found_metrics["kvoffload_sweep_seconds_count"]
-    found = Restart(done - began, first - began, done - first, cpu, queries, peak, **swept_by)
+    listed = found_metrics["kvoffload_workload_reads_total:list"]
+    found = Restart(done - began, first - began, done - first, cpu, queries, peak, **swept_by, listed_reads=listed)
     own = f", by its own sweeps {found.sweeps_s:.1f} s in {found.sweeps:.0f}" if found.sweeps_s is not None else ""
     print(
         f"      restart: first reconcile {found.to_first_reconcile_s:.1f} s after the start, every policy analysed "
-        f"{found.cycle_s:.1f} s later ({found.operator_cpu_s:.1f} s of the operator's CPU{own}), {queries:.0f} queries",
+        f"{found.cycle_s:.1f} s later ({found.operator_cpu_s:.1f} s of the operator's CPU{own}), {queries:.0f} queries, "
+        f"{listed:.0f} reads of the engines by list",
         flush=True,
     )
     return found

@@ -8,9 +8,13 @@
 
 from __future__ import annotations
 
+import collections
 import ctypes
+import gc
 import os
 import signal
+import sys
+import tempfile
 import tracemalloc
 from pathlib import Path
 from types import FrameType
@@ -27,6 +31,9 @@ if OUT:
         for key in ("filename", "lineno"):
             lines.append(f"--- by {key}")
             lines += [str(stat) for stat in snapshot.statistics(key)[:40]]
+        lines.append("--- objects the collector tracks, by type")
+        census = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
+        lines += [f"{n:9d} {name}" for name, n in census.most_common(40)]
         Path(OUT).write_text("\n".join(lines) + "\n")
 
     signal.signal(signal.SIGUSR2, _dump)
@@ -50,6 +57,22 @@ class _MallInfo2(ctypes.Structure):
     _fields_ = [(name, ctypes.c_size_t) for name in MALLINFO2_FIELDS]
 
 
+def _pymalloc_summary() -> list[str]:
+    """The totals of ``sys._debugmallocstats()``, which writes to C's stderr: Python's arenas, used and free."""
+    with tempfile.TemporaryFile() as sink:
+        saved = os.dup(2)
+        os.dup2(sink.fileno(), 2)
+        try:
+            sys._debugmallocstats()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        sink.seek(0)
+        text = sink.read().decode(errors="replace")
+    keep = ("# arenas allocated current", "# arenas highwater", "# bytes in allocated blocks", "# bytes in available")
+    return ["pymalloc " + " ".join(line.split()) for line in text.splitlines() if line.startswith(keep)]
+
+
 def _rss_mib() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmRSS:"):
@@ -63,6 +86,7 @@ if MALLINFO:
 
     def _mallinfo(_signum: int, _frame: FrameType | None) -> None:
         info = libc.mallinfo2()
+        pymalloc = _pymalloc_summary()
         before = _rss_mib()
         libc.malloc_trim(0)
         lines = [f"rss before trim: {before:.1f} MiB", f"rss after trim: {_rss_mib():.1f} MiB"]
@@ -71,6 +95,6 @@ if MALLINFO:
             f"{name}: {getattr(info, name) / 2**20:.1f} MiB"
             for name in ("arena", "hblkhd", "uordblks", "fordblks", "keepcost")
         ]
-        Path(MALLINFO).write_text("\n".join(lines) + "\n")
+        Path(MALLINFO).write_text("\n".join(lines + pymalloc) + "\n")
 
     signal.signal(signal.SIGUSR1, _mallinfo)
