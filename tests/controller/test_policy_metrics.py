@@ -22,7 +22,7 @@ from kvoffload.api.conventions import PAUSE
 from kvoffload.api.quantity import GIB
 from kvoffload.api.types import Phase
 from kvoffload.cli.main import main
-from kvoffload.controller.metrics import OperatorMetrics
+from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
 from kvoffload.controller.reconcile import Controller
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import parse_policy
@@ -255,6 +255,27 @@ async def test_a_forgotten_policy_leaves_no_series_behind(
     assert 'policy="chat"' not in text
     assert 'policy="other"' in text
     assert 'kvoffload_policies{phase="Baseline"} 1.0' in text
+
+
+def test_the_policies_per_phase_follow_every_move_and_forget() -> None:
+    metrics = OperatorMetrics()
+
+    def counts() -> dict[str, float]:
+        return {
+            phase.value: metrics.registry.get_sample_value("kvoffload_policies", {"phase": phase.value}) or 0.0
+            for phase in Phase
+        }
+
+    metrics.publish_policy("a", PolicySeries("ns", "a", Phase.BASELINE.value))
+    metrics.publish_policy("b", PolicySeries("ns", "b", Phase.BASELINE.value))
+    metrics.publish_policy("a", PolicySeries("ns", "a", Phase.BASELINE.value))  # the same again counts once
+    assert counts()[Phase.BASELINE.value] == 2
+    metrics.publish_policy("a", PolicySeries("ns", "a", Phase.STABLE.value))
+    metrics.set_phase("c", Phase.INVALID.value)
+    metrics.forget_policy("b")
+    metrics.forget_policy("never-seen")
+    expected = {phase.value: 0.0 for phase in Phase} | {Phase.STABLE.value: 1.0, Phase.INVALID.value: 1.0}
+    assert counts() == expected
 
 
 def test_the_families_are_described_even_before_any_policy() -> None:

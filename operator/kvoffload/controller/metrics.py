@@ -304,6 +304,7 @@ class OperatorMetrics:
         self.sweep_policies = Gauge("kvoffload_sweep_policies", "Policies the last sweep covered.", registry=r)
         self.sweeps = SweepTimer(self.sweep_seconds, self.sweep_policies)
         self._phases: dict[str, str] = {}
+        self._counts: dict[str, int] = {}
         self._lock = threading.Lock()
         self._per_policy: dict[str, PolicySeries] = {}
         r.register(_PolicyCollector(self._per_policy, self._lock))
@@ -319,29 +320,34 @@ class OperatorMetrics:
     def set_phase(self, policy: str, phase: str) -> None:
         """Record the phase of one policy (by uid or namespace/name)."""
         with self._lock:
-            self._phases[policy] = phase
-            self._publish()
+            self._move(policy, phase)
 
     def publish_policy(self, policy: str, series: PolicySeries) -> None:
         """Record one policy's state after a cycle (by uid): its phase and its per-policy series."""
         with self._lock:
-            self._phases[policy] = series.phase
+            self._move(policy, series.phase)
             self._per_policy[policy] = series
-            self._publish()
 
     def forget_policy(self, policy: str) -> None:
         """A policy is gone (deleted, or this operator stopped watching it): its series go too."""
         with self._lock:
-            self._phases.pop(policy, None)
+            self._move(policy, None)
             self._per_policy.pop(policy, None)
-            self._publish()
 
-    def _publish(self) -> None:
-        counts = {phase.value: 0 for phase in Phase}
-        for phase in self._phases.values():
-            counts[phase] = counts.get(phase, 0) + 1
-        for phase, count in counts.items():
-            self.policies.labels(phase=phase).set(count)
+    def _move(self, policy: str, phase: str | None) -> None:
+        """Count the policy under ``phase`` (None: under none) instead of its last one: one reconcile changes two
+        counts at most, so it costs the same whatever the size of the fleet."""
+        before = self._phases.pop(policy, None)
+        if phase is not None:
+            self._phases[policy] = phase
+        if before == phase:
+            return
+        if before is not None:
+            self._counts[before] -= 1
+            self.policies.labels(phase=before).set(self._counts[before])
+        if phase is not None:
+            self._counts[phase] = self._counts.get(phase, 0) + 1
+            self.policies.labels(phase=phase).set(self._counts[phase])
 
     def serve(self, port: int, health: Health | None = None, addr: str = "0.0.0.0") -> Any:  # in-cluster scrapes
         """Serve /metrics (and the probes of ``health``) on ``port`` in a daemon thread; returns the server
