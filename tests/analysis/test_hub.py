@@ -187,6 +187,25 @@ async def test_series_names_are_listed_once_per_prometheus_and_reused_until_they
     assert provider.listings == 2
 
 
+class SlowNamedProvider(NamedProvider):
+    """Takes a moment to list, as a Prometheus holding 200,000 series does."""
+
+    def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
+        time.sleep(0.05)
+        return super().present_metric_names(target)
+
+
+async def test_policies_that_ask_for_the_names_at_once_share_one_listing() -> None:
+    provider = SlowNamedProvider(frozenset({"vllm:time_to_first_token_seconds_bucket"}))
+    hub = MeasurementHub(provider, gather_window=0.0)
+    source = PrometheusSource("http://prom:9090")
+
+    answers = await asyncio.gather(*(hub.present_names(source, now=1000.0) for _ in range(100)))
+
+    assert provider.listings == 1
+    assert set(answers) == {provider.names}
+
+
 async def test_an_empty_listing_is_not_cached() -> None:
     provider = NamedProvider(frozenset())
     hub = MeasurementHub(provider, gather_window=0.0)

@@ -20,6 +20,7 @@ from kvoffload.analysis import prometheus
 from kvoffload.analysis.assess import Measurements
 from kvoffload.analysis.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
 from kvoffload.analysis.prometheus import (
+    QUERY_CONCURRENCY,
     SCOPE_MAX_CHARS,
     WORKLOAD_QUERIES,
     LabelNames,
@@ -225,6 +226,40 @@ def test_a_broken_answer_gives_an_error(case: str, attrs: dict[str, object], exp
     assert expected in result.error, result.error
     assert result.canary is None
     assert result.stable is None
+
+
+class _Slow(_Canned):
+    """Answers every query after 0.2 s, and notes how many were in flight at once."""
+
+    lock = threading.Lock()
+    in_flight = 0
+    most = 0
+
+    def do_GET(self) -> None:
+        cls = type(self)
+        with cls.lock:
+            cls.in_flight += 1
+            cls.most = max(cls.most, cls.in_flight)
+        threading.Event().wait(0.2)
+        with cls.lock:
+            cls.in_flight -= 1
+        super().do_GET()
+
+
+def test_the_queries_of_a_batch_are_in_flight_together_and_each_is_counted() -> None:
+    answer = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+    handler = type("Handler", (_Slow,), {"body": answer, "seen_headers": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        provider = PrometheusProvider(f"http://127.0.0.1:{server.server_address[1]}")
+        result = measure_one(provider)
+    finally:
+        server.shutdown()
+    assert result.error is None
+    assert provider.queries == len(handler.seen_headers) > QUERY_CONCURRENCY  # each one sent, and counted
+    assert handler.most == QUERY_CONCURRENCY
 
 
 def test_the_bearer_token_is_sent_and_a_token_file_is_reread(tmp_path: Path) -> None:

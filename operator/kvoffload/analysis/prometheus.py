@@ -29,6 +29,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -265,6 +266,11 @@ class _Collected:
     """Per histogram field: (upper bound, rate) of each bucket."""
 
 
+QUERY_CONCURRENCY = 4
+"""Queries of one batch in flight at once. Prometheus evaluates them side by side (its own limit is 20): a batch
+that asks fleet-wide took 50-140 ms a query after a restart over 1,000 policies, one after the other."""
+
+
 class PrometheusProvider:
     """Measurements from Prometheus over its HTTP API (prometheus-api-client's PrometheusConnect)."""
 
@@ -298,8 +304,10 @@ class PrometheusProvider:
         retry = Retry(total=retries, backoff_factor=0.1, status_forcelist=(502, 503, 504), raise_on_status=True)
         # requests takes a float timeout; the library annotates int.
         self._client = PrometheusConnect(url=self.url, session=session, retry=retry, timeout=timeout)  # type: ignore[arg-type]
+        self._asking = ThreadPoolExecutor(QUERY_CONCURRENCY, thread_name_prefix="prometheus query")
 
     def close(self) -> None:
+        self._asking.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
     def _headers(self) -> dict[str, str]:
@@ -309,8 +317,7 @@ class PrometheusProvider:
         return {"Authorization": f"Bearer {token}"} if token else {}
 
     def _query(self, expr: str, at: float) -> list[dict[str, Any]]:
-        self.queries += 1
-        self._client.headers = self._headers()
+        """One query's answer (the caller counts it and sets the headers: this runs in the query threads)."""
         result = self._client.custom_query(expr, params={"time": f"{at:.3f}"})
         if not isinstance(result, list):
             raise ValueError(f"unexpected answer: {str(result)[:200]}")
@@ -356,8 +363,12 @@ class PrometheusProvider:
     def _collect(self, queries: Iterable[Query], at: float) -> dict[tuple[str, str, str], _Collected]:
         labels = self.labels
         found: dict[tuple[str, str, str], _Collected] = defaultdict(_Collected)
-        for query in queries:
-            answer = self._query(query.expr, at)
+        queries = list(queries)
+        self.queries += len(queries)
+        self._client.headers = self._headers()
+        # In order, as each answer comes; the first failure ends the batch, as it did one query at a time.
+        answers = self._asking.map(lambda query: self._query(query.expr, at), queries)
+        for query, answer in zip(queries, answers, strict=True):
             self.series += len(answer)
             for item in answer:
                 metric = item["metric"]
