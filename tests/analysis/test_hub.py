@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 from kvoffload.analysis.assess import Measurements, VariantSample
-from kvoffload.analysis.hub import NAMES_MAX_AGE, MeasurementHub, PrometheusSource
+from kvoffload.analysis.hub import FULL_BATCH, NAMES_MAX_AGE, MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import PolicyKey, Target
 from kvoffload.controller.metrics import OperatorMetrics
 
@@ -58,6 +58,40 @@ async def test_concurrent_policies_share_one_provider_call() -> None:
     assert [r.stable.requests for r in results if r.stable is not None] == [float(len(n)) for n in names]
     assert provider.threads[0] != threading.main_thread().name  # the blocking call ran in a worker thread
     assert metrics.registry.get_sample_value("kvoffload_prometheus_queries_total") == 7  # counted once, per query
+
+
+async def later(delay: float, hub: MeasurementHub, name: str, *, patient: bool = False) -> Measurements:
+    await asyncio.sleep(delay)
+    return await hub.measure(target(name), patient=patient)
+
+
+async def test_patient_requests_wait_for_each_other_and_an_impatient_one_sends_them_at_once() -> None:
+    provider = RecordingProvider()
+    hub = MeasurementHub(provider, gather_window=0.01, patient_window=0.5)
+    began = time.monotonic()
+
+    await asyncio.gather(later(0.0, hub, "a", patient=True), later(0.3, hub, "b", patient=True))
+
+    assert time.monotonic() - began >= 0.5
+    assert [[t.policy for t in call] for call in provider.calls] == [["a", "b"]]
+
+    hub.patient_window = 5.0
+    began = time.monotonic()
+    await asyncio.gather(later(0.0, hub, "c", patient=True), later(0.1, hub, "d"))
+
+    assert time.monotonic() - began < 1.0, "the impatient request waited out the patient one's five seconds"
+    assert [[t.policy for t in call] for call in provider.calls[1:]] == [["c", "d"]]
+
+
+async def test_a_full_batch_is_sent_without_waiting_out_its_patience() -> None:
+    provider = RecordingProvider()
+    hub = MeasurementHub(provider, gather_window=0.01, patient_window=5.0)
+    began = time.monotonic()
+
+    await asyncio.gather(*(hub.measure(target(f"p{i}"), patient=True) for i in range(FULL_BATCH)))
+
+    assert time.monotonic() - began < 1.0
+    assert [len(call) for call in provider.calls] == [FULL_BATCH]
 
 
 async def test_requests_after_the_window_start_a_new_batch() -> None:

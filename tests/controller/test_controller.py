@@ -1039,6 +1039,36 @@ async def test_at_rest_fresh_readings_are_written_once_per_refresh_period_and_a_
     assert status_of(kube)["phase"] == "Stable"
 
 
+class PatienceHub(MeasurementHub):
+    """Notes, for each request, the mode the policy was in and whether the request could wait for others."""
+
+    def __init__(self, provider: DriftingProvider, kube: EmulatedCluster) -> None:
+        super().__init__(provider, gather_window=0.0)
+        self.kube = kube
+        self.asked: list[tuple[str, bool]] = []
+
+    async def measure(
+        self, target: Target, source: PrometheusSource | None = None, *, patient: bool = False
+    ) -> Measurements:
+        self.asked.append((status_of(self.kube)["mode"], patient))
+        return await super().measure(target, source, patient=patient)
+
+
+async def test_a_policy_at_rest_asks_patiently_and_one_that_climbs_does_not(
+    kube: EmulatedCluster, clock: Clock
+) -> None:
+    hub = PatienceHub(DriftingProvider(), kube)
+    controller = Controller(kube.gateway(), hub, clock=clock)
+    await climb_to_stable(kube, controller, clock)
+    for _ in range(3):
+        clock.advance(15)
+        await controller.reconcile(policy_body(kube))
+
+    climbing = {patient for mode, patient in hub.asked if mode != "Stable"}
+    resting = {patient for mode, patient in hub.asked if mode == "Stable"}
+    assert (climbing, resting) == ({False}, {True})
+
+
 async def test_at_rest_a_changed_verdict_is_written_at_once(kube: EmulatedCluster, clock: Clock) -> None:
     provider = DriftingProvider()
     settings = ControllerSettings(resting_refresh_seconds=300.0)

@@ -1,8 +1,9 @@
 """Measurement batching: many policies' analysis requests, one provider call.
 
 Each policy's reconcile asks the hub for its own ``Measurements``. Requests that
-arrive within a short gather window (50 ms by default) for the same Prometheus,
-or while the batch before them runs, are coalesced into ONE
+arrive within a short gather window (50 ms by default; longer for a patient
+request, as a policy at rest makes) for the same Prometheus, or while the batch
+before them runs, are coalesced into ONE
 ``MetricsProvider.measure(targets)`` call, which the provider answers with one
 query per metric for all of them. So the queries per cycle stay constant as
 policies are added. The provider is blocking; it runs in a worker thread, one
@@ -16,6 +17,7 @@ answer for a target, gives that target ``Measurements(error=...)``, which
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,6 +30,14 @@ log = logging.getLogger(__name__)
 
 DEFAULT_GATHER_WINDOW = 0.05
 """Seconds the first request of a batch waits for others to join it."""
+
+PATIENT_GATHER_WINDOW = 2.0
+"""What ``kvoffload run`` lets a patient request (a policy at rest) wait for others: a resting fleet's loops are
+spread over the interval, and every batch costs the same few queries however many policies it carries."""
+
+FULL_BATCH = 100
+"""Policies at which a batch is sent without waiting out its requests' patience: its queries cost about the same
+however many policies they name, so a longer wait would save none."""
 
 NAMES_MAX_AGE = 300.0
 """Seconds the series names of a Prometheus are reused before they are asked again."""
@@ -53,6 +63,10 @@ ProviderFactory = Callable[[PrometheusSource], MetricsProvider]
 
 @dataclass
 class _Batch:
+    due: float
+    """Loop time at which it is sent: when its least patient request has waited long enough."""
+    sooner: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when a request joins that wants the batch sent before ``due`` was."""
     targets: dict[PolicyKey, Target] = field(default_factory=dict)
     waiters: list[tuple[PolicyKey, asyncio.Future[Measurements]]] = field(default_factory=list)
 
@@ -69,6 +83,7 @@ class MeasurementHub:
         provider: MetricsProvider | ProviderFactory,
         *,
         gather_window: float = DEFAULT_GATHER_WINDOW,
+        patient_window: float | None = None,
         query_counter: QueryCounter | None = None,
     ) -> None:
         if hasattr(provider, "measure"):
@@ -77,6 +92,8 @@ class MeasurementHub:
         else:
             self._factory = provider
         self.gather_window = gather_window
+        self.patient_window = gather_window if patient_window is None else patient_window
+        """How long a patient request waits for others (the gather window unless given)."""
         self.query_counter = query_counter
         self.provider_calls = 0
         """Calls made to providers so far (the batching tests count them)."""
@@ -93,31 +110,46 @@ class MeasurementHub:
             self._providers[source] = self._factory(source)
         return self._providers[source]
 
-    async def measure(self, target: Target, source: PrometheusSource | None = None) -> Measurements:
+    async def measure(
+        self, target: Target, source: PrometheusSource | None = None, *, patient: bool = False
+    ) -> Measurements:
         """This target's measurements, from a batch shared with every request of the gather window.
 
-        Two requests for the same (namespace, policy) in one batch share its answer (the
-        first request's target is measured).
+        A ``patient`` request may wait ``patient_window`` for others to join its batch, any other one the
+        gather window: a batch is sent when its least patient request has waited that long, or once it holds
+        ``FULL_BATCH`` policies. Two requests for the same (namespace, policy) in one batch share its answer
+        (the first request's target is measured).
         """
         source = source or PrometheusSource()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Measurements] = loop.create_future()
+        due = loop.time() + (self.patient_window if patient else self.gather_window)
         batch = self._pending.get(source)
         if batch is None:
-            batch = self._pending[source] = _Batch()
+            batch = self._pending[source] = _Batch(due)
             task = loop.create_task(
                 self._flush_later(source, batch), name=f"kvoffload measurement batch {source.url or 'default'}"
             )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        elif due < batch.due:
+            batch.due = due
+            batch.sooner.set()
         batch.targets.setdefault(target.key, target)
+        if len(batch.targets) >= FULL_BATCH and batch.due > loop.time():
+            batch.due = loop.time()
+            batch.sooner.set()
         batch.waiters.append((target.key, future))
         return await asyncio.shield(future)
 
     async def _flush_later(self, source: PrometheusSource, batch: _Batch) -> None:
         lock = self._locks.setdefault(source, asyncio.Lock())
+        loop = asyncio.get_running_loop()
         try:
-            await asyncio.sleep(self.gather_window)
+            while (left := batch.due - loop.time()) > 0:
+                batch.sooner.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(batch.sooner.wait(), left)
             # The batch stays open while the one before it runs: whoever asks meanwhile joins it, so
             # there is one batch running and one gathering, never a queue of small ones (each of which
             # would send the whole fleet's queries again).

@@ -305,7 +305,7 @@ async def run_operator(
 
     Raises ``kubernetes.config.ConfigException`` when there is no cluster configuration.
     """
-    from kvoffload.analysis.hub import MeasurementHub
+    from kvoffload.analysis.hub import PATIENT_GATHER_WINDOW, MeasurementHub
     from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider
     from kvoffload.controller.gateway import KubernetesGateway, api_client_from_environment
 
@@ -315,6 +315,7 @@ async def run_operator(
     gateway = KubernetesGateway(api_client_from_environment())
     hub = MeasurementHub(
         lambda source: PrometheusProvider(source.url, bearer_token=source.bearer_token, labels=labels),
+        patient_window=PATIENT_GATHER_WINDOW,
         query_counter=metrics.prometheus_queries,
     )
     workloads = Workloads(gateway, metrics)

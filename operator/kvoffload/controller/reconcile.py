@@ -332,7 +332,8 @@ class Controller:
                 canary_hash=canary_role.config_hash if canary_role is not None else None,
                 workload=in_baseline,
             )
-            measurements, token = await self._measure(target, spec, ctx.ref, ctx.now)
+            resting = ctx.status is not None and ctx.status.mode in RESTING_MODES
+            measurements, token = await self._measure(target, spec, ctx.ref, ctx.now, patient=resting)
             baseline = ctx.status.baseline if ctx.status is not None else None
             assessment = assess(
                 spec,
@@ -545,17 +546,18 @@ class Controller:
         return (now - old.last_analysis.time).total_seconds() >= self.settings.resting_refresh_seconds
 
     async def _measure(
-        self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef, now: datetime
+        self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef, now: datetime, *, patient: bool
     ) -> tuple[Measurements, TokenCheck | None]:
         """This cycle's measurements, in the dialect confirmed against the series Prometheus holds, and how
-        reading the bearer token went; a token that cannot be read makes them inconclusive, with the reason."""
+        reading the bearer token went; a token that cannot be read makes them inconclusive, with the reason.
+        ``patient``: a policy at rest, whose request may wait longer for others to share its batch."""
         token, check = await self._bearer_token(spec, ref)
         if check is not None and check.problem is not None:
             return Measurements(canary=None, stable=None, error=check.message), check
         source = PrometheusSource(self.settings.prometheus_url or spec.prometheus.url, token)
         present = await self.hub.present_names(source, now.timestamp())
         target = replace(target, dialect=confirm_dialect(target.dialect, present))
-        return await self.hub.measure(target, source), check
+        return await self.hub.measure(target, source, patient=patient), check
 
     async def _bearer_token(self, spec: KVOffloadPolicySpec, ref: PolicyRef) -> tuple[str | None, TokenCheck | None]:
         """The policy's own token Secret, else the operator's; (None, None) when neither is set.
