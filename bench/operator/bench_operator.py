@@ -494,6 +494,7 @@ def bench_size(
             "full_cycle_own_sweeps_s": restart.sweeps_s,
             "full_cycle_own_sweeps": restart.sweeps,
             "restart_listed_reads": restart.listed_reads,
+            "restart_operator_cpu_total_s": restart.operator_cpu_total_s,
         }
     finally:
         if operator is not None and operator.poll() is None:
@@ -554,6 +555,8 @@ class Restart:
     sweeps: float | None = None
     listed_reads: float = 0.0
     """Reads of a policy's engines by two lists, not from the watch: before the watch's first list is in."""
+    operator_cpu_total_s: float = 0.0
+    """CPU the operator used from its start until every policy was analysed (imports and first lists too)."""
 
 
 def restart_cycle(
@@ -618,7 +621,8 @@ def restart_cycle(
             poll = 0.25 if at_rest else 2.0
             wait_until(lambda: (swept() if at_rest else analysed()) or None, 600, "every policy analysed", poll=poll)
             done = time.monotonic()
-            cpu = cpu_seconds(restarted.pid) - cpu_at_first
+            cpu_total = cpu_seconds(restarted.pid)
+            cpu = cpu_total - cpu_at_first
             found_metrics = operator_metrics(port)
             queries = found_metrics["kvoffload_prometheus_queries_total"]
             peak = status_of(restarted.pid)["VmHWM"]
@@ -637,11 +641,15 @@ def restart_cycle(
         swept_by["sweeps_s"] = found_metrics["kvoffload_sweep_seconds_sum"]
         swept_by["sweeps"] = found_metrics["kvoffload_sweep_seconds_count"]
     listed = found_metrics["kvoffload_workload_reads_total:list"]
-    found = Restart(done - began, first - began, done - first, cpu, queries, peak, **swept_by, listed_reads=listed)
+    found = Restart(
+        done - began, first - began, done - first, cpu, queries, peak, **swept_by, listed_reads=listed,
+        operator_cpu_total_s=cpu_total,
+    )  # fmt: skip
     own = f", by its own sweeps {found.sweeps_s:.1f} s in {found.sweeps:.0f}" if found.sweeps_s is not None else ""
     print(
         f"      restart: first reconcile {found.to_first_reconcile_s:.1f} s after the start, every policy analysed "
-        f"{found.cycle_s:.1f} s later ({found.operator_cpu_s:.1f} s of the operator's CPU{own}), {queries:.0f} queries, "
+        f"{found.cycle_s:.1f} s later ({found.operator_cpu_s:.1f} s of the operator's CPU{own}; "
+        f"{found.to_all_analysed_s:.1f} s and {cpu_total:.1f} s CPU from the start), {queries:.0f} queries, "
         f"{listed:.0f} reads of the engines by list",
         flush=True,
     )
@@ -732,8 +740,11 @@ def main() -> None:
         print(f"sweep ratio {rows[-1]['policies']}/{rows[0]['policies']} policies: {ratio:.1f}x")
     for row in rows:
         if row["policies"] == 1000:
-            # A full cycle: every policy due at once (as after a restart or a failover), all reconciled.
-            cycle_ok = row["full_cycle_s"] < 2.0
+            # A full cycle: every policy due at once (as after a restart or a failover), all reconciled. At rest it
+            # is the operator's own sweep, from its first reconcile's start: the time from the first one finished
+            # says nothing once the reconciles wait for one batch together and all finish at once.
+            own = row.get("full_cycle_own_sweeps_s")
+            cycle_ok = (own if own is not None else row["full_cycle_s"]) < 2.0
             rss_ok = row["rss_peak_bytes"] < 200 * 2**20
             print(f"goals at 1,000 policies: cycle < 2 s {'MET' if cycle_ok else 'NOT MET'}; "
                   f"RSS < 200 MiB {'MET' if rss_ok else 'NOT MET'} (peak)")  # fmt: skip
