@@ -36,8 +36,9 @@ PATIENT_GATHER_WINDOW = 2.0
 spread over the interval, and every batch costs the same few queries however many policies it carries."""
 
 FULL_BATCH = 100
-"""Policies at which a batch is sent without waiting out its requests' patience: its queries cost about the same
-however many policies they name, so a longer wait would save none."""
+"""Policies at which a batch stops waiting out its requests' patience and goes after the gather window, as an
+impatient one does: its queries cost about the same however many policies they name, so a longer wait would
+save none (and after a restart the rest of the fleet joins it within that window)."""
 
 NAMES_MAX_AGE = 300.0
 """Seconds the series names of a Prometheus are reused before they are asked again."""
@@ -63,6 +64,8 @@ ProviderFactory = Callable[[PrometheusSource], MetricsProvider]
 
 @dataclass
 class _Batch:
+    opened: float
+    """Loop time of its first request."""
     due: float
     """Loop time at which it is sent: when its least patient request has waited long enough."""
     sooner: asyncio.Event = field(default_factory=asyncio.Event)
@@ -116,9 +119,9 @@ class MeasurementHub:
         """This target's measurements, from a batch shared with every request of the gather window.
 
         A ``patient`` request may wait ``patient_window`` for others to join its batch, any other one the
-        gather window: a batch is sent when its least patient request has waited that long, or once it holds
-        ``FULL_BATCH`` policies. Two requests for the same (namespace, policy) in one batch share its answer
-        (the first request's target is measured).
+        gather window: a batch is sent when its least patient request has waited that long, or a gather window
+        after its first request once it holds ``FULL_BATCH`` policies. Two requests for the same (namespace,
+        policy) in one batch share its answer (the first request's target is measured).
         """
         source = source or PrometheusSource()
         loop = asyncio.get_running_loop()
@@ -126,7 +129,7 @@ class MeasurementHub:
         due = loop.time() + (self.patient_window if patient else self.gather_window)
         batch = self._pending.get(source)
         if batch is None:
-            batch = self._pending[source] = _Batch(due)
+            batch = self._pending[source] = _Batch(loop.time(), due)
             task = loop.create_task(
                 self._flush_later(source, batch), name=f"kvoffload measurement batch {source.url or 'default'}"
             )
@@ -136,8 +139,8 @@ class MeasurementHub:
             batch.due = due
             batch.sooner.set()
         batch.targets.setdefault(target.key, target)
-        if len(batch.targets) >= FULL_BATCH and batch.due > loop.time():
-            batch.due = loop.time()
+        if len(batch.targets) >= FULL_BATCH and batch.due > batch.opened + self.gather_window:
+            batch.due = batch.opened + self.gather_window  # as an impatient batch: whoever else asks now joins it
             batch.sooner.set()
         batch.waiters.append((target.key, future))
         return await asyncio.shield(future)
