@@ -501,6 +501,33 @@ async def test_a_body_older_than_the_status_just_written_is_judged_by_that_statu
     assert status_of(kube)["stage"] == written["stage"]
 
 
+async def test_an_unserved_podmonitor_kind_is_asked_once_per_resync_period_and_told_once_per_policy(
+    kube: EmulatedCluster, provider: CraftedProvider, clock: Clock
+) -> None:
+    now = [0.0]
+    hub = MeasurementHub(provider, gather_window=0.0)
+    controller = Controller(kube.gateway(), hub, clock=clock, monotonic=lambda: now[0])
+    kube.emulator.fail_next(404, method="PATCH", plural="podmonitors", times=1_000, message="the server could not find")
+    names = ("chat", "other", "third")
+    for name in names:
+        await create_policy(kube, name)
+
+    async def sweep() -> None:
+        for name in names:
+            await controller.reconcile(policy_body(kube, name))
+
+    def probes() -> int:
+        return sum(1 for r in kube.emulator if r.resource is not None and r.resource.plural == "podmonitors")
+
+    await sweep()
+    assert probes() == 2  # the first policy's read (nothing there) and apply (the kind is not served)
+    now[0] += controller.settings.children_resync_seconds + 1
+    await sweep()
+    assert probes() == 4  # asked again once in the next period, not once per policy
+    told = [e for e in await events(kube) if e.reason == "PodMonitorUnavailable"]
+    assert sorted((e.involved_object.name, e.count) for e in told) == [(name, 1) for name in sorted(names)]
+
+
 async def test_a_deployment_someone_else_owns_is_not_taken_over(kube: EmulatedCluster, controller: Controller) -> None:
     await kube.emulator.create_object(
         {

@@ -242,6 +242,9 @@ class Controller:
         self.workloads = workloads or Workloads(gateway, self.metrics, monotonic)
         # (policy uid, kind) -> (render input, when written): Service and PodMonitor are not listed each cycle.
         self._children: dict[tuple[str, str], tuple[str, float]] = {}
+        # child kind -> when the API server last answered that it does not serve it; (policy uid, kind) told so.
+        self._unserved: dict[str, float] = {}
+        self._told_unserved: set[tuple[str, str]] = set()
         # policy uid -> what its render input was judged to give, while the input stays the same.
         self._judged: dict[str, _Judged] = {}
         self._rng = random.Random()
@@ -297,6 +300,7 @@ class Controller:
         self.workloads.forget(uid)
         for key in [k for k in self._children if k[0] == uid]:
             del self._children[key]
+        self._told_unserved = {told for told in self._told_unserved if told[0] != uid}
         self.metrics.forget_policy(uid)
 
     async def _cycle(self, ctx: _Reconcile) -> Plan:
@@ -476,29 +480,49 @@ class Controller:
         return not steps
 
     async def _apply_shared(self, ctx: _Reconcile, policy: KVOffloadPolicy, key: str) -> None:
-        """Service and PodMonitor: written when their render input changed, or after the resync period."""
+        """Service and PodMonitor: written when their render input changed, or after the resync period.
+
+        Without the Prometheus Operator the PodMonitor kind is not served (404). That is asked once per resync
+        period for the whole fleet, not once per policy, and each policy is told once, by an Event: over 1,000
+        policies the per-policy retries were three requests and a warning line each every 5 minutes."""
         now = self._monotonic()
+        period = self.settings.children_resync_seconds
         for kind, render_child in _CHILDREN:
             child = (ctx.ref.uid, kind)
             written = self._children.get(child)
-            if written is not None and written[0] == key and now - written[1] < self.settings.children_resync_seconds:
+            if written is not None and written[0] == key and now - written[1] < period:
+                continue
+            unserved = self._unserved.get(kind)
+            if unserved is not None and now - unserved < period:
+                await self._tell_unserved(ctx.ref, kind)
+                self._children[child] = (key, now)
                 continue
             manifest = with_digest(render_child(policy))
             try:
                 await self._apply(ctx, manifest)
             except ReconcileError as exc:
                 cause = exc.__cause__
-                if manifest["kind"] == "PodMonitor" and isinstance(cause, ApiRejectedError) and cause.status == 404:
-                    # No Prometheus Operator: scraping is configured some other way. Say so, go on.
-                    await self.gateway.emit_event(
-                        ctx.ref,
-                        "Warning",
-                        "PodMonitorUnavailable",
-                        "the PodMonitor kind is not served (no Prometheus Operator?): scrape the engines another way",
-                    )
+                if kind == "PodMonitor" and isinstance(cause, ApiRejectedError) and cause.status == 404:
+                    self._unserved[kind] = now  # no Prometheus Operator: scraping is configured some other way
+                    await self._tell_unserved(ctx.ref, kind)
                 else:
                     raise
+            else:
+                if self._unserved.pop(kind, None) is not None:  # served again: a later loss is told again
+                    self._told_unserved = {told for told in self._told_unserved if told[1] != kind}
             self._children[child] = (key, now)
+
+    async def _tell_unserved(self, ref: PolicyRef, kind: str) -> None:
+        """Say once per policy that its PodMonitor cannot be written, and go on."""
+        if (ref.uid, kind) in self._told_unserved:
+            return
+        self._told_unserved.add((ref.uid, kind))
+        await self.gateway.emit_event(
+            ref,
+            "Warning",
+            "PodMonitorUnavailable",
+            "the PodMonitor kind is not served (no Prometheus Operator?): scrape the engines another way",
+        )
 
     async def _apply(self, ctx: _Reconcile, manifest: dict[str, Any]) -> None:
         stored = await self._api("apply", self.gateway.apply(manifest, ctx.ref), ctx.ref)
