@@ -259,6 +259,12 @@ def test_demo_promote_climbs_to_the_top_and_ends_stable_with_every_replica_there
     assert final["stable"]["replicas"] == final["stable"]["ready"] == demo_replicas()
     assert "canary" not in final
     assert not any(h["decision"] == "Rollback" for h in final["history"])
+    # Issue 9: counted by the kubelet stand-in, not by the operator. Roles move, not pods: 2 gpu-only engines,
+    # the pilot, and 2 of each level above it (9 when each promotion to 100% restarted the stable pods).
+    policy = KVOffloadPolicy.model_validate(load_policy_doc(default_policy_path())).spec
+    print(f"engines started {doc['summary']['podsStarted']}, fewest Ready {doc['summary']['minReadyReplicas']}")
+    assert doc["summary"]["podsStarted"] == 7
+    assert doc["summary"]["minReadyReplicas"] >= policy.replicas - policy.rollout.canary_replicas
     assert doc["timeline"]["samples"]
     assert Path(doc["report"]["png"]).read_bytes()[:4] == b"\x89PNG"
 

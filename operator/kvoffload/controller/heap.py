@@ -2,7 +2,7 @@
 
 glibc's malloc keeps what Python frees above its small-object allocator (objects over 512 bytes: JSON texts,
 large dicts and lists) for reuse, and returns it to the OS only from the top of its heap. After a climb of 1,000
-policies the operator's glibc heap held 38-86 MiB free of 59-109 MiB, and ``malloc_trim(0)`` gave 19-69 MiB of
+policies the operator's glibc heap held 38-86 MiB free of 59-109 MiB, and ``malloc_trim(0)`` gave 18-69 MiB of
 it back (``bench/operator``, ``--mallinfo``). So the operator calls it every ``TRIM_INTERVAL`` seconds, from a
 thread. Where the C library has no ``malloc_trim`` (musl), nothing is done.
 """
