@@ -79,7 +79,7 @@ async def test_patient_requests_wait_for_each_other_and_an_impatient_one_sends_t
     began = time.monotonic()
     await asyncio.gather(later(0.0, hub, "c", patient=True), later(0.1, hub, "d"))
 
-    assert time.monotonic() - began < 1.0, "the impatient request waited out the patient one's five seconds"
+    assert time.monotonic() - began < 2.5, "the impatient request waited out the patient one's five seconds"
     assert [[t.policy for t in call] for call in provider.calls[1:]] == [["c", "d"]]
 
 
@@ -90,7 +90,7 @@ async def test_a_full_batch_is_sent_without_waiting_out_its_patience() -> None:
 
     await asyncio.gather(*(hub.measure(target(f"p{i}"), patient=True) for i in range(FULL_BATCH)))
 
-    assert time.monotonic() - began < 1.0
+    assert time.monotonic() - began < 2.5  # not the five seconds of patience
     assert [len(call) for call in provider.calls] == [FULL_BATCH]
 
 

@@ -229,7 +229,7 @@ def test_a_broken_answer_gives_an_error(case: str, attrs: dict[str, object], exp
 
 
 class _Slow(_Canned):
-    """Answers every query after 0.2 s, and notes how many were in flight at once."""
+    """Answers every query after 0.5 s, and notes how many were in flight at once."""
 
     lock = threading.Lock()
     in_flight = 0
@@ -240,7 +240,7 @@ class _Slow(_Canned):
         with cls.lock:
             cls.in_flight += 1
             cls.most = max(cls.most, cls.in_flight)
-        threading.Event().wait(0.2)
+        threading.Event().wait(0.5)  # long enough for the four to overlap on a busy machine
         with cls.lock:
             cls.in_flight -= 1
         super().do_GET()
