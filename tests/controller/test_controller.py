@@ -32,6 +32,7 @@ from kvoffload.api.conventions import (
     PROMETHEUS_TOKEN_UNREADABLE,
     RETRY,
 )
+from kvoffload.api.quantity import parse_duration
 from kvoffload.controller.gateway import ApiRejectedError
 from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError, SecretLocation
 from tests.support.kube import EmulatedCluster, policy_manifest
@@ -1067,18 +1068,18 @@ async def test_at_rest_fresh_readings_are_written_once_per_refresh_period_and_a_
 
 
 class PatienceHub(MeasurementHub):
-    """Notes, for each request, the mode the policy was in and whether the request could wait for others."""
+    """Notes, for each request, the mode the policy was in and how long the request could wait for others."""
 
     def __init__(self, provider: DriftingProvider, kube: EmulatedCluster) -> None:
         super().__init__(provider, gather_window=0.0)
         self.kube = kube
-        self.asked: list[tuple[str, bool]] = []
+        self.asked: list[tuple[str, float]] = []
 
     async def measure(
-        self, target: Target, source: PrometheusSource | None = None, *, patient: bool = False
+        self, target: Target, source: PrometheusSource | None = None, *, patience: float = 0.0
     ) -> Measurements:
-        self.asked.append((status_of(self.kube)["mode"], patient))
-        return await super().measure(target, source, patient=patient)
+        self.asked.append((status_of(self.kube)["mode"], patience))
+        return await super().measure(target, source, patience=patience)
 
 
 async def test_a_policy_at_rest_asks_patiently_and_one_that_climbs_does_not(
@@ -1091,9 +1092,10 @@ async def test_a_policy_at_rest_asks_patiently_and_one_that_climbs_does_not(
         clock.advance(15)
         await controller.reconcile(policy_body(kube))
 
-    climbing = {patient for mode, patient in hub.asked if mode != "Stable"}
-    resting = {patient for mode, patient in hub.asked if mode == "Stable"}
-    assert (climbing, resting) == ({False}, {True})
+    interval = parse_duration(chat_spec()["analysis"]["interval"])
+    climbing = {patience for mode, patience in hub.asked if mode != "Stable"}
+    resting = {patience for mode, patience in hub.asked if mode == "Stable"}
+    assert (climbing, resting) == ({0.0}, {interval / 4})  # a quarter of its interval: its analyses stay as often
 
 
 async def test_at_rest_a_changed_verdict_is_written_at_once(kube: EmulatedCluster, clock: Clock) -> None:

@@ -2,8 +2,8 @@
 
 Each policy's reconcile asks the hub for its own ``Measurements``. Requests that
 arrive within a short gather window (50 ms by default; longer for a patient
-request, as a policy at rest makes) for the same Prometheus, or while the batch
-before them runs, are coalesced into ONE
+request, as a policy at rest makes: up to 2 s in ``kvoffload run``) for the same
+Prometheus, or while the batch before them runs, are coalesced into ONE
 ``MetricsProvider.measure(targets)`` call, which the provider answers with one
 query per metric for all of them. So the queries per cycle stay constant as
 policies are added. The provider is blocking; it runs in a worker thread, one
@@ -32,8 +32,8 @@ DEFAULT_GATHER_WINDOW = 0.05
 """Seconds the first request of a batch waits for others to join it."""
 
 PATIENT_GATHER_WINDOW = 2.0
-"""What ``kvoffload run`` lets a patient request (a policy at rest) wait for others: a resting fleet's loops are
-spread over the interval, and every batch costs the same few queries however many policies it carries."""
+"""The longest ``kvoffload run`` lets a patient request (a policy at rest) wait for others: a resting fleet's loops
+are spread over the interval, and every batch costs the same few queries however many policies it carries."""
 
 FULL_BATCH = 100
 """Policies at which a batch stops waiting out its requests' patience and goes after the gather window, as an
@@ -96,7 +96,7 @@ class MeasurementHub:
             self._factory = provider
         self.gather_window = gather_window
         self.patient_window = gather_window if patient_window is None else patient_window
-        """How long a patient request waits for others (the gather window unless given)."""
+        """The longest a patient request waits for others (the gather window unless given)."""
         self.query_counter = query_counter
         self.provider_calls = 0
         """Calls made to providers so far (the batching tests count them)."""
@@ -114,19 +114,19 @@ class MeasurementHub:
         return self._providers[source]
 
     async def measure(
-        self, target: Target, source: PrometheusSource | None = None, *, patient: bool = False
+        self, target: Target, source: PrometheusSource | None = None, *, patience: float = 0.0
     ) -> Measurements:
         """This target's measurements, from a batch shared with every request of the gather window.
 
-        A ``patient`` request may wait ``patient_window`` for others to join its batch, any other one the
-        gather window: a batch is sent when its least patient request has waited that long, or a gather window
-        after its first request once it holds ``FULL_BATCH`` policies. Two requests for the same (namespace,
-        policy) in one batch share its answer (the first request's target is measured).
+        A request may wait ``patience`` seconds for others to join its batch, up to ``patient_window``, and at
+        least the gather window: a batch is sent when its least patient request has waited that long, or a
+        gather window after its first request once it holds ``FULL_BATCH`` policies. Two requests for the
+        same (namespace, policy) in one batch share its answer (the first request's target is measured).
         """
         source = source or PrometheusSource()
         loop = asyncio.get_running_loop()
         future: asyncio.Future[Measurements] = loop.create_future()
-        due = loop.time() + (self.patient_window if patient else self.gather_window)
+        due = loop.time() + max(self.gather_window, min(patience, self.patient_window))
         batch = self._pending.get(source)
         if batch is None:
             batch = self._pending[source] = _Batch(loop.time(), due)

@@ -337,7 +337,10 @@ class Controller:
                 workload=in_baseline,
             )
             resting = ctx.status is not None and ctx.status.mode in RESTING_MODES
-            measurements, token = await self._measure(target, spec, ctx.ref, ctx.now, patient=resting)
+            # At rest a request may wait for others to share its batch: a quarter of its interval at most, so a
+            # resting policy's analyses stay about as often as it asked (the hub caps it at 2 s).
+            patience = parse_duration(spec.analysis.interval) / 4 if resting else 0.0
+            measurements, token = await self._measure(target, spec, ctx.ref, ctx.now, patience=patience)
             baseline = ctx.status.baseline if ctx.status is not None else None
             assessment = assess(
                 spec,
@@ -570,18 +573,18 @@ class Controller:
         return (now - old.last_analysis.time).total_seconds() >= self.settings.resting_refresh_seconds
 
     async def _measure(
-        self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef, now: datetime, *, patient: bool
+        self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef, now: datetime, *, patience: float
     ) -> tuple[Measurements, TokenCheck | None]:
         """This cycle's measurements, in the dialect confirmed against the series Prometheus holds, and how
         reading the bearer token went; a token that cannot be read makes them inconclusive, with the reason.
-        ``patient``: a policy at rest, whose request may wait longer for others to share its batch."""
+        ``patience``: how long the request may wait for others to share its batch (``MeasurementHub.measure``)."""
         token, check = await self._bearer_token(spec, ref)
         if check is not None and check.problem is not None:
             return Measurements(canary=None, stable=None, error=check.message), check
         source = PrometheusSource(self.settings.prometheus_url or spec.prometheus.url, token)
         present = await self.hub.present_names(source, now.timestamp())
         target = replace(target, dialect=confirm_dialect(target.dialect, present))
-        return await self.hub.measure(target, source, patient=patient), check
+        return await self.hub.measure(target, source, patience=patience), check
 
     async def _bearer_token(self, spec: KVOffloadPolicySpec, ref: PolicyRef) -> tuple[str | None, TokenCheck | None]:
         """The policy's own token Secret, else the operator's; (None, None) when neither is set.
