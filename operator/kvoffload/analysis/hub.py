@@ -135,12 +135,11 @@ class MeasurementHub:
             )
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
-        elif due < batch.due:
-            batch.due = due
-            batch.sooner.set()
         batch.targets.setdefault(target.key, target)
-        if len(batch.targets) >= FULL_BATCH and batch.due > batch.opened + self.gather_window:
-            batch.due = batch.opened + self.gather_window  # as an impatient batch: whoever else asks now joins it
+        if len(batch.targets) >= FULL_BATCH:
+            due = min(due, batch.opened + self.gather_window)  # as an impatient batch: whoever else asks now joins it
+        if due < batch.due:
+            batch.due = due
             batch.sooner.set()
         batch.waiters.append((target.key, future))
         return await asyncio.shield(future)
