@@ -20,6 +20,7 @@ from kvoffload.analysis import prometheus
 from kvoffload.analysis.assess import Measurements
 from kvoffload.analysis.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
 from kvoffload.analysis.prometheus import (
+    HISTOGRAM_FIELDS,
     QUERY_CONCURRENCY,
     SCOPE_MAX_CHARS,
     WORKLOAD_QUERIES,
@@ -84,11 +85,19 @@ def test_the_workload_flag_adds_its_queries_after_the_usual_ones() -> None:
     assert len(added) == WORKLOAD_QUERIES == 8
     by = "namespace, kvoffload_io_policy, kvoffload_io_level, kvoffload_io_config_hash"
     sel = '{kvoffload_io_policy!=""}'
-    # Four histograms as bucket rates by le: p50, p95 and p99 are interpolated client-side (4 queries, not 12).
-    assert added["workload.prompt_tokens"] == f"sum by (le, {by}) (rate(vllm:request_prompt_tokens_bucket{sel}[120s]))"
-    assert added["workload.ttft"] == f"sum by (le, {by}) (rate(vllm:time_to_first_token_seconds_bucket{sel}[120s]))"
-    assert added["workload.itl"] == f"sum by (le, {by}) (rate(vllm:inter_token_latency_seconds_bucket{sel}[120s]))"
-    assert added["workload.e2e"] == f"sum by (le, {by}) (rate(vllm:e2e_request_latency_seconds_bucket{sel}[120s]))"
+    # Four histograms, one query each: p50, p95 and p99 by histogram_quantile, each series labelled with its quantile.
+    for field, name in (
+        ("workload.prompt_tokens", "vllm:request_prompt_tokens_bucket"),
+        ("workload.ttft", "vllm:time_to_first_token_seconds_bucket"),
+        ("workload.itl", "vllm:inter_token_latency_seconds_bucket"),
+        ("workload.e2e", "vllm:e2e_request_latency_seconds_bucket"),
+    ):
+        rates = f"sum by (le, {by}) (rate({name}{sel}[120s]))"
+        assert added[field] == (
+            f'label_replace(histogram_quantile(0.5, {rates}), "quantile", "0.5", "", "") or '
+            f'label_replace(histogram_quantile(0.95, {rates}), "quantile", "0.95", "", "") or '
+            f'label_replace(histogram_quantile(0.99, {rates}), "quantile", "0.99", "", "")'
+        )
     assert added["workload.running_requests"] == f"avg by ({by}) (avg_over_time(vllm:num_requests_running{sel}[120s]))"
     assert added["workload.prefix_cache_hit_rate"] == (
         f"sum by ({by}) (increase(vllm:prefix_cache_hits_total{sel}[120s])) / "
@@ -380,7 +389,11 @@ def test_the_provider_reads_each_variant_of_each_policy(scraped_fleet: Prometheu
 @pytest.mark.prometheus
 def test_a_baseline_target_gets_the_workload_figures_of_a_known_workload(scraped_fleet: PrometheusServer) -> None:
     provider = PrometheusProvider(scraped_fleet.url)
+    provider.measure([synthetic_target("llm", "warm", WINDOW, with_canary=False)])
+    plain = provider.series
     got = provider.measure([synthetic_target("llm", "warm", WINDOW, with_canary=False, workload=True)])[("llm", "warm")]
+    # Three series a histogram, not one a bucket (10 to 23 of them): what a fleet-wide baseline decodes at once.
+    assert provider.series - 2 * plain == len(HISTOGRAM_FIELDS) * 3 + (WORKLOAD_QUERIES - len(HISTOGRAM_FIELDS))
 
     assert got.error is None
     assert got.stable is not None
@@ -400,7 +413,7 @@ def test_a_baseline_target_gets_the_workload_figures_of_a_known_workload(scraped
     assert w.kv_usage_max == pytest.approx(0.93)  # the peak, not the 0.4 most scrapes show...
     assert got.stable.kv_usage is not None
     assert 0.4 < got.stable.kv_usage < 0.93  # ...which the average blurs
-    assert got.stable.ttft_p99 == pytest.approx(w.ttft.p99, rel=1e-6)  # server-side and client-side agree
+    assert got.stable.ttft_p99 == pytest.approx(w.ttft.p99, rel=1e-6)  # the guard's p99 and the workload's agree
 
 
 @pytest.mark.prometheus
