@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -27,4 +28,16 @@ def plain_body(body: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-__all__ = ["plain_body"]
+def packed_body(body: Mapping[str, Any]) -> bytes:
+    """``plain_body`` as compact JSON: how the operator keeps a policy between its cycles. A policy as served is
+    some 9 kB of JSON and decodes to some 45 kB of Python objects; packed, it is some 6.5 kB."""
+    return json.dumps(plain_body(body), separators=(",", ":")).encode()
+
+
+def unpacked_body(packed: bytes) -> dict[str, Any]:
+    """A ``packed_body`` as a fresh object of its own."""
+    out: dict[str, Any] = json.loads(packed)
+    return out
+
+
+__all__ = ["packed_body", "plain_body", "unpacked_body"]

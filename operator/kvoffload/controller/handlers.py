@@ -1,16 +1,23 @@
 """The kopf wiring: when to reconcile a policy. The cycle itself is ``Controller.reconcile``.
 
-- A ``daemon`` per policy loops: reconcile (at once when it starts: a new policy or an operator
-  restart), then wait ``spec.analysis.interval`` (read from the live body every loop), or less
-  when the plan says a decision falls due sooner, or until the policy's input changes. It
-  survives every error: it logs, counts and backs off, so one bad policy never stops the
-  operator. It ends when the policy is deleted; Kubernetes' garbage collector removes the
-  children through their ownerReferences.
-- An ``on.event`` handler wakes the daemon when the input changes: a new generation (an edited
-  spec) or new annotations (manual control). kopf's change handlers (``on.create``/``update``/
-  ``resume``) are not used: for them kopf deep-copies every policy, status included, on every
-  watch event, and writes its progress into the policy; at 1,000 policies that was a tenth of a
-  restart's CPU. So the operator keeps no diff base (``_NoDiffBase``).
+- A loop per policy: reconcile (at once when it starts: a new policy or an operator restart),
+  then wait ``spec.analysis.interval``, or less when the plan says a decision falls due sooner,
+  or until the policy's input changes. It survives every error: it logs, counts and backs off,
+  so one bad policy never stops the operator. It ends when the policy is deleted; Kubernetes'
+  garbage collector removes the children through their ownerReferences.
+- An ``on.event`` handler keeps each policy's newest body, packed (``controller/bodies.py``), and
+  wakes its loop when the input changes: a new generation (an edited spec) or new annotations
+  (manual control). kopf's change handlers (``on.create``/``update``/``resume``) are not used:
+  for them kopf deep-copies every policy, status included, on every watch event, and writes its
+  progress into the policy; at 1,000 policies that was a tenth of a restart's CPU. So the
+  operator keeps no diff base (``_NoDiffBase``).
+- The loops are the runtime's own tasks, started by a policy's first event: a kopf daemon would
+  make kopf keep every policy's body decoded for it (some 45 kB a policy) and a finalizer on it.
+  With kopf peering on, kopf daemons run them instead, since kopf pauses only its own daemons
+  when a peer of higher priority appears.
+- At most ``LoopSettings.max_concurrent`` cycles are in flight at once: each holds its policy's
+  body, spec, status and children while it waits, and a start over 1,000 policies put all of
+  them in flight together (most of the operator's peak memory).
 - A per-policy ``asyncio.Lock`` keeps reconciles of one policy from overlapping.
 - ``run_operator`` watches the engines' Deployments and pods beside kopf (``controller/workloads.py``),
   so a cycle reads them from memory instead of listing them, and hands freed heap back to the OS every
@@ -35,12 +42,14 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
+from kvoffload.analysis.hub import FULL_BATCH
 from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, PEERING_NAME, PLURAL
 from kvoffload.api.quantity import parse_duration
+from kvoffload.controller.bodies import packed_body, unpacked_body
 from kvoffload.controller.health import Health, Role
 from kvoffload.controller.heap import trim_periodically
 from kvoffload.controller.leadership import Leadership, LeaseSettings
@@ -72,13 +81,24 @@ class LoopSettings:
     """First wait after an unexpected error; doubles per error in a row."""
     max_backoff: float = 300.0
     daemon_cancellation_timeout: float = 5.0
+    max_concurrent: int = FULL_BATCH
+    """Cycles in flight at once, fleet-wide, as controller-runtime's MaxConcurrentReconciles. A cycle holds its
+    policy's body, spec, status and children while it waits for Prometheus and the API server; a start over 1,000
+    policies put all of them in flight at once. A full batch of the measurement hub, so no batch waits for more."""
 
 
 @dataclass
 class _Slot:
-    """One policy's runtime: its lock, its wake-up and when its last cycle wants the next (not its whole Plan:
-    a status held per policy for this would be most of what the operator keeps of a large fleet)."""
+    """One policy's runtime: its loop, the newest body seen, its lock, its wake-up and when its last cycle wants the
+    next (not its whole Plan: a status held per policy for this would be most of what the operator keeps of a large
+    fleet)."""
 
+    body: bytes = b""
+    """The newest body seen, as ``packed_body``: kept decoded, a policy is some 45 kB of Python objects."""
+    interval: float = DEFAULT_INTERVAL
+    """``spec.analysis.interval`` of that body."""
+    loop: asyncio.Task[None] | None = None
+    """The loop, where the runtime owns it (``PolicyRuntime.owns_loops``)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
     last_done: float | None = None
@@ -92,19 +112,27 @@ class _Slot:
 
 
 class PolicyRuntime:
-    """The operator's state between handler calls: the Controller and one slot per policy."""
+    """The operator's state between handler calls: the Controller and one slot (and loop) per policy."""
 
     def __init__(
         self,
         controller: Controller | ControllerFactory,
         loop_settings: LoopSettings | None = None,
         metrics: OperatorMetrics | None = None,
+        *,
+        owns_loops: bool = True,
     ) -> None:
         self._source = controller
+        self.owns_loops = owns_loops
+        """The runtime starts and ends the loops itself; otherwise a kopf daemon per policy runs each (``register``)."""
         self.controller: Controller | None = controller if isinstance(controller, Controller) else None
         self.loop = loop_settings or LoopSettings()
         self._metrics = metrics
         self._slots: dict[str, _Slot] = {}
+        self._in_flight = asyncio.Semaphore(self.loop.max_concurrent)
+        self.settings = kopf.OperatorSettings()
+        """kopf's settings (set at its startup), for the loops' object loggers: their warnings become Events."""
+        self._stopping: asyncio.Event | None = None
 
     @property
     def metrics(self) -> OperatorMetrics:
@@ -114,9 +142,21 @@ class PolicyRuntime:
 
     async def start(self) -> None:
         """Build the Controller (once) if a factory was given."""
+        self._stopping = self._stopping or asyncio.Event()
         if self.controller is None:
             made = self._source()  # type: ignore[operator]
             self.controller = await made if inspect.isawaitable(made) else made
+
+    async def stop(self) -> None:
+        """End every loop: each may finish its cycle for ``daemon_cancellation_timeout`` seconds, then is cancelled."""
+        if self._stopping is not None:
+            self._stopping.set()
+        loops = [slot.loop for slot in self._slots.values() if slot.loop is not None]
+        if loops:
+            _, pending = await asyncio.wait(loops, timeout=self.loop.daemon_cancellation_timeout)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
 
     def slot(self, uid: str) -> _Slot:
         if uid not in self._slots:
@@ -140,36 +180,55 @@ class PolicyRuntime:
         slot.failures, slot.retry_after = 0, None
         return plan
 
-    def noticed(self, body: Mapping[str, Any]) -> None:
-        """A watch event of the policy: wake its daemon when its input changed (not for its status alone)."""
+    def noticed(self, body: Mapping[str, Any], event_type: str | None = None) -> None:
+        """A watch event of the policy: keep its body, wake its loop when its input changed (not for its status
+        alone), and, when the runtime owns the loops, start one on the first event and end it when the policy goes."""
         meta = body.get("metadata") or {}
-        if meta.get("deletionTimestamp"):  # kopf stops its daemon; the garbage collector takes the children
+        uid = _uid(body)
+        if event_type == "DELETED" or meta.get("deletionTimestamp"):  # the garbage collector takes the children
+            gone = self._slots.get(uid)
+            if gone is not None and gone.loop is not None:
+                gone.loop.cancel()
             return
+        slot = self.slot(uid)
+        slot.body = packed_body(body)
+        slot.interval = _interval(body)
         seen = (meta.get("generation"), tuple(sorted((meta.get("annotations") or {}).items())))
-        slot = self.slot(_uid(body))
         previous, slot.seen_input = slot.seen_input, seen
-        if previous is not None and previous != seen:  # the first sighting is the daemon's first cycle
+        if previous is not None and previous != seen:  # the first sighting is the loop's first cycle
             slot.changed = True
             slot.wake.set()
+        if self.owns_loops and slot.loop is None and not (self._stopping is not None and self._stopping.is_set()):
+            logger = kopf.ObjectLogger(body=cast(kopf.Body, body), settings=self.settings)
+            # Made from kopf's event handler, the task inherits the context kopf posts the logger's Events through.
+            slot.loop = asyncio.create_task(
+                self.run_loop(uid, slot, self._stopped(), logger),
+                name=f"policy {meta.get('namespace')}/{meta.get('name')}",
+            )
 
-    async def run_loop(self, body: Mapping[str, Any], stopped: Any, logger: Any) -> None:
-        """The per-policy daemon: reconcile, wait, repeat until ``stopped``."""
-        uid = _uid(body)
-        slot = self.slot(uid)
-        # One wait on kopf's stop flag for the daemon's life: kopf makes a task for each wait on it.
-        stopping = asyncio.ensure_future(stopped.wait())
+    async def _stopped(self) -> None:
+        await self.start()
+        assert self._stopping is not None
+        await self._stopping.wait()
+
+    async def run_loop(self, uid: str, slot: _Slot, stop: Awaitable[Any], logger: Any) -> None:
+        """The per-policy loop: reconcile, wait, repeat until ``stop`` (the operator stops, the policy goes)."""
+        # One wait on the stop flag for the loop's life.
+        stopping = asyncio.ensure_future(stop)
         try:
-            while not stopped:
+            while not stopping.done():
                 changed, slot.changed = slot.changed, False
                 recent = slot.last_done is not None and time.monotonic() - slot.last_done < MIN_GAP
                 if changed or not recent:
-                    await self._loop_cycle(body, slot, logger)
+                    async with self._in_flight:  # the body is unpacked once the cycle may run: the newest one
+                        await self._loop_cycle(unpacked_body(slot.body), slot, logger)
                 if not slot.changed:  # a change noticed during the cycle was not in its body: go again at once
                     slot.wake.clear()
-                await _wait(self._delay(body, slot), slot.wake, stopping)
+                await _wait(self._delay(slot), slot.wake, stopping)
         finally:
             stopping.cancel()
-            self._slots.pop(uid, None)
+            if self._slots.get(uid) is slot:
+                del self._slots[uid]
             if self.controller is not None:
                 self.controller.forget(uid)
 
@@ -190,9 +249,9 @@ class PolicyRuntime:
                 "reconcile failed (%d in a row); retrying in %.1fs: %s", slot.failures, slot.retry_after, exc
             )
 
-    def _delay(self, body: Mapping[str, Any], slot: _Slot) -> float:
-        """The analysis interval from the live body; sooner when the plan or a retry wants it."""
-        delay = _interval(body)
+    def _delay(self, slot: _Slot) -> float:
+        """The analysis interval of the newest body; sooner when the plan or a retry wants it."""
+        delay = slot.interval
         if slot.requeue_after is not None:
             delay = min(delay, slot.requeue_after)
         if slot.failures and slot.retry_after is not None:
@@ -257,24 +316,36 @@ def register(
     *,
     loop_settings: LoopSettings | None = None,
     metrics: OperatorMetrics | None = None,
+    own_loops: bool = True,
 ) -> PolicyRuntime:
-    """Add the operator's handlers to ``registry``; returns the runtime they share."""
-    runtime = PolicyRuntime(controller, loop_settings, metrics)
-    cancel_after = runtime.loop.daemon_cancellation_timeout
+    """Add the operator's handlers to ``registry``; returns the runtime they share.
+
+    ``own_loops``: the runtime runs each policy's loop itself. Where kopf peering is on, ``False``: a kopf daemon
+    runs each loop instead, since kopf pauses only its own daemons for a peer of higher priority; it then keeps each
+    policy's body decoded for its daemon, some 45 kB a policy.
+    """
+    runtime = PolicyRuntime(controller, loop_settings, metrics, owns_loops=own_loops)
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         configure_settings(settings)
+        runtime.settings = settings
         await runtime.start()
 
     @kopf.on.event(*RESOURCE, id=NOTICED, registry=registry)
     async def noticed(body: kopf.Body, type: str | None, **_: Any) -> None:
-        if type != "DELETED":
-            runtime.noticed(body)
+        runtime.noticed(body, type)
 
-    @kopf.daemon(*RESOURCE, registry=registry, cancellation_timeout=cancel_after)
-    async def policy_loop(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Any, **_: Any) -> None:
-        await runtime.run_loop(body, stopped, logger)
+    @kopf.on.cleanup(registry=registry)
+    async def stop_loops(**_: Any) -> None:
+        await runtime.stop()
+
+    if not own_loops:
+        # After the event handler on every event (kopf's order): the slot holds the body the daemon starts from.
+        @kopf.daemon(*RESOURCE, registry=registry, cancellation_timeout=runtime.loop.daemon_cancellation_timeout)
+        async def policy_loop(body: kopf.Body, stopped: kopf.DaemonStopped, logger: Any, **_: Any) -> None:
+            uid = _uid(body)
+            await runtime.run_loop(uid, runtime.slot(uid), stopped.wait(), logger)
 
     return runtime
 
@@ -322,7 +393,8 @@ async def run_operator(
     controller = Controller(gateway, hub, controller_settings, metrics=metrics, workloads=workloads)
 
     registry = kopf.OperatorRegistry()
-    register(registry, controller, metrics=metrics)
+    # Where kopf peering is on, kopf daemons run the loops: its pause for a peer of higher priority reaches them.
+    register(registry, controller, metrics=metrics, own_loops=standalone)
     admission_only = kopf.OperatorRegistry()  # what a standby serves
     for each in (registry, admission_only):
         # A registry of our own gets none of kopf's fallback logins: log in as the gateway does.

@@ -1,0 +1,93 @@
+"""The loops the runtime owns (``PolicyRuntime(owns_loops=True)``): one per policy, started by its first watch event,
+ended by its deletion or the operator's stop, fed the newest body, and never more cycles in flight than allowed."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any, cast
+
+from kvoffload.controller.handlers import LoopSettings, PolicyRuntime
+from kvoffload.controller.metrics import OperatorMetrics
+from kvoffload.controller.reconcile import Controller
+from kvoffload.rollout.decide import Plan
+
+
+class GatedController:
+    """Stands in for the Controller: each reconcile waits at a gate, and the runtime reads only its requeue."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+        self.in_flight = 0
+        self.most_in_flight = 0
+        self.seen: list[tuple[str, object]] = []
+        self.forgotten: list[str] = []
+
+    async def reconcile(self, body: Mapping[str, Any]) -> Plan:
+        self.in_flight += 1
+        self.most_in_flight = max(self.most_in_flight, self.in_flight)
+        try:
+            await self.gate.wait()
+        finally:
+            self.in_flight -= 1
+        self.seen.append((body["metadata"]["uid"], body["spec"]["replicas"]))
+        return cast(Plan, SimpleNamespace(requeue_after=None))
+
+    def forget(self, uid: str) -> None:
+        self.forgotten.append(uid)
+
+
+def body(uid: str, replicas: int = 1, **meta: Any) -> dict[str, Any]:
+    return {
+        "metadata": {"uid": uid, "namespace": "llm", "name": uid, "generation": 1, **meta},
+        "spec": {"replicas": replicas, "analysis": {"interval": "1h"}},
+    }
+
+
+async def settled(condition: Any, timeout: float = 5.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_no_more_cycles_are_in_flight_than_allowed_and_every_policy_gets_its_turn() -> None:
+    controller = GatedController()
+    runtime = PolicyRuntime(lambda: cast(Controller, controller), LoopSettings(max_concurrent=3), OperatorMetrics())
+    await runtime.start()
+    for i in range(10):
+        runtime.noticed(body(f"p{i}"))
+    await settled(lambda: controller.in_flight == 3)
+    await asyncio.sleep(0.1)
+    assert controller.in_flight == 3  # the other seven wait for a turn, holding no cycle's state
+    controller.gate.set()
+    await settled(lambda: len(controller.seen) == 10)
+    assert controller.most_in_flight == 3
+    assert sorted(uid for uid, _ in controller.seen) == sorted(f"p{i}" for i in range(10))
+    await runtime.stop()
+
+
+async def test_a_cycle_reads_the_newest_body_and_deletion_or_a_stop_ends_the_loops() -> None:
+    controller = GatedController()
+    runtime = PolicyRuntime(lambda: cast(Controller, controller), LoopSettings(max_concurrent=1), OperatorMetrics())
+    await runtime.start()
+    runtime.noticed(body("first"))
+    await settled(lambda: controller.in_flight == 1)
+    runtime.noticed(body("second", replicas=2))
+    runtime.noticed(body("second", replicas=5))  # seen while it waited for its turn
+    controller.gate.set()
+    await settled(lambda: len(controller.seen) == 2)
+    assert controller.seen == [("first", 1), ("second", 5)]
+
+    runtime.noticed(body("first"), "DELETED")
+    await settled(lambda: controller.forgotten == ["first"])
+    runtime.noticed(body("second", deletionTimestamp="2026-12-03T00:00:00Z"))  # going: the loop ends at once
+    await settled(lambda: controller.forgotten == ["first", "second"])
+
+    runtime.noticed(body("third"))
+    await settled(lambda: len(controller.seen) == 3)
+    await runtime.stop()
+    assert controller.forgotten == ["first", "second", "third"]
+    runtime.noticed(body("fourth"))  # after the stop no loop starts
+    await asyncio.sleep(0.05)
+    assert len(controller.seen) == 3
