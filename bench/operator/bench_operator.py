@@ -364,7 +364,9 @@ def bench_size(
         env = {**os.environ, "KUBECONFIG": str(plane.kubeconfig)}
         traced = dict(env)
         if tracemalloc is not None or mallinfo is not None:  # the first operator only: tracing slows it
-            traced["PYTHONPATH"] = str(Path(__file__).parent / "memtrace")
+            traced["PYTHONPATH"] = os.pathsep.join(
+                filter(None, [str(Path(__file__).parent / "memtrace"), env.get("PYTHONPATH")])
+            )
             for name, path in (("KVOFFLOAD_TRACEMALLOC", tracemalloc), ("KVOFFLOAD_MALLINFO", mallinfo)):
                 if path is not None:
                     traced[name] = str(path)

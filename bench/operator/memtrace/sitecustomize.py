@@ -1,9 +1,11 @@
 """Bench-only: put this folder on PYTHONPATH and the operator process reports on its memory.
 
 - ``$KVOFFLOAD_TRACEMALLOC`` (``bench_operator.py --tracemalloc``): allocations are traced, and SIGUSR2 writes the
-  40 largest allocation sites, by line and by file, to that path.
+  40 largest allocation sites, by line and by file, to that path, then those of the highest traced moment seen
+  (checked every 2 s).
 - ``$KVOFFLOAD_MALLINFO`` (``--mallinfo``): SIGUSR1 writes glibc's ``mallinfo2`` and the RSS to that path, calls
-  ``malloc_trim(0)`` and writes the RSS again: how much of the RSS is memory freed but still held by malloc.
+  ``malloc_trim(0)`` and writes the RSS again: how much of the RSS is memory freed but still held by malloc. Then
+  pymalloc's own totals: its arenas now and at their highest, and the bytes in used and in free blocks.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import os
 import signal
 import sys
 import tempfile
+import threading
+import time
 import tracemalloc
 from pathlib import Path
 from types import FrameType
@@ -24,13 +28,32 @@ MALLINFO = os.environ.get("KVOFFLOAD_MALLINFO")
 
 if OUT:
     tracemalloc.start(1)
+    _at_peak: list[str] = []
+
+    def _watch_peak() -> None:
+        """Every 2 s: when the traced memory is a new high by 5%, keep the 40 largest sites by line of that moment."""
+        high = 0
+        while True:
+            time.sleep(2.0)
+            current = tracemalloc.get_traced_memory()[0]
+            if current > high * 1.05:
+                high = current
+                stats = tracemalloc.take_snapshot().statistics("lineno")[:40]
+                _at_peak[:] = [f"--- at the highest seen, {current / 2**20:.1f} MiB traced, by lineno"]
+                _at_peak.extend(str(stat) for stat in stats)
+
+    threading.Thread(target=_watch_peak, name="tracemalloc peak", daemon=True).start()
 
     def _dump(_signum: int, _frame: FrameType | None) -> None:
         snapshot = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)])
-        lines = [f"traced: {sum(s.size for s in snapshot.statistics('filename')) / 2**20:.1f} MiB"]
+        lines = [
+            f"traced: {sum(s.size for s in snapshot.statistics('filename')) / 2**20:.1f} MiB"
+            f" (peak {tracemalloc.get_traced_memory()[1] / 2**20:.1f} MiB)"
+        ]
         for key in ("filename", "lineno"):
             lines.append(f"--- by {key}")
             lines += [str(stat) for stat in snapshot.statistics(key)[:40]]
+        lines += _at_peak
         lines.append("--- objects the collector tracks, by type")
         census = collections.Counter(type(o).__qualname__ for o in gc.get_objects())
         lines += [f"{n:9d} {name}" for name, n in census.most_common(40)]
