@@ -23,7 +23,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PEERING_NAME
+from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, KIND, PEERING_NAME
 from kvoffload.cli.main import run
 from kvoffload.controller import admission
 from kvoffload.controller.gateway import PLURALS, PolicyRef
@@ -573,12 +573,19 @@ async def exercise_the_operator(cluster: EmulatedCluster, args: list[str], peeri
     }
     policy_api = f"{API_GROUP}/{API_VERSION}"
     async with kvoffload_run(cluster, *args) as process:
-        await cluster.emulator.create_object(policy_manifest("chat", namespace, spec=spec))
+        manifest = policy_manifest("chat", namespace, spec=spec)
+        if peering is None:  # as an operator that ran kopf daemons left it; with peering they still run, and keep it
+            manifest["metadata"]["finalizers"] = [FINALIZER]
+        await cluster.emulator.create_object(manifest)
 
-        def status() -> Obj:
-            return (cluster.emulator.read_object(policy_api, KIND, namespace, "chat") or {}).get("status") or {}
+        def current() -> Obj:
+            return cluster.emulator.read_object(policy_api, KIND, namespace, "chat") or {}
 
-        await wait_for(lambda: status().get("lastAnalysis"), "the operator's first analysis in the status", 30)
+        await wait_for(lambda: (current().get("status") or {}).get("lastAnalysis"), "the operator's first analysis", 30)
+        if peering is None:
+            await wait_for(
+                lambda: FINALIZER not in current()["metadata"].get("finalizers", []), "the old finalizer taken away", 10
+            )
         if peering is not None:
 
             def keepalives() -> Obj:

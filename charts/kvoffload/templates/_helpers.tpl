@@ -60,7 +60,8 @@ kvoffload
 
 {{/*
 The rules the operator needs in each namespace it serves, exact verbs only:
-kopf watches the policies and patches their finalizer and annotations, and posts Events;
+kopf watches the policies and patches their finalizer (takes away the one an older operator left;
+with peering on, adds it for its daemons) and annotations, and posts Events;
 kvoffload.gateway reads and server-side applies (patch; create when the apply creates) the owned
 children and deletes a canary Deployment (the garbage collector removes the rest with the policy),
 lists the policy's pods, reads the ConfigMap a policy refers to, patches the policy's status, and
