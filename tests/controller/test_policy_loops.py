@@ -12,6 +12,7 @@ from kvoffload.controller.handlers import LoopSettings, PolicyRuntime
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller
 from kvoffload.rollout.decide import Plan
+from tests.support.kube import wait_for
 
 
 class GatedController:
@@ -45,23 +46,17 @@ def body(uid: str, replicas: int = 1, **meta: Any) -> dict[str, Any]:
     }
 
 
-async def settled(condition: Any, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():
-            await asyncio.sleep(0.01)
-
-
 async def test_no_more_cycles_are_in_flight_than_allowed_and_every_policy_gets_its_turn() -> None:
     controller = GatedController()
     runtime = PolicyRuntime(lambda: cast(Controller, controller), LoopSettings(max_concurrent=3), OperatorMetrics())
     await runtime.start()
     for i in range(10):
         runtime.noticed(body(f"p{i}"))
-    await settled(lambda: controller.in_flight == 3)
+    await wait_for(lambda: controller.in_flight == 3, "three cycles in flight")
     await asyncio.sleep(0.1)
     assert controller.in_flight == 3  # the other seven wait for a turn, holding no cycle's state
     controller.gate.set()
-    await settled(lambda: len(controller.seen) == 10)
+    await wait_for(lambda: len(controller.seen) == 10, "every policy's cycle")
     assert controller.most_in_flight == 3
     assert sorted(uid for uid, _ in controller.seen) == sorted(f"p{i}" for i in range(10))
     await runtime.stop()
@@ -72,20 +67,20 @@ async def test_a_cycle_reads_the_newest_body_and_deletion_or_a_stop_ends_the_loo
     runtime = PolicyRuntime(lambda: cast(Controller, controller), LoopSettings(max_concurrent=1), OperatorMetrics())
     await runtime.start()
     runtime.noticed(body("first"))
-    await settled(lambda: controller.in_flight == 1)
+    await wait_for(lambda: controller.in_flight == 1, "the first cycle in flight")
     runtime.noticed(body("second", replicas=2))
     runtime.noticed(body("second", replicas=5))  # seen while it waited for its turn
     controller.gate.set()
-    await settled(lambda: len(controller.seen) == 2)
+    await wait_for(lambda: len(controller.seen) == 2, "both cycles")
     assert controller.seen == [("first", 1), ("second", 5)]
 
     runtime.noticed(body("first"), "DELETED")
-    await settled(lambda: controller.forgotten == ["first"])
+    await wait_for(lambda: controller.forgotten == ["first"], "the deleted policy's loop to end")
     runtime.noticed(body("second", deletionTimestamp="2026-12-03T00:00:00Z"))  # going: the loop ends at once
-    await settled(lambda: controller.forgotten == ["first", "second"])
+    await wait_for(lambda: controller.forgotten == ["first", "second"], "the going policy's loop to end")
 
     runtime.noticed(body("third"))
-    await settled(lambda: len(controller.seen) == 3)
+    await wait_for(lambda: len(controller.seen) == 3, "the third policy's cycle")
     await runtime.stop()
     assert controller.forgotten == ["first", "second", "third"]
     runtime.noticed(body("fourth"))  # after the stop no loop starts
