@@ -94,6 +94,18 @@ async def test_a_full_batch_is_sent_without_waiting_out_its_patience() -> None:
     assert [len(call) for call in provider.calls] == [FULL_BATCH]
 
 
+async def test_a_full_batch_takes_no_more_and_the_next_request_starts_another() -> None:
+    provider = SlowProvider()
+    hub = MeasurementHub(provider, gather_window=0.01)
+
+    # Two and a half batches' worth at once, as after a restart: full batches of their own, never one of 250,
+    # which Prometheus would have to answer fleet-wide.
+    results = await asyncio.gather(*(hub.measure(target(f"p{i}")) for i in range(FULL_BATCH * 5 // 2)))
+
+    assert all(r.error is None for r in results)
+    assert [len(call) for call in provider.calls] == [FULL_BATCH, FULL_BATCH, FULL_BATCH // 2]
+
+
 async def test_requests_after_the_window_start_a_new_batch() -> None:
     provider = RecordingProvider()
     hub = MeasurementHub(provider, gather_window=0.01)

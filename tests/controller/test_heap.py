@@ -1,16 +1,18 @@
-"""The operator hands memory that glibc's malloc holds freed back to the OS (``controller/heap.py``)."""
+"""The operator's heap (``controller/heap.py``): full collections on its own schedule, and memory that glibc's malloc
+holds freed handed back to the OS."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import weakref
 from pathlib import Path
 
 import pytest
 
-from kvoffload.controller.heap import malloc_trim, trim_periodically
+from kvoffload.controller.heap import full_collections_on_schedule, malloc_trim, tend_heap
 
-pytestmark = pytest.mark.skipif(malloc_trim() is None, reason="the C library has no malloc_trim (not glibc)")
+needs_trim = pytest.mark.skipif(malloc_trim() is None, reason="the C library has no malloc_trim (not glibc)")
 
 
 def rss_mib() -> float:
@@ -30,6 +32,7 @@ def fragmented_heap() -> tuple[list[bytes], float]:
     return kept, rss_mib()
 
 
+@needs_trim
 def test_a_trim_gives_back_the_freed_heap_that_malloc_held() -> None:
     trim = malloc_trim()
     assert trim is not None
@@ -39,9 +42,10 @@ def test_a_trim_gives_back_the_freed_heap_that_malloc_held() -> None:
     assert len(kept) == 938
 
 
+@needs_trim
 async def test_the_operators_trim_runs_every_interval() -> None:
     kept, held = fragmented_heap()
-    trimming = asyncio.create_task(trim_periodically(0.05))
+    trimming = asyncio.create_task(tend_heap(0.05))
     try:
         for _ in range(100):
             if rss_mib() < held - 30:
@@ -52,3 +56,50 @@ async def test_the_operators_trim_runs_every_interval() -> None:
     finally:
         trimming.cancel()
     assert len(kept) == 938
+
+
+class Node:
+    def __init__(self) -> None:
+        self.other: Node | None = None
+
+
+def old_garbage_cycle() -> weakref.ref[Node]:
+    """Two objects that refer to each other, kept through a full collection (so they sit in the oldest generation)
+    and then dropped: only a full collection frees them."""
+    a, b = Node(), Node()
+    a.other, b.other = b, a
+    gc.collect()
+    return weakref.ref(a)
+
+
+def churn() -> None:
+    """Enough surviving allocations to start Python's own full collections many times over."""
+    kept = [[i] for i in range(300_000)]
+    del kept
+
+
+async def test_full_collections_wait_for_the_operators_schedule_and_come_with_it() -> None:
+    before = gc.get_threshold()
+    with full_collections_on_schedule():
+        dropped = old_garbage_cycle()
+        churn()
+        assert dropped() is not None, "a full collection ran on Python's own schedule"
+
+        tending = asyncio.create_task(tend_heap(0.05))
+        try:
+            for _ in range(100):
+                if dropped() is None:
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                raise AssertionError("the operator's schedule made no full collection")
+        finally:
+            tending.cancel()
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
+
+
+def test_without_the_schedule_python_collects_the_oldest_generation_itself() -> None:
+    dropped = old_garbage_cycle()
+    churn()
+    assert dropped() is None  # the churn does start full collections: the test above would see one

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any, cast
 
-from kvoffload.controller.handlers import LoopSettings, PolicyRuntime
+from kvoffload.controller.handlers import ARRIVALS_QUIET, LoopSettings, PolicyRuntime
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller
 from kvoffload.rollout.decide import Plan
@@ -24,6 +24,9 @@ class GatedController:
         self.most_in_flight = 0
         self.seen: list[tuple[str, object]] = []
         self.forgotten: list[str] = []
+        self.listed = asyncio.Event()
+        self.listed.set()
+        self.synced_at: list[float] = []
 
     async def reconcile(self, body: Mapping[str, Any]) -> Plan:
         self.in_flight += 1
@@ -34,6 +37,10 @@ class GatedController:
             self.in_flight -= 1
         self.seen.append((body["metadata"]["uid"], body["spec"]["replicas"]))
         return cast(Plan, SimpleNamespace(requeue_after=None))
+
+    async def synced(self, namespace: str) -> None:
+        self.synced_at.append(asyncio.get_running_loop().time())
+        await self.listed.wait()
 
     def forget(self, uid: str) -> None:
         self.forgotten.append(uid)
@@ -86,3 +93,32 @@ async def test_a_cycle_reads_the_newest_body_and_deletion_or_a_stop_ends_the_loo
     runtime.noticed(body("fourth"))  # after the stop no loop starts
     await asyncio.sleep(0.05)
     assert len(controller.seen) == 3
+
+
+async def test_first_cycles_wait_until_the_listed_policies_stop_arriving() -> None:
+    controller = GatedController()
+    controller.gate.set()
+    runtime = PolicyRuntime(lambda: cast(Controller, controller), LoopSettings(), OperatorMetrics())
+    await runtime.start()
+    for i in range(10):  # as kopf hands a list over, one event at a time
+        runtime.noticed(body(f"p{i}"))
+        await asyncio.sleep(0.02)
+    last_arrival = asyncio.get_running_loop().time()
+    await wait_for(lambda: len(controller.seen) == 10, "every policy's first cycle")
+    assert min(controller.synced_at) >= last_arrival + ARRIVALS_QUIET - 0.05
+    await runtime.stop()
+
+
+async def test_first_cycles_wait_for_the_engines_first_lists() -> None:
+    controller = GatedController()
+    controller.gate.set()
+    controller.listed.clear()
+    runtime = PolicyRuntime(lambda: cast(Controller, controller), LoopSettings(max_concurrent=2), OperatorMetrics())
+    await runtime.start()
+    for i in range(5):
+        runtime.noticed(body(f"p{i}"))
+    await wait_for(lambda: len(controller.synced_at) == 5, "every loop waiting for the lists")  # none holds a turn
+    assert controller.seen == []
+    controller.listed.set()
+    await wait_for(lambda: len(controller.seen) == 5, "every policy's first cycle")
+    await runtime.stop()

@@ -18,10 +18,14 @@
 - At most ``LoopSettings.max_concurrent`` cycles are in flight at once: each holds its policy's
   body, spec, status and children while it waits, and a start over 1,000 policies put all of
   them in flight together (most of the operator's peak memory).
+- A loop's first cycle waits until no new policy has arrived for ``ARRIVALS_QUIET`` and until the
+  engines of its namespace are listed (``Controller.synced``), as controller-runtime's workers wait
+  for their caches: after a start, cycles begun while kopf was still handing over the listed
+  policies, or while they waited for those lists, only slowed the rest.
 - A per-policy ``asyncio.Lock`` keeps reconciles of one policy from overlapping.
 - ``run_operator`` watches the engines' Deployments and pods beside kopf (``controller/workloads.py``),
-  so a cycle reads them from memory instead of listing them, and hands freed heap back to the OS every
-  30 s (``controller/heap.py``).
+  so a cycle reads them from memory instead of listing them, and every 30 s makes Python's full
+  collection and hands freed heap back to the OS (``controller/heap.py``).
 - Kubernetes API failures retry after the delay they ask for; a bad spec never raises (the
   policy goes Invalid).
 
@@ -51,7 +55,7 @@ from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, PEERING
 from kvoffload.api.quantity import parse_duration
 from kvoffload.controller.bodies import packed_body, unpacked_body
 from kvoffload.controller.health import Health, Role
-from kvoffload.controller.heap import trim_periodically
+from kvoffload.controller.heap import full_collections_on_schedule, tend_heap
 from kvoffload.controller.leadership import Leadership, LeaseSettings
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
@@ -67,6 +71,14 @@ DEFAULT_INTERVAL = 30.0
 """Seconds between cycles when spec.analysis.interval cannot be read (an invalid policy)."""
 MIN_GAP = 0.5
 """A daemon that wakes within this many seconds of the last reconcile only re-reads its timing."""
+ARRIVALS_QUIET = 0.25
+"""A new loop's first cycle waits until no new policy has been seen for this many seconds (``FIRST_CYCLE_WAIT`` at
+most): after a start kopf hands over the listed policies one event at a time, on the same event loop as the cycles,
+and cycles begun among them slowed the rest of the handover by seconds (bench/operator). More than kopf's batch
+window (0.1 s), for which it holds each object's first event back, and than a pause of the event loop while a list
+of the engines is decoded."""
+FIRST_CYCLE_WAIT = 5.0
+"""The longest a new loop's first cycle waits for policies to stop arriving."""
 
 ControllerFactory = Callable[[], Controller | Awaitable[Controller]]
 
@@ -81,10 +93,11 @@ class LoopSettings:
     """First wait after an unexpected error; doubles per error in a row."""
     max_backoff: float = 300.0
     daemon_cancellation_timeout: float = 5.0
-    max_concurrent: int = FULL_BATCH
+    max_concurrent: int = 2 * FULL_BATCH
     """Cycles in flight at once, fleet-wide, as controller-runtime's MaxConcurrentReconciles. A cycle holds its
     policy's body, spec, status and children while it waits for Prometheus and the API server; a start over 1,000
-    policies put all of them in flight at once. A full batch of the measurement hub, so no batch waits for more."""
+    policies put all of them in flight at once. Two full batches of the measurement hub: one at Prometheus while the
+    next gathers."""
 
 
 @dataclass
@@ -95,6 +108,7 @@ class _Slot:
 
     body: bytes = b""
     """The newest body seen, as ``packed_body``: kept decoded, a policy is some 45 kB of Python objects."""
+    namespace: str = ""
     interval: float = DEFAULT_INTERVAL
     """``spec.analysis.interval`` of that body."""
     loop: asyncio.Task[None] | None = None
@@ -133,6 +147,8 @@ class PolicyRuntime:
         self.settings = kopf.OperatorSettings()
         """kopf's settings (set at its startup), for the loops' object loggers: their warnings become Events."""
         self._stopping: asyncio.Event | None = None
+        self._newest_arrival = 0.0
+        """Loop time at which a policy was last seen for the first time."""
 
     @property
     def metrics(self) -> OperatorMetrics:
@@ -190,8 +206,11 @@ class PolicyRuntime:
             if gone is not None and gone.loop is not None:
                 gone.loop.cancel()
             return
+        if uid not in self._slots:
+            self._newest_arrival = asyncio.get_running_loop().time()
         slot = self.slot(uid)
         slot.body = packed_body(body)
+        slot.namespace = str(meta.get("namespace") or "")
         slot.interval = _interval(body)
         seen = (meta.get("generation"), tuple(sorted((meta.get("annotations") or {}).items())))
         previous, slot.seen_input = slot.seen_input, seen
@@ -220,6 +239,10 @@ class PolicyRuntime:
                 changed, slot.changed = slot.changed, False
                 recent = slot.last_done is not None and time.monotonic() - slot.last_done < MIN_GAP
                 if changed or not recent:
+                    if slot.last_done is None:
+                        await self._arrivals_quiet()
+                    if self.controller is not None:  # as controller-runtime's workers wait for their caches' sync
+                        await self.controller.synced(slot.namespace)
                     async with self._in_flight:  # the body is unpacked once the cycle may run: the newest one
                         await self._loop_cycle(unpacked_body(slot.body), slot, logger)
                 if not slot.changed:  # a change noticed during the cycle was not in its body: go again at once
@@ -231,6 +254,12 @@ class PolicyRuntime:
                 del self._slots[uid]
             if self.controller is not None:
                 self.controller.forget(uid)
+
+    async def _arrivals_quiet(self) -> None:
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + FIRST_CYCLE_WAIT
+        while (quiet := self._newest_arrival + ARRIVALS_QUIET - loop.time()) > 0 and loop.time() < give_up:
+            await asyncio.sleep(quiet)
 
     async def _loop_cycle(self, body: Mapping[str, Any], slot: _Slot, logger: Any) -> None:
         try:
@@ -404,7 +433,7 @@ async def run_operator(
 
     health = Health()
     beating = asyncio.create_task(health.beat())
-    trimming = asyncio.create_task(trim_periodically())
+    tending = asyncio.create_task(tend_heap())
     metrics_server = metrics.serve(metrics_port, health) if metrics_port else None
     leadership = None
     ready = asyncio.Event()
@@ -428,17 +457,18 @@ async def run_operator(
         metrics.leader.set(1)
         # Its own client: the watches hold their connections for minutes at a time.
         workloads.watch(api_client_from_environment(), None if clusterwide else list(namespaces))
-        await kopf.operator(
-            registry=registry,
-            standalone=standalone,
-            clusterwide=clusterwide,
-            namespaces=list(namespaces),
-            stop_flag=stop_flag,
-            ready_flag=ready,
-        )
+        with full_collections_on_schedule():  # what is made so far lives as long as the process
+            await kopf.operator(
+                registry=registry,
+                standalone=standalone,
+                clusterwide=clusterwide,
+                namespaces=list(namespaces),
+                stop_flag=stop_flag,
+                ready_flag=ready,
+            )
     finally:
         workloads.stop()
-        for task in (readying, beating, trimming):
+        for task in (readying, beating, tending):
             task.cancel()
         metrics.leader.set(0)
         if leadership is not None:

@@ -264,7 +264,9 @@ class Controller:
         ReconcileError when the Kubernetes API failed (nothing is half-judged: the next cycle
         decides again from the status as stored).
         """
-        plain = plain_body(body)
+        # A dict is the caller's own snapshot (the runtime unpacks one per cycle); a kopf Body is a view that kopf
+        # replaces on every watch event, so the cycle copies it.
+        plain = body if type(body) is dict else plain_body(body)
         ref = PolicyRef.from_body(plain)
         ctx = _Reconcile(ref, plain, self._freshest_status(ref.uid, plain), self.clock())
         try:
@@ -292,6 +294,10 @@ class Controller:
                 return KVOffloadPolicyStatus.model_validate_json(written[0])
             del self._written[uid]  # kopf has caught up with that write: the body says as much, or more
         return stored
+
+    async def synced(self, namespace: str) -> None:
+        """Wait until what a cycle reads of a policy in ``namespace`` is in: the first lists of its engines."""
+        await self.workloads.synced(namespace)
 
     def forget(self, uid: str) -> None:
         """Drop what is remembered of a policy (it was deleted or is no longer watched)."""
@@ -414,9 +420,7 @@ class Controller:
         key = render_input(policy)
         known = self._judged.get(ctx.ref.uid)
         if known is None or known.key != key:
-            dialect = judge_resolved(policy)
-            hashes = {level.index: config_hash(policy, level) for level in build_ladder(policy.spec)}
-            known = _Judged(key, dialect, hashes)
+            known = _Judged(key, *judge_resolved(policy))
             self._judged[ctx.ref.uid] = known
         return policy, known
 
@@ -653,11 +657,11 @@ class Controller:
             raise ReconcileError(str(exc), operation=operation, delay=self.settings.retry_delay_seconds) from exc
 
 
-def judge_resolved(policy: KVOffloadPolicy) -> Dialect:
+def judge_resolved(policy: KVOffloadPolicy) -> tuple[Dialect, dict[int, str]]:
     """What is left to judge of a parsed policy (``parse_policy``: the models and ``check_policy``)
     once its ``model.configMap`` is read: that it renders, its vLLM version, and that every level
-    can be sized. Returns the metric dialect; raises PolicyError naming the fields. No I/O: the
-    admission webhook runs it too."""
+    can be sized. Returns the metric dialect and the config hash of each ladder level (by index);
+    raises PolicyError naming the fields. No I/O: the admission webhook runs it too."""
     problems = check_renderable(policy)
     if problems:
         raise PolicyError(problems)
@@ -666,14 +670,15 @@ def judge_resolved(policy: KVOffloadPolicy) -> Dialect:
         dialect = dialect_for(version or version_from_image(policy.spec.model.image))
     except ValueError as exc:
         raise PolicyError([FieldError("spec.model.vllmVersion", str(exc))]) from None
+    hashes: dict[int, str] = {}
     try:
         for level in build_ladder(policy.spec):
-            config_hash(policy, level)
+            hashes[level.index] = config_hash(policy, level)
             host_memory(policy.spec, level)
             tier_capacity_tokens(policy.spec, level)
     except SizingError as exc:
         raise PolicyError([FieldError(exc.path, str(exc).removeprefix(f"{exc.path}: "))]) from None
-    return dialect
+    return dialect, hashes
 
 
 # --- observations --------------------------------------------------------------------------

@@ -291,8 +291,7 @@ class Workloads:
         if informers is None:
             return await self._listed(policy)
         deployments, pods = informers
-        if not (deployments.synced and pods.synced):
-            await self._first_listed(scope, informers)
+        await self.synced(policy.namespace)
         refused = deployments.refused or pods.refused
         if refused is not None:
             raise ApiRejectedError(f"watch the engines of {policy}: {refused}", 403)
@@ -307,9 +306,13 @@ class Workloads:
             pods=tuple(sorted(pods.values((policy.namespace, policy.name)), key=lambda p: p.name)),
         )
 
-    async def _first_listed(self, scope: str | None, informers: tuple[Informer[Any], ...]) -> None:
-        """Wait until each informer's first list has ended (or ``FIRST_LIST_WAIT``): one waiting thread per scope,
-        whatever the number of reads that wait on it."""
+    async def synced(self, namespace: str) -> None:
+        """Wait until the first lists of this namespace's engines have ended (or ``FIRST_LIST_WAIT``); at once where
+        they have, or where nothing is watched. One waiting thread per scope, whatever the number of waiters."""
+        scope = None if None in self._watched else namespace
+        informers = self._watched.get(scope)
+        if informers is None or all(informer.synced for informer in informers):
+            return
         waiting = self._first_lists.get(scope)
         if waiting is None:
             deadline = self._monotonic() + FIRST_LIST_WAIT
