@@ -23,6 +23,7 @@ from kvoffload.analysis.assess import Measurements, VariantSample
 from kvoffload.analysis.hub import MeasurementHub
 from kvoffload.analysis.prometheus import PolicyKey, Target
 from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, KIND, PAUSE, PLURAL
+from kvoffload.controller.bodies import unpacked_body
 from kvoffload.controller.handlers import NOTICED, LoopSettings, configure_settings, register
 from kvoffload.controller.reconcile import Controller, ControllerSettings
 from kvoffload.rollout.decide import Plan
@@ -201,8 +202,8 @@ async def test_under_kopf_a_cycle_reads_the_engines_from_the_watch_and_lists_onl
 class CursedController(Controller):
     """Fails with a bug, not an API error, for the policy named "cursed"."""
 
-    async def reconcile(self, body: Mapping[str, Any]) -> Plan:
-        if body["metadata"]["name"] == "cursed":
+    async def reconcile(self, body: Mapping[str, Any] | bytes) -> Plan:
+        if (unpacked_body(body) if isinstance(body, bytes) else body)["metadata"]["name"] == "cursed":
             raise RuntimeError("a bug that only this policy triggers")
         return await super().reconcile(body)
 
@@ -212,7 +213,7 @@ class CountingController(Controller):
 
     cycles = 0
 
-    async def reconcile(self, body: Mapping[str, Any]) -> Plan:
+    async def reconcile(self, body: Mapping[str, Any] | bytes) -> Plan:
         self.cycles += 1
         return await super().reconcile(body)
 

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from types import SimpleNamespace
 from typing import Any, cast
 
+from kvoffload.controller.bodies import unpacked_body
 from kvoffload.controller.handlers import ARRIVALS_QUIET, LoopSettings, PolicyRuntime
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller
@@ -28,7 +29,9 @@ class GatedController:
         self.listed.set()
         self.synced_at: list[float] = []
 
-    async def reconcile(self, body: Mapping[str, Any]) -> Plan:
+    async def reconcile(self, body: Mapping[str, Any] | bytes) -> Plan:
+        if isinstance(body, bytes):
+            body = unpacked_body(body)
         self.in_flight += 1
         self.most_in_flight = max(self.most_in_flight, self.in_flight)
         try:

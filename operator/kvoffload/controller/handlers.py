@@ -53,7 +53,7 @@ import kopf
 from kvoffload.analysis.hub import FULL_BATCH
 from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, PEERING_NAME, PLURAL
 from kvoffload.api.quantity import parse_duration
-from kvoffload.controller.bodies import packed_body, unpacked_body
+from kvoffload.controller.bodies import packed_body
 from kvoffload.controller.health import Health, Role
 from kvoffload.controller.heap import full_collections_on_schedule, tend_heap
 from kvoffload.controller.leadership import Leadership, LeaseSettings
@@ -179,11 +179,13 @@ class PolicyRuntime:
             self._slots[uid] = _Slot()
         return self._slots[uid]
 
-    async def reconcile(self, body: Mapping[str, Any]) -> Plan:
-        """One cycle under the policy's lock."""
+    async def reconcile(self, body: Mapping[str, Any] | bytes, uid: str | None = None) -> Plan:
+        """One cycle under the policy's lock. ``body``: the policy, or its ``packed_body`` with its ``uid``."""
         await self.start()
         assert self.controller is not None
-        uid = _uid(body)
+        if uid is None:
+            assert not isinstance(body, bytes), "a packed body comes with its uid"
+            uid = _uid(body)
         slot = self.slot(uid)
         async with slot.lock:
             self.metrics.sweeps.started()
@@ -243,8 +245,8 @@ class PolicyRuntime:
                         await self._arrivals_quiet()
                     if self.controller is not None:  # as controller-runtime's workers wait for their caches' sync
                         await self.controller.synced(slot.namespace)
-                    async with self._in_flight:  # the body is unpacked once the cycle may run: the newest one
-                        await self._loop_cycle(unpacked_body(slot.body), slot, logger)
+                    async with self._in_flight:  # the newest body, unpacked by the cycle itself
+                        await self._loop_cycle(uid, slot, logger)
                 if not slot.changed:  # a change noticed during the cycle was not in its body: go again at once
                     slot.wake.clear()
                 await _wait(self._delay(slot), slot.wake, stopping)
@@ -261,9 +263,9 @@ class PolicyRuntime:
         while (quiet := self._newest_arrival + ARRIVALS_QUIET - loop.time()) > 0 and loop.time() < give_up:
             await asyncio.sleep(quiet)
 
-    async def _loop_cycle(self, body: Mapping[str, Any], slot: _Slot, logger: Any) -> None:
+    async def _loop_cycle(self, uid: str, slot: _Slot, logger: Any) -> None:
         try:
-            await self.reconcile(body)
+            await self.reconcile(slot.body, uid)
         except ReconcileError as exc:
             slot.failures += 1
             slot.retry_after = exc.delay

@@ -82,7 +82,7 @@ from kvoffload.api.types import (
     Mode,
     VariantStatus,
 )
-from kvoffload.controller.bodies import plain_body
+from kvoffload.controller.bodies import plain_body, unpacked_body
 from kvoffload.controller.gateway import (
     ApiRejectedError,
     DeploymentState,
@@ -209,6 +209,7 @@ class _Reconcile:
 
     ref: PolicyRef
     body: dict[str, Any]
+    """The policy as read; once parsed, its metadata only."""
     status: KVOffloadPolicyStatus | None
     now: datetime
     started: float = field(default_factory=time.perf_counter)
@@ -257,18 +258,14 @@ class Controller:
 
     # --- the cycle -----------------------------------------------------------------------
 
-    async def reconcile(self, body: Mapping[str, Any]) -> Plan:
-        """One cycle for the policy ``body`` (a kopf body or a plain object, with metadata.uid).
+    async def reconcile(self, body: Mapping[str, Any] | bytes) -> Plan:
+        """One cycle for the policy ``body`` (a kopf body, a plain object or a ``packed_body``, with metadata.uid).
 
         Returns the Plan it applied. Never raises for a bad spec (the Plan is Invalid); raises
         ReconcileError when the Kubernetes API failed (nothing is half-judged: the next cycle
         decides again from the status as stored).
         """
-        # A dict is the caller's own snapshot (the runtime unpacks one per cycle); a kopf Body is a view that kopf
-        # replaces on every watch event, so the cycle copies it.
-        plain = body if type(body) is dict else plain_body(body)
-        ref = PolicyRef.from_body(plain)
-        ctx = _Reconcile(ref, plain, self._freshest_status(ref.uid, plain), self.clock())
+        ctx = self._begin(body)
         try:
             plan = await self._cycle(ctx)
         finally:
@@ -276,6 +273,19 @@ class Controller:
         series = PolicySeries.of(ctx.ref.namespace, ctx.ref.name, plan.status, ctx.spec, ctx.ladder)
         self.metrics.publish_policy(ctx.ref.uid, series)
         return plan
+
+    def _begin(self, body: Mapping[str, Any] | bytes) -> _Reconcile:
+        """The cycle's inputs. A packed body is unpacked into the cycle's own dict, which goes once parsed (see
+        ``_cycle``); a dict is the caller's own snapshot; a kopf Body is a view that kopf replaces on every watch
+        event, so the cycle copies it."""
+        if isinstance(body, bytes):
+            plain = unpacked_body(body)
+        elif type(body) is dict:
+            plain = body
+        else:
+            plain = plain_body(body)
+        ref = PolicyRef.from_body(plain)
+        return _Reconcile(ref, plain, self._freshest_status(ref.uid, plain), self.clock())
 
     def _freshest_status(self, uid: str, body: Mapping[str, Any]) -> KVOffloadPolicyStatus | None:
         """The body's status, unless this operator wrote a newer one than the body shows.
@@ -319,6 +329,8 @@ class Controller:
             await self._finish(ctx, plan)
             return plan
 
+        # The models hold the rest of the body now: the dict goes while the cycle waits (200 cycles may).
+        ctx.body = {"metadata": meta}
         spec = policy.spec
         ladder = build_ladder(spec)
         ctx.spec, ctx.ladder = spec, ladder
