@@ -182,10 +182,12 @@ def engines_for(plans: list[PolicyPlan]) -> list[SyntheticEngine]:
 
 
 def serve_fleet(engines: list[SyntheticEngine], dialect: Dialect, address: Any) -> None:
-    """Child process: the exporter, kept out of the operator's and the bench's CPU."""
+    """Child process: the exporter, kept out of the operator's and the bench's CPU. Told a variant over the pipe,
+    it stops serving that variant's series and answers how many went."""
     fleet = SyntheticFleet(engines, dialect)
     address.send((fleet.address, fleet.series))
-    threading.Event().wait()
+    while True:
+        address.send(fleet.stop_serving(address.recv()))
 
 
 def wait_until(check: Callable[[], T | None], deadline_s: float, what: str, poll: float = 1.0) -> T:
@@ -316,6 +318,7 @@ def bench_size(
     mallinfo: Path | None = None,
     py_spy: Path | None = None,
     restarts: int = 1,
+    retired_gone: bool = False,
 ) -> dict[str, Any]:
     work = workdir / f"size-{policies}"
     work.mkdir()
@@ -399,7 +402,12 @@ def bench_size(
 
         wait_until(all_settled, 1200, f"every policy in {settled}", poll=5.0)
         mid_canary_s = time.monotonic() - began
-        time.sleep(interval_s)  # one more interval: the moves' own writes are done
+        retired_series = 0
+        if retired_gone:  # the level each policy left: its pods are gone, its series stale at the next scrape
+            parent.send("stable")
+            retired_series = parent.recv()
+            print(f"      {retired_series} series of the levels left are no longer served", flush=True)
+        time.sleep(interval_s)  # one more interval: the moves' own writes are done (and the window passes the retired)
         first = operator_metrics(port)
         requests_before = api_requests(api)
         measure_began = time.monotonic()
@@ -466,6 +474,7 @@ def bench_size(
             "malloc_arena_max": os.environ.get("MALLOC_ARENA_MAX"),
             "namespaces": min(namespaces, policies),
             "series": series,
+            "retired_series_gone": retired_series,
             "apply_s": apply_s,
             "to_mid_canary_s": mid_canary_s,
             "measured_s": measure_s,
@@ -730,7 +739,15 @@ def main() -> None:
         help="Restart the operator this many times, each an analysis interval after the last stopped; the figures "
         "are the run of the median full cycle, every run is in the JSON (these machines are noisy).",
     )
+    parser.add_argument(
+        "--retired-gone",
+        action="store_true",
+        help="With --at-rest: once every policy is Stable, stop serving the series of the level each one left, as "
+        "when its pods are gone (without it they stay served: twice the series a resting fleet has).",
+    )
     args = parser.parse_args()
+    if args.retired_gone and not args.at_rest:
+        parser.error("--retired-gone needs --at-rest: mid-canary, both levels serve")
     rows = []
     with tempfile.TemporaryDirectory(prefix="kvoffload-bench-operator-") as tmp:
         workdir = args.keep or Path(tmp)
@@ -742,7 +759,7 @@ def main() -> None:
             spied = args.py_spy.with_suffix(f".{size}.txt") if args.py_spy else None
             row = bench_size(
                 size, args.namespaces, args.measure, workdir, traced, args.interval, args.at_rest, held, spied,
-                args.restarts,
+                args.restarts, args.retired_gone,
             )  # fmt: skip
             rows.append(row)
             median = row["sweep_median_s"]

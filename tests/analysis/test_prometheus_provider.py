@@ -538,3 +538,16 @@ def test_a_stopped_prometheus_gives_an_error(tmp_path: Path) -> None:
     assert result.error is not None
     assert "unreachable" in result.error
     assert provider.present_metric_names() == frozenset()
+
+
+def test_the_synthetic_fleet_stops_serving_a_variant_whose_pods_went() -> None:
+    fleet = SyntheticFleet(FLEET[4:])  # code: canary and stable
+    try:
+        served = fleet.series
+        gone = fleet.stop_serving("stable")
+        text = fleet.exposition()
+    finally:
+        fleet.close()
+    assert 0 < gone < served
+    assert 'pod="code-stable-0"' not in text
+    assert text.count('pod="code-canary-0"') == fleet.series == served - gone

@@ -294,6 +294,16 @@ class SyntheticFleet:
     def series(self) -> int:
         return len(self._counters) + self._gauges.count("\n") + len(self._moving)
 
+    def stop_serving(self, variant: str) -> int:
+        """Leave out the series of every engine of ``variant`` from now on, as when its pods are gone: Prometheus
+        marks them stale at its next scrape. Returns how many series went."""
+        pod = f'-{variant}-0"'
+        before = self.series
+        self._counters = [row for row in self._counters if pod not in row[0]]
+        self._gauges = "".join(line + "\n" for line in self._gauges.splitlines() if pod not in line)
+        self._moving = [row for row in self._moving if pod not in row[0]]
+        return before - self.series
+
     def exposition(self) -> str:
         now = time.time()
         elapsed = now - self.started
