@@ -19,9 +19,12 @@ For each fleet size, on this machine:
 With ``--at-rest`` the fleet is measured at rest instead: a stand-in (``pod_standin.py``) makes every
 Deployment's pods Ready, every policy climbs one 20 s step to Stable, and the API server's own counter gives the
 status writes in the measured window; the restart's full cycle then ends when the operator's sweep has covered
-every policy (at rest, fresh readings are not written at once, so status times cannot show it).
+every policy (at rest, fresh readings are not written at once, so status times cannot show it). With
+``--retired-gone`` as well, the exporter then stops serving the level each policy left, whose pods a real fleet
+no longer has.
 
-    .venv/bin/python bench/operator/bench_operator.py [--sizes 1,100,1000] [--measure 60] [--at-rest] [--json out.json]
+    .venv/bin/python bench/operator/bench_operator.py [--sizes 1,100,1000] [--measure 60] [--at-rest [--retired-gone]]
+        [--restarts N] [--json out.json]
 
 Needs /usr/bin/prometheus and the control-plane binaries ($KVOFFLOAD_KUBE_BIN or .kube-bin).
 """
