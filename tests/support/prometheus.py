@@ -241,33 +241,8 @@ class SyntheticFleet:
 
     def __init__(self, engines: Sequence[SyntheticEngine], dialect: Dialect = NEWEST) -> None:
         self.started = time.time()
-        self._counters: list[tuple[str, float]] = []
-        gauges: list[str] = []  # untyped, as families interleave across engines
-        self._moving: list[tuple[str, float, float]] = []  # (series, even-second value, odd-second value)
-        for engine in engines:
-            self._counters.extend(_series(engine, dialect))
-            labels = (
-                f'kvoffload_io_policy="{engine.policy}",{_level_labels(engine)},'
-                f'namespace="{engine.namespace}",pod="{engine.policy}-{engine.variant}-0"'
-            )
-            usage = f'{dialect.kv_cache_usage}{{engine="0",{labels}}}'
-            if engine.kv_usage_peak is None:
-                gauges.append(f"{usage} {engine.kv_usage}")
-            else:
-                self._moving.append((usage, engine.kv_usage, engine.kv_usage_peak))
-            gauges.append(f'{dialect.num_requests_running}{{engine="0",{labels}}} {engine.running}')
-            gauges.append(
-                f'{dialect.cache_config_info}{{engine="0",{labels},kv_offloading_backend="{engine.offloading_backend}",'
-                f'kv_offloading_size="{engine.offloading_size}"}} 1.0'
-            )
-            if dialect.offload_config_info:
-                for tier, size, chunks in engine.allocated:
-                    info = (
-                        f'cpu_blocks_per_chunk="1",cpu_kv_cache_size_bytes="{size}",'
-                        f'cpu_kv_cache_size_tokens="None",cpu_num_chunks="{chunks}",tier="{tier}"'
-                    )
-                    gauges.append(f'{dialect.offload_config_info}{{engine="0",{labels},{info}}} 1.0')
-        self._gauges = "\n".join(gauges) + "\n"
+        self._dialect = dialect
+        self._serve(engines)
         fleet = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -297,12 +272,41 @@ class SyntheticFleet:
     def stop_serving(self, variant: str) -> int:
         """Leave out the series of every engine of ``variant`` from now on, as when its pods are gone: Prometheus
         marks them stale at its next scrape. Returns how many series went."""
-        pod = f'-{variant}-0"'
         before = self.series
-        self._counters = [row for row in self._counters if pod not in row[0]]
-        self._gauges = "".join(line + "\n" for line in self._gauges.splitlines() if pod not in line)
-        self._moving = [row for row in self._moving if pod not in row[0]]
+        self._serve([engine for engine in self._engines if engine.variant != variant])
         return before - self.series
+
+    def _serve(self, engines: Sequence[SyntheticEngine]) -> None:
+        """Serve the series of ``engines`` from the next scrape on."""
+        self._engines = tuple(engines)
+        dialect = self._dialect
+        counters: list[tuple[str, float]] = []
+        gauges: list[str] = []  # untyped, as families interleave across engines
+        moving: list[tuple[str, float, float]] = []  # (series, even-second value, odd-second value)
+        for engine in engines:
+            counters.extend(_series(engine, dialect))
+            labels = (
+                f'kvoffload_io_policy="{engine.policy}",{_level_labels(engine)},'
+                f'namespace="{engine.namespace}",pod="{engine.policy}-{engine.variant}-0"'
+            )
+            usage = f'{dialect.kv_cache_usage}{{engine="0",{labels}}}'
+            if engine.kv_usage_peak is None:
+                gauges.append(f"{usage} {engine.kv_usage}")
+            else:
+                moving.append((usage, engine.kv_usage, engine.kv_usage_peak))
+            gauges.append(f'{dialect.num_requests_running}{{engine="0",{labels}}} {engine.running}')
+            gauges.append(
+                f'{dialect.cache_config_info}{{engine="0",{labels},kv_offloading_backend="{engine.offloading_backend}",'
+                f'kv_offloading_size="{engine.offloading_size}"}} 1.0'
+            )
+            if dialect.offload_config_info:
+                for tier, size, chunks in engine.allocated:
+                    info = (
+                        f'cpu_blocks_per_chunk="1",cpu_kv_cache_size_bytes="{size}",'
+                        f'cpu_kv_cache_size_tokens="None",cpu_num_chunks="{chunks}",tier="{tier}"'
+                    )
+                    gauges.append(f'{dialect.offload_config_info}{{engine="0",{labels},{info}}} 1.0')
+        self._counters, self._gauges, self._moving = counters, "\n".join(gauges) + "\n", moving
 
     def exposition(self) -> str:
         now = time.time()
