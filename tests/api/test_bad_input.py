@@ -47,7 +47,14 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
     "duplicate-tier-names.yaml": ({"spec.offload"}, {"spec.offload.secondaryTiers"}),
     "reserved-tier-name.yaml": ({"spec.offload"}, {"spec.offload.secondaryTiers"}),
     "promotion-steps-fall.yaml": ({"spec.rollout.promotionSteps"}, {"spec.rollout.promotionSteps"}),
-    "managed-flag-in-extra-args.yaml": ({"spec.model.extraArgs"}, {"spec.model.extraArgs"}),
+    "managed-flag-in-extra-args.yaml": ({"spec.model.extraArgs[1]"}, {"spec.model.extraArgs"}),
+    "extra-args-spelt-otherwise.yaml": (
+        {"spec.model.extraArgs[0]", "spec.model.extraArgs[1]", "spec.model.extraArgs[3]"},
+        {"spec.model.extraArgs"},
+    ),
+    "loader-env.yaml": ({"spec.model.env[0].name"}, {"spec.model.env[0].name"}),
+    "quantity-overflow.yaml": ({"spec.offload.cpu"}, {"spec.offload.cpu"}),
+    "deadline-past-int32.yaml": ({"spec.rollout.progressDeadline"}, {"spec.rollout.progressDeadline"}),
     "zero-and-negative-sizes.yaml": (
         {"spec.resources.baseMemory", "spec.resources.headroom", "spec.offload.cpu"},
         {"spec.resources.baseMemory", "spec.resources.headroom", "spec.offload.cpu"},
@@ -77,7 +84,11 @@ MODEL_MESSAGES = {
     "duplicate-tier-names.yaml": "names must be unique",
     "reserved-tier-name.yaml": "may not be named",
     "architecture-and-configmap.yaml": "not both",
-    "managed-flag-in-extra-args.yaml": "--max-model-len is managed by the operator",
+    "managed-flag-in-extra-args.yaml": "sets --max-model-len, which the operator manages",
+    "extra-args-spelt-otherwise.yaml": "sets --tensor-parallel-size, which the operator manages",
+    "loader-env.yaml": "LD_PRELOAD changes what code the engine loads",
+    "quantity-overflow.yaml": "is not a Kubernetes quantity",
+    "deadline-past-int32.yaml": "must be at most 720h",
     "preflight-prompt-too-long.yaml": "rollout.preflight.promptTokens must be at most model.maxModelLen",
 }
 

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from kvoffload.api.quantity import parse_quantity
-from kvoffload.api.types import MANAGED_FLAGS, RESERVED_LEVEL_NAMES, KVOffloadPolicySpec
+from kvoffload.api.types import RESERVED_LEVEL_NAMES, KVOffloadPolicySpec
+from kvoffload.api.vllmflags import managed_flags
 from tests.support.cel_k8s import compile_rule, evaluate, every_rule, rule_failures
 from tests.support.crd_admission import apply_defaults, openapi_schema
 
@@ -55,6 +56,13 @@ def tier(name: str = "nvme", **extra: Any) -> dict[str, Any]:
 CASES: dict[str, tuple[list[Any], list[Any]]] = {
     "must be greater than zero": (["32Gi", "1", 1, "0.5", "500m", "1e3", "+2Ki"], ["0", 0, "-1Gi", -5, "0.0", "-0.5"]),
     "must not be negative": (["0", 0, "4Gi", "1e-3"], ["-1", -1, "-4Gi", "-1m"]),
+    # Kubernetes caps no exponent: 1e999999999 is a well-formed quantity the API server would store.
+    "must be at most 1Pi": (["1Pi", "1024Ti", "1e15", 2**50], ["1025Ti", "2Pi", "1e16", "2e15"]),
+    "must be at most 720h": (["720h", "30s", "719h59m"], ["721h", "600000h", "720h1s"]),
+    "may not change what code the engine loads": (
+        ["HF_TOKEN", "VLLM_LOGGING_LEVEL", "PYTHONUNBUFFERED", "OLD_PRELOAD"],
+        ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "GCONV_PATH", "NCCL_NET_PLUGIN", "VLLM_USE_SIMPLE_KV_OFFLOAD"],
+    ),
     # Not "1ns": cel-python keeps durations as timedelta (microseconds); Kubernetes' CEL keeps nanoseconds.
     "must be longer than zero": (["30s", "1500ms", "1h30m", "0.5s", "1us", "0m1s"], ["0s", "0m", "0h0m0s", "0.0s"]),
     "give either numKVHeads and headDim (MHA/GQA) or kvLoraRank and qkRopeHeadDim (MLA)": (
@@ -71,7 +79,10 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
     "may not set a flag the operator manages": (
         [[], ["--enable-prefix-caching"], ["--model-impl=vllm", "--portable"], ["--max-num-seqs", "256"]],
         [["--max-model-len=4096"], ["--enable-prefix-caching", "--port"], ["--kv-transfer-config={}"]]
-        + [[flag] for flag in sorted(MANAGED_FLAGS)],
+        # Spelt as vLLM's parser also reads them: underscores, a dotted JSON key, an alias, another long name.
+        + [["--max_model_len=131072"], ["-tp", "8"], ["--kv_offloading_size=500"], ["-tp=8"]]
+        + [["--kv-transfer-config.kv_connector_extra_config.cpu_bytes_to_use=1"], ["--device-memory-utilization"]]
+        + [[flag] for flag in managed_flags()],
     ),
     "set exactly one of emptyDir, persistentVolumeClaim or hostPath": (
         [{"emptyDir": {}}, {"persistentVolumeClaim": {"claimName": "kv"}}, {"hostPath": {"path": "/mnt/nvme"}}],
@@ -198,10 +209,10 @@ def test_models_mirror_the_spec_level_rules(message: str) -> None:
 def _spec_with(path: str, value: Any) -> dict[str, Any]:
     """The base spec with one nested node replaced, for mirroring node-level rules through the models."""
     out = spec()
-    node = out
+    node: Any = out
     *parents, leaf = path.split(".")
-    for part in parents:
-        node = node[part]
+    for part, after in zip(parents, [*parents[1:], leaf], strict=False):
+        node = node[int(part)] if part.isdigit() else node.setdefault(part, [{}] if after.isdigit() else {})
     node[leaf] = value
     return out
 
@@ -209,6 +220,9 @@ def _spec_with(path: str, value: Any) -> dict[str, Any]:
 NODE_LEVEL = {
     "must be greater than zero": "offload.cpu",
     "must not be negative": "resources.headroom",
+    "must be at most 1Pi": "offload.cpu",
+    "must be at most 720h": "rollout.progressDeadline",
+    "may not change what code the engine loads": "model.env.0.name",
     "must be longer than zero": "analysis.window",
     "give either numKVHeads and headDim (MHA/GQA) or kvLoraRank and qkRopeHeadDim (MLA)": "model.architecture",
     "may not set a flag the operator manages": "model.extraArgs",

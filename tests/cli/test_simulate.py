@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvoffload.cli.main import main
+from tests.policy.render_policies import LAB
 from tests.support import paths
 
 # shared/traces/README.md: block-level LRU over the whole trace, in percent.
@@ -37,7 +38,7 @@ def test_the_lru_table_matches_the_traces_readme_within_half_a_point(shared_trac
 
 def test_each_level_of_a_policy_gets_its_hit_share_per_tier(shared_traces: Path) -> None:
     trace = str(shared_traces / "mooncake-conversation.jsonl")
-    out = simulate(trace, "--policy", str(paths.EXAMPLES / "llama-3.1-70b-tp4-nvme.yaml"), "--gpu-blocks", "2000")
+    out = simulate(trace, "--policy", str(paths.EXAMPLES / "llama-3.1-70b-tp4-nvme.yaml"), "--gpu-blocks", "2000", *LAB)
     levels = {level["name"]: level for level in out["policy"]["levels"]}
     gpu_only = levels["gpu-only"]
     assert [t["tier"] for t in gpu_only["tiers"]] == ["gpu"]

@@ -35,6 +35,7 @@ from kvoffload.api.conventions import (
 from kvoffload.api.quantity import parse_duration
 from kvoffload.controller.gateway import ApiRejectedError
 from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError, SecretLocation
+from kvoffload.policy.tenancy import Tenancy
 from tests.support.kube import EmulatedCluster, policy_manifest
 
 pytestmark = pytest.mark.e2e
@@ -708,7 +709,10 @@ async def test_the_operators_own_token_is_sent_for_a_policy_that_names_none_and_
         sources.append(source)
         return CraftedProvider()
 
-    settings = ControllerSettings(prometheus_token=SecretLocation("kvoffload", "prom", "token"))
+    settings = ControllerSettings(
+        prometheus_token=SecretLocation("kvoffload", "prom", "token"),
+        tenancy=Tenancy(prometheus_url_prefixes=("http://prometheus.test:9090",)),
+    )
     controller = Controller(kube.gateway(), MeasurementHub(provider_for, gather_window=0.0), settings, clock=clock)
     for namespace, name, value in (("kvoffload", "prom", b"operator"), (NS, "own", b"own")):
         await kube.emulator.create_object(
@@ -1115,3 +1119,59 @@ async def test_at_rest_a_changed_verdict_is_written_at_once(kube: EmulatedCluste
     analysis = status_of(kube)["lastAnalysis"]
     assert analysis["verdict"] == "Fail"
     assert analysis["consecutiveFailures"] == 1
+
+
+async def test_the_operators_token_never_goes_to_a_prometheus_the_admin_did_not_allow(
+    kube: EmulatedCluster, clock: Clock
+) -> None:
+    """A tenant names their own host as spec.prometheus.url: the policy goes Invalid at that path, and no query,
+    with or without the operator's token, is ever sent there."""
+    sources: list[PrometheusSource] = []
+
+    def provider_for(source: PrometheusSource) -> CraftedProvider:
+        sources.append(source)
+        return CraftedProvider()
+
+    settings = ControllerSettings(
+        prometheus_token=SecretLocation("kvoffload", "prom", "token"),
+        tenancy=Tenancy(prometheus_url_prefixes=("http://prometheus.test:9090",)),
+    )
+    controller = Controller(kube.gateway(), MeasurementHub(provider_for, gather_window=0.0), settings, clock=clock)
+    spec = chat_spec()
+    spec["prometheus"]["url"] = "https://collector.attacker.test/"
+    await create_policy(kube, spec=spec)
+    for _ in range(2):
+        await controller.reconcile(policy_body(kube))
+        clock.advance(1)
+
+    assert sources == []
+    (condition,) = [c for c in status_of(kube)["conditions"] if c["type"] == "Invalid"]
+    assert condition["message"].startswith("spec.prometheus.url: is not under a Prometheus URL this cluster allows")
+    assert deployment(kube, "chat-gpu-only") is None
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("cpu", "1e999999999"), ("cpu", float("inf")), ("cpu", 10.0**300)],
+    ids=["decimal-overflow", "float-infinity", "float-huge"],
+)
+async def test_a_policy_past_every_bound_goes_invalid_once_and_is_never_retried_as_an_error(
+    kube: EmulatedCluster, controller: Controller, clock: Clock, field: str, value: Any
+) -> None:
+    """What got past the API server (no webhook, an older CRD) must not crash the cycle: Invalid with the path,
+    one Warning, and no further writes on the cycles after."""
+    spec = chat_spec()
+    spec["offload"][field] = value
+    await create_policy(kube, spec=spec)
+
+    await controller.reconcile(policy_body(kube))
+    written = policy_body(kube)["metadata"]["resourceVersion"]
+    for _ in range(3):
+        clock.advance(30)
+        await controller.reconcile(policy_body(kube))
+
+    assert status_of(kube)["phase"] == "Invalid"
+    (condition,) = [c for c in status_of(kube)["conditions"] if c["type"] == "Invalid"]
+    assert condition["message"].startswith(f"spec.offload.{field}: ")
+    assert policy_body(kube)["metadata"]["resourceVersion"] == written
+    assert [e.reason for e in await events(kube) if e.type == "Warning"] == ["SpecInvalid"]

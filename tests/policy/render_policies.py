@@ -11,12 +11,18 @@ import yaml
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.loading import load_policy, parse_policy
+from kvoffload.policy.tenancy import Tenancy
 from tests.support import paths
 
 ROOT = paths.ROOT
 DATA = ROOT / "tests" / "data"
 EXAMPLES = ROOT / "examples"
 GOLDEN = paths.GOLDEN
+# The cluster these policies render for: its admin allows hostPath tiers under /mnt (the NVMe examples), and
+# a Prometheus on the node (the demo's lab, all on 127.0.0.1).
+RENDER_TENANCY = Tenancy(host_path_roots=("/mnt", "/nvme"), private_prometheus=True)
+# The same cluster's leave, as the CLI takes it.
+LAB = ("--allowed-host-path", "/mnt", "--allowed-host-path", "/nvme", "--prometheus-allow-private")
 
 
 def _is_policy_file(path: Path) -> bool:
@@ -50,7 +56,7 @@ def level_cases() -> list[LevelCase]:
     """Every level of every policy."""
     cases = []
     for path in policy_files():
-        policy = load_policy(path)
+        policy = load_policy(path, RENDER_TENANCY)
         cases += [LevelCase(path, policy, level) for level in build_ladder(policy.spec)]
     return cases
 
@@ -88,5 +94,5 @@ def policy_object(metadata: dict[str, Any] | None = None, **spec_patch: Any) -> 
 
 
 def make_policy(metadata: dict[str, Any] | None = None, **spec_patch: Any) -> KVOffloadPolicy:
-    """The policy of ``policy_object``, validated as the operator validates it."""
-    return parse_policy(policy_object(metadata, **spec_patch))
+    """The policy of ``policy_object``, validated as the operator of :data:`RENDER_TENANCY` validates it."""
+    return parse_policy(policy_object(metadata, **spec_patch), tenancy=RENDER_TENANCY)

@@ -282,10 +282,10 @@ def test_the_cap_is_above_every_budget_a_policy_that_fits_the_node_can_need(gpu:
 
 
 def test_the_new_user_case_a_cpu_tier_larger_than_the_whole_node_is_an_error_naming_the_field() -> None:
-    """offload.cpu 99999999Ti on an H100: it used to render with two warnings, a memory request of
-    104857598955008Mi and a progress deadline of 45,511,110 hours."""
+    """offload.cpu 900Ti on an H100 (under the schema's 1Pi cap): 99999999Ti used to render with two warnings,
+    a memory request of 104857598955008Mi and a progress deadline of 45,511,110 hours."""
     with pytest.raises(PolicyError) as caught:
-        parse_policy(make_policy(offload={"cpu": "99999999Ti"}))
+        parse_policy(make_policy(offload={"cpu": "900Ti"}))
     [error] = caught.value.errors
     assert error.path == "spec.offload.cpu"
     assert "larger than a whole nvidia-h100-80gb node's host memory, 2.0 TiB" in error.message

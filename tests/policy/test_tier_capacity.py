@@ -18,14 +18,14 @@ from kvoffload.cli.main import main
 from kvoffload.policy.ladder import build_ladder, find_level
 from kvoffload.policy.render import render
 from kvoffload.policy.sizing import stored_bytes_per_token
-from tests.policy.render_policies import BASE, EXAMPLES, case_id, merge, policy_files
+from tests.policy.render_policies import BASE, EXAMPLES, LAB, case_id, merge, policy_files
 from tests.support import paths
 
 POLICY_FILES = policy_files()
 
 
 def run(*args: str) -> str:
-    result = CliRunner().invoke(main, list(args))
+    result = CliRunner().invoke(main, [*args, *LAB])
     assert result.exit_code == 0, result.output
     return result.stdout
 

@@ -7,6 +7,7 @@ means the same number here.
 from __future__ import annotations
 
 import functools
+import math
 import re
 from decimal import Decimal
 
@@ -27,9 +28,11 @@ _DECIMAL = {
     "E": Decimal(10**18),
 }
 
+# Kubernetes' own grammar, but an exponent of at most two digits: no quantity here needs more than 1e18, and
+# kube-apiserver (v1.37.2) times out comparing 1e999999999 in a CEL rule (api/types.py guards the rule too).
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))"
-    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+    r"(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?[0-9]{1,2}))?$"
 )
 _QUANTITY_RE = re.compile(QUANTITY_PATTERN)
 _SPLIT_RE = re.compile(r"^([+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+))(.*)$")
@@ -44,6 +47,8 @@ def parse_quantity(value: str | int | float) -> Decimal:
     """Return the numeric value of a Kubernetes quantity; raise ValueError if malformed."""
     if isinstance(value, bool):
         raise ValueError("a quantity is a number or a string such as 32Gi")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is not a finite number")
     if isinstance(value, int | float):
         return Decimal(str(value))
     return _quantity_text(value.strip())
@@ -59,7 +64,10 @@ def _quantity_text(text: str) -> Decimal:
         return Decimal(number) * _BINARY[suffix]
     if suffix in _DECIMAL:
         return Decimal(number) * _DECIMAL[suffix]
-    return Decimal(number) * Decimal(10) ** Decimal(suffix[1:])  # exponent form, 1e3
+    try:  # exponent form, 1e3; Kubernetes caps no exponent, so 1e999999999 is well-formed
+        return Decimal(number) * Decimal(10) ** Decimal(suffix[1:])
+    except ArithmeticError:
+        raise ValueError(f"{text!r} is out of range") from None
 
 
 def quantity_bytes(value: str | int | float) -> int:
@@ -91,6 +99,8 @@ def parse_duration(value: str | int | float) -> float:
     """Seconds in a Go duration such as ``90s``, ``2m`` or ``1h30m``; bare numbers are seconds."""
     if isinstance(value, bool):
         raise ValueError("a duration is a string such as 30s, 2m or 1h30m")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is not a finite number of seconds")
     if isinstance(value, int | float):
         return float(value)
     return _duration_text(value.strip())
@@ -100,7 +110,10 @@ def parse_duration(value: str | int | float) -> float:
 def _duration_text(text: str) -> float:
     if not _DURATION_RE.match(text):
         raise ValueError(f"{text!r} is not a duration (e.g. 30s, 2m, 1500ms, 1h30m)")
-    return sum(float(num) * _DURATION_UNIT[unit] for num, unit in _DURATION_PART.findall(text))
+    seconds = sum(float(num) * _DURATION_UNIT[unit] for num, unit in _DURATION_PART.findall(text))
+    if not math.isfinite(seconds):
+        raise ValueError(f"{text!r} is out of range")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:

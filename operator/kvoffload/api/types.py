@@ -8,6 +8,7 @@ names are camelCase on the wire (aliases) and snake_case in Python.
 from __future__ import annotations
 
 import itertools
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -26,22 +27,31 @@ from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict, JsonValue
 
 from kvoffload.api.quantity import DURATION_PATTERN, QUANTITY_PATTERN, parse_duration, parse_quantity
+from kvoffload.api.vllmflags import cel_managed_pattern, judge_extra_args
 
-# Flags the operator renders itself; extraArgs may not repeat them.
-MANAGED_FLAGS = frozenset(
+# Environment variables that change what code the engine loads: the dynamic loader's (LD_*), Python's
+# import and start-up hooks, glibc's iconv modules, NCCL's plugins. A policy may not set them.
+LOADER_ENV_PREFIXES = ("LD_",)
+LOADER_ENV = frozenset(
     {
-        "--model",
-        "--served-model-name",
-        "--port",
-        "--host",
-        "--max-model-len",
-        "--tensor-parallel-size",
-        "--kv-cache-dtype",
-        "--gpu-memory-utilization",
-        "--kv-offloading-size",
-        "--kv-offloading-backend",
-        "--kv-transfer-config",
-        "--block-size",
+        "PYTHONPATH",
+        "PYTHONHOME",
+        "PYTHONSTARTUP",
+        "PYTHONUSERBASE",
+        "PYTHONEXECUTABLE",
+        "PYTHONINSPECT",
+        "PYTHONWARNINGS",
+        "PYTHONBREAKPOINT",
+        "PYTHONPLATLIBDIR",
+        "GCONV_PATH",
+        "BASH_ENV",
+        "ENV",
+        "NCCL_NET_PLUGIN",
+        "NCCL_TUNER_PLUGIN",
+        "NCCL_PROFILER_PLUGIN",
+        "VLLM_PLUGINS",
+        # Switches vLLM to SimpleCPUOffloadConnector: another pool and other metrics than the ladder's.
+        "VLLM_USE_SIMPLE_KV_OFFLOAD",
     }
 )
 
@@ -76,6 +86,10 @@ def cel_rules(*rules: tuple[str, str] | tuple[str, str, str]) -> JsonDict:
 
 # Bounds the cost the API server estimates for the CEL quantity() rules.
 QUANTITY_MAX_LENGTH = 64
+# No node holds a pebibyte of memory and no tier needs more; the API server caps no decimal exponent itself.
+QUANTITY_MAX = "1Pi"
+# A step, window or deadline past thirty days is a typo; it also keeps every rendered second within int32.
+DURATION_MAX = "720h"
 
 
 def _quantity(value: Any) -> str:
@@ -83,7 +97,8 @@ def _quantity(value: Any) -> str:
         raise ValueError("must be a Kubernetes quantity such as 32Gi, 500Mi or 8")
     if len(str(value)) > QUANTITY_MAX_LENGTH:
         raise ValueError(f"must be at most {QUANTITY_MAX_LENGTH} characters")
-    parse_quantity(value)
+    if abs(parse_quantity(value)) > parse_quantity(QUANTITY_MAX):
+        raise ValueError(f"must be at most {QUANTITY_MAX}")
     return str(value)
 
 
@@ -102,7 +117,8 @@ def _non_negative_quantity(value: str) -> str:
 def _duration(value: Any) -> str:
     if isinstance(value, bool) or not isinstance(value, str):
         raise ValueError("must be a duration string such as 30s, 2m or 1500ms")
-    parse_duration(value)
+    if parse_duration(value) > parse_duration(DURATION_MAX):
+        raise ValueError(f"must be at most {DURATION_MAX}")
     return value
 
 
@@ -118,17 +134,27 @@ _QUANTITY_SCHEMA: JsonDict = {
     "maxLength": QUANTITY_MAX_LENGTH,
     "x-kubernetes-int-or-string": True,
 }
+# An exponent of three digits or more is the pattern's to refuse: kube-apiserver (v1.37.2) times out comparing
+# 1e999999999 with anything, so the comparison is not made for it.
+_QUANTITY_BOUND = (
+    "string(self).matches('[eE][-+]?[0-9][0-9][0-9]')"
+    f" || quantity(string(self)).compareTo(quantity('{QUANTITY_MAX}')) <= 0",
+    f"must be at most {QUANTITY_MAX}",
+)
 _POSITIVE_QUANTITY_SCHEMA: JsonDict = _QUANTITY_SCHEMA | cel_rules(
-    ("sign(quantity(string(self))) == 1", "must be greater than zero")
+    ("sign(quantity(string(self))) == 1", "must be greater than zero"), _QUANTITY_BOUND
 )
 _NON_NEGATIVE_QUANTITY_SCHEMA: JsonDict = _QUANTITY_SCHEMA | cel_rules(
-    ("sign(quantity(string(self))) >= 0", "must not be negative")
+    ("sign(quantity(string(self))) >= 0", "must not be negative"), _QUANTITY_BOUND
 )
 _DURATION_SCHEMA: JsonDict = {
     "type": "string",
     "pattern": DURATION_PATTERN,
     "maxLength": 32,
-    **cel_rules(("duration(self) > duration('0s')", "must be longer than zero")),
+    **cel_rules(
+        ("duration(self) > duration('0s')", "must be longer than zero"),
+        (f"duration(self) <= duration('{DURATION_MAX}')", f"must be at most {DURATION_MAX}"),
+    ),
 }
 
 Quantity = Annotated[
@@ -236,9 +262,39 @@ class EnvVar(Model):
     """An extra environment variable for the engine container (plain value only)."""
 
     name: str = Field(
-        min_length=1, max_length=253, pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$", description="Variable name."
+        min_length=1,
+        max_length=253,
+        pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
+        description="Variable name; none that changes what code the engine loads (LD_*, PYTHONPATH, ...).",
+        json_schema_extra=cel_rules(
+            (
+                f"!self.startsWith('LD_') && !(self in {_cel_list(LOADER_ENV)})",
+                "may not change what code the engine loads (LD_*, " + ", ".join(sorted(LOADER_ENV)) + ")",
+            )
+        ),
     )
     value: str = Field(default="", max_length=32768, description="Variable value.")
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_loader_variable(cls, name: str) -> str:
+        if name.startswith(LOADER_ENV_PREFIXES) or name in LOADER_ENV:
+            raise ValueError(f"{name} changes what code the engine loads; a policy may not set it")
+        return name
+
+
+_MANAGED_SPELLING = re.compile(cel_managed_pattern())
+_MANAGED_MESSAGE = (
+    "may not set a flag the operator manages (its model, port, parallelism, memory and offload flags, however "
+    "spelt); set the matching spec field instead"
+)
+
+
+def _not_a_managed_flag(arg: str) -> str:
+    if _MANAGED_SPELLING.match(arg):
+        found = judge_extra_args([arg])
+        raise ValueError(found[0].message if found else _MANAGED_MESSAGE)
+    return arg
 
 
 class ModelSpec(Model):
@@ -269,28 +325,16 @@ class ModelSpec(Model):
     config_map: ConfigMapRef | None = Field(
         default=None, description="A ConfigMap holding the model's HF config.json, instead of the catalog."
     )
-    extra_args: list[Annotated[str, Field(max_length=4096)]] = Field(
+    # 64 items of 2,048 characters keep the CEL rule's regular expression within the API server's cost budget.
+    extra_args: list[Annotated[str, Field(max_length=2048), AfterValidator(_not_a_managed_flag)]] = Field(
         default_factory=list,
-        max_length=128,
-        description="More `vllm serve` arguments; managed flags are refused.",
-        json_schema_extra=cel_rules(
-            (
-                f"self.all(a, !{_cel_list(MANAGED_FLAGS)}.exists(f, a == f || a.startsWith(f + '=')))",
-                f"may not set a flag the operator manages ({', '.join(sorted(MANAGED_FLAGS))}); "
-                "set the matching spec field instead",
-            )
-        ),
+        max_length=64,
+        description="More `vllm serve` arguments; none may set a value the operator manages, however spelt.",
+        # The CEL rule catches managed flags spelt outright; the webhook and the operator judge the rest
+        # (aliases, abbreviations, values read as the model: api/vllmflags.py, in policy/tenancy.py).
+        json_schema_extra=cel_rules((f"self.all(a, !a.matches('{cel_managed_pattern()}'))", _MANAGED_MESSAGE)),
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description="More environment variables.")
-
-    @field_validator("extra_args")
-    @classmethod
-    def _no_managed_flags(cls, args: list[str]) -> list[str]:
-        for arg in args:
-            flag = arg.split("=", 1)[0]
-            if flag in MANAGED_FLAGS:
-                raise ValueError(f"{flag} is managed by the operator; set the matching spec field instead")
-        return args
 
 
 class Toleration(Model):
@@ -300,7 +344,9 @@ class Toleration(Model):
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
     value: str | None = Field(default=None, max_length=63, description="Taint value.")
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(default=None, description="Effect.")
-    toleration_seconds: int | None = Field(default=None, description="For NoExecute: how long to stay.")
+    toleration_seconds: int | None = Field(
+        default=None, ge=0, le=2**31 - 1, description="For NoExecute: how long to stay."
+    )
 
 
 class GPUSpec(Model):
@@ -316,7 +362,9 @@ class GPUSpec(Model):
     memory_utilization: float = Field(
         default=0.90, gt=0.0, le=0.99, description="--gpu-memory-utilization: share of GPU memory vLLM may use."
     )
-    node_selector: dict[str, str] = Field(default_factory=dict, description="Extra node labels to select on.")
+    node_selector: dict[str, str] = Field(
+        default_factory=dict, max_length=64, description="Extra node labels to select on."
+    )
     tolerations: list[Toleration] = Field(default_factory=list, max_length=64, description="Extra tolerations.")
 
 

@@ -34,5 +34,68 @@ def reports_bad_input(func: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
+def judged_as_the_cluster(func: F) -> F:
+    """Add the admin's allow-lists (the options ``kvoffload run`` takes) and hand the command a ``tenancy``,
+    so that a policy is judged here as the cluster's operator and webhook judge it."""
+    from kvoffload.policy.tenancy import Tenancy
+
+    @functools.wraps(func)
+    def wrapper(
+        *args: Any,
+        allowed_host_paths: tuple[str, ...],
+        allowed_images: tuple[str, ...],
+        prometheus_allowed_urls: tuple[str, ...],
+        prometheus_allow_private: bool,
+        **kwargs: Any,
+    ) -> Any:
+        tenancy = Tenancy(
+            host_path_roots=allowed_host_paths,
+            image_patterns=allowed_images,
+            prometheus_url_prefixes=prometheus_allowed_urls,
+            private_prometheus=prometheus_allow_private,
+        )
+        if problems := tenancy.problems():
+            for problem in problems:
+                click.echo(problem, err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        return func(*args, tenancy=tenancy, **kwargs)
+
+    for option in reversed(TENANCY_OPTIONS):
+        wrapper = option(wrapper)
+    return wrapper  # type: ignore[return-value]
+
+
+TENANCY_OPTIONS = (
+    click.option(
+        "--allowed-host-path",
+        "allowed_host_paths",
+        multiple=True,
+        metavar="PATH",
+        help="A node path under which hostPath tiers may live (repeat for more). None given: no hostPath tier.",
+    ),
+    click.option(
+        "--allowed-image",
+        "allowed_images",
+        multiple=True,
+        metavar="PATTERN",
+        help="Engine images allowed, a shell pattern over the image without tag or digest, e.g. "
+        "'registry.example.com/llm/*' (repeat for more). None given: any image.",
+    ),
+    click.option(
+        "--prometheus-allowed-url",
+        "prometheus_allowed_urls",
+        multiple=True,
+        metavar="URL",
+        help="A Prometheus URL prefix a policy's spec.prometheus.url may name (repeat for more); the operator's "
+        "token goes only there. None given: any URL but the node's, link-local ones and cloud metadata services.",
+    ),
+    click.option(
+        "--prometheus-allow-private",
+        is_flag=True,
+        help="Let a policy name a Prometheus at a loopback, link-local or cloud metadata address: for a lab "
+        "on one machine, never for a shared cluster.",
+    ),
+)
+
 POLICY_FILE = click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 OUTPUT = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)

@@ -16,9 +16,11 @@ from kvoffload.cli.common import (
     EXIT_INCONCLUSIVE,
     OUTPUT,
     POLICY_FILE,
+    judged_as_the_cluster,
     reports_bad_input,
 )
 from kvoffload.cli.simulate import simulate
+from kvoffload.policy.tenancy import Tenancy
 
 LAB_COMMANDS = ("cluster", "demo", "emulate")
 """Commands that live in the lab (``kvoffload.lab.commands``), loaded only when asked for."""
@@ -83,8 +85,9 @@ def main() -> None:
     help="The model's typical prompt, for the break-even of restore against recompute.",
 )
 @OUTPUT
+@judged_as_the_cluster
 @reports_bad_input
-def plan(file: Path, prompt_tokens: int, output: str) -> None:
+def plan(file: Path, prompt_tokens: int, output: str, tenancy: Tenancy) -> None:
     """Size a policy: KV bytes per token, tokens per tier, pinned pool, /dev/shm, host memory, warnings,
     and whether restoring a prompt from the CPU tier beats recomputing it on this GPU class.
 
@@ -96,7 +99,7 @@ def plan(file: Path, prompt_tokens: int, output: str) -> None:
     from kvoffload.policy.loading import iter_documents, load_policy
     from kvoffload.policy.sizing import format_plan, plan_policy, resolve_config_map
 
-    policy = resolve_config_map(load_policy(file), iter_documents(file), str(file))
+    policy = resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file))
     result = plan_policy(policy)
     economics = plan_economics(result, prompt_tokens)
     if output == "json":
@@ -145,8 +148,9 @@ def calibrate(args: tuple[str, ...]) -> None:
     help="Ladder level, by index (0 = GPU-only) or name (gpu-only, cpu-pilot, cpu, nvme...). Default: the top level.",
 )
 @click.option("--stage", default=None, hidden=True, help="Old name of --level NAME.")
+@judged_as_the_cluster
 @reports_bad_input
-def render(file: Path, level: str | None, stage: str | None) -> None:
+def render(file: Path, level: str | None, stage: str | None, tenancy: Tenancy) -> None:
     """Print the manifests (Deployment, Service, PodMonitor) of one ladder level, for GitOps.
 
     A policy with spec.model.configMap reads the model's KV shape from a ConfigMap of that name in the
@@ -163,7 +167,7 @@ def render(file: Path, level: str | None, stage: str | None) -> None:
             sys.exit(EXIT_BAD_INPUT)
         click.echo("warning: --stage is deprecated; use --level NAME", err=True)
         level = stage
-    policy = resolve_config_map(load_policy(file), iter_documents(file), str(file))
+    policy = resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file))
     try:
         ladder = build_ladder(policy.spec)
         chosen = find_level(ladder, index=int(level)) if level and level.isdigit() else find_level(ladder, name=level)
@@ -205,6 +209,7 @@ def crd() -> None:
 @click.option("--insecure-skip-tls-verify", is_flag=True, help="Do not verify Prometheus's TLS certificate.")
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds per query.")
 @OUTPUT
+@judged_as_the_cluster
 @reports_bad_input
 def analyze(
     file: Path,
@@ -219,6 +224,7 @@ def analyze(
     insecure_skip_tls_verify: bool,
     timeout: float,
     output: str,
+    tenancy: Tenancy,
 ) -> None:
     """Run one analysis cycle now: canary vs stable, every metric with its value, threshold and verdict.
 
@@ -236,7 +242,7 @@ def analyze(
     from kvoffload.policy.loading import load_policy
     from kvoffload.policy.render import config_hash
 
-    policy = load_policy(file)
+    policy = load_policy(file, tenancy)
     spec = policy.spec
     labels = [part.strip() for part in series_labels.split(",")]
     if len(labels) != 3 or not all(labels):
@@ -533,6 +539,7 @@ def status(name: str, namespace: str | None, kubeconfig: Path | None, output: st
 )
 @click.option("--webhook-key", type=click.Path(dir_okay=False), default=None, help="Its private key (PEM).")
 @click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level (kopf's and the operator's).")
+@judged_as_the_cluster
 def run(
     namespaces: tuple[str, ...],
     all_namespaces: bool,
@@ -552,11 +559,16 @@ def run(
     webhook_cert: str | None,
     webhook_key: str | None,
     verbose: bool,
+    tenancy: Tenancy,
 ) -> None:
     """Run the operator: watch KVOffloadPolicies and roll each one up its ladder, stage by measured stage.
 
     Talks to the cluster through the in-cluster service account, else $KUBECONFIG (or
     ~/.kube/config). Give -n NS (repeatable) or -A. Stops cleanly on SIGINT or SIGTERM.
+
+    A policy gets no more than the --allowed-* options grant (docs/security.md): no hostPath tier unless
+    under --allowed-host-path, only --allowed-image images when any is given, and the operator's
+    Prometheus token only for --prometheus-url or a --prometheus-allowed-url.
     """
     import asyncio
 
@@ -595,6 +607,11 @@ def run(
         quiet_library_logs()
     import kubernetes.config
 
+    settings = ControllerSettings(prometheus_url=prometheus_url, prometheus_token=token, tenancy=tenancy)
+    if problems := settings.judged_tenancy.problems():
+        for problem in problems:
+            click.echo(f"kvoffload run: {problem}", err=True)
+        sys.exit(EXIT_BAD_INPUT)
     kopf.configure(verbose=verbose)
     try:
         asyncio.run(
@@ -603,7 +620,7 @@ def run(
                 clusterwide=all_namespaces,
                 standalone=standalone,
                 metrics_port=metrics_port,
-                controller_settings=ControllerSettings(prometheus_url=prometheus_url, prometheus_token=token),
+                controller_settings=settings,
                 policy_label=policy_label,
                 level_label=level_label,
                 config_hash_label=config_hash_label,

@@ -9,7 +9,8 @@ from typing import Any
 
 import click
 
-from kvoffload.cli.common import EXIT_BAD_INPUT, OUTPUT, reports_bad_input
+from kvoffload.cli.common import EXIT_BAD_INPUT, OUTPUT, judged_as_the_cluster, reports_bad_input
+from kvoffload.policy.tenancy import Tenancy
 
 
 def _sizes(value: str | None) -> list[int] | None:
@@ -48,6 +49,7 @@ def _sizes(value: str | None) -> list[int] | None:
     help="The fleet's GPU KV cache in blocks (default: kvoffload plan's estimate × replicas).",
 )
 @OUTPUT
+@judged_as_the_cluster
 @reports_bad_input
 def simulate(
     trace: Path,
@@ -56,6 +58,7 @@ def simulate(
     block_tokens: int,
     gpu_blocks: int | None,
     output: str,
+    tenancy: Tenancy,
 ) -> None:
     """Replay a request trace (Mooncake JSONL with hash_ids, or {"token_ids": [...]} lines) through an
     LRU cache at every size at once (Mattson stack distances, one pass), and print the hit-ratio curve
@@ -96,7 +99,7 @@ def simulate(
         from kvoffload.policy.loading import iter_documents, load_policy
         from kvoffload.policy.sizing import plan_policy, resolve_config_map
 
-        policy = resolve_config_map(load_policy(policy_path), iter_documents(policy_path), str(policy_path))
+        policy = resolve_config_map(load_policy(policy_path, tenancy), iter_documents(policy_path), str(policy_path))
         plan = plan_policy(policy)
         replicas = policy.spec.replicas
         try:

@@ -23,6 +23,7 @@ allowed, so a policy that got in while the webhook was down can still be changed
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -42,21 +43,31 @@ from kvoffload.api.webhook import (
 from kvoffload.controller.bodies import plain_body
 from kvoffload.controller.reconcile import judge_resolved
 from kvoffload.policy.loading import parse_policy
+from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy
+
+log = logging.getLogger(__name__)
 
 
-def problems(obj: Mapping[str, Any]) -> list[FieldError]:
+def problems(obj: Mapping[str, Any], tenancy: Tenancy = DEFAULT_TENANCY) -> list[FieldError]:
     """Everything status ``Invalid`` would report for this policy object that needs no read of the
-    cluster (see the module); empty when it may be admitted."""
+    cluster (see the module), judged against what the admin allows (``tenancy``); empty when it may be
+    admitted. Never raises: a policy this cannot judge is refused, naming the failure, not answered 500."""
     body = {k: v for k, v in obj.items() if k != "status"}
     try:
-        policy = parse_policy(body)
+        policy = parse_policy(body, tenancy=tenancy)
     except PolicyError as exc:
         return exc.errors
+    except Exception as exc:
+        log.exception("the admission webhook could not judge a policy")
+        return [FieldError("(object)", f"the operator could not judge this policy: {exc!r}")]
     try:
         judge_resolved(policy)
     except PolicyError as exc:
         # Sizing that needs the ConfigMap's model shape is the operator's to judge, once it has read it.
         return [e for e in exc.errors if e.path != "spec.model.configMap"]
+    except Exception as exc:
+        log.exception("the admission webhook could not judge a policy")
+        return [FieldError("(object)", f"the operator could not judge this policy: {exc!r}")]
     return []
 
 
@@ -69,8 +80,9 @@ def _spec_changed(body: Mapping[str, Any], old: Mapping[str, Any] | None) -> boo
     return old is None or dict(body.get("spec") or {}) != dict(old.get("spec") or {})
 
 
-def register(registry: kopf.OperatorRegistry) -> None:
-    """Add the validating handler to ``registry`` (the operator must then run a webhook server)."""
+def register(registry: kopf.OperatorRegistry, tenancy: Tenancy = DEFAULT_TENANCY) -> None:
+    """Add the validating handler to ``registry``, judging against ``tenancy`` (the operator must then run a
+    webhook server)."""
 
     @kopf.on.validate(
         API_GROUP,
@@ -86,7 +98,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
         old = kwargs.get("old")  # kopf passes the admission request's oldObject and operation
         if kwargs.get("operation") == "UPDATE" and (meta.get("deletionTimestamp") or not _spec_changed(body, old)):
             return
-        found = problems(plain_body(body))
+        found = problems(plain_body(body), tenancy)
         if found:
             raise kopf.AdmissionError(message(found), code=ADMISSION_CODE)
 

@@ -60,6 +60,7 @@ from kvoffload.controller.leadership import Leadership, LeaseSettings
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
 from kvoffload.controller.workloads import Workloads
+from kvoffload.policy.tenancy import Tenancy
 from kvoffload.rollout.decide import Plan
 
 log = logging.getLogger(__name__)
@@ -431,7 +432,7 @@ async def run_operator(
         # A registry of our own gets none of kopf's fallback logins: log in as the gateway does.
         kopf.on.login(registry=each)(kopf.login_via_client)
         if webhook is not None:
-            _serve_admission(each, webhook)
+            _serve_admission(each, webhook, controller.settings.judged_tenancy)
 
     health = Health()
     beating = asyncio.create_task(health.beat())
@@ -480,10 +481,10 @@ async def run_operator(
             metrics_server.shutdown()
 
 
-def _serve_admission(registry: kopf.OperatorRegistry, webhook: WebhookSettings) -> None:
+def _serve_admission(registry: kopf.OperatorRegistry, webhook: WebhookSettings, tenancy: Tenancy) -> None:
     from kvoffload.controller import admission
 
-    admission.register(registry)
+    admission.register(registry, tenancy)
 
     @kopf.on.startup(registry=registry)
     def serve_admission(settings: kopf.OperatorSettings, **_: Any) -> None:

@@ -46,6 +46,7 @@ figure the nodes must have room for during the step.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -118,6 +119,7 @@ from kvoffload.policy.sizing import (
     tier_capacity_tokens,
     with_architecture,
 )
+from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy, url_under
 from kvoffload.rollout.decide import (
     Observations,
     Plan,
@@ -158,11 +160,21 @@ class ControllerSettings:
     no ``spec.prometheus.bearerTokenSecret``."""
     forbidden_retry_seconds: float = 300.0
     """A token Secret the API server refused to let the operator read is asked for again only this often."""
+    tenancy: Tenancy = DEFAULT_TENANCY
+    """What the cluster admin lets a policy ask for (``policy/tenancy.py``); its ``prometheus_url`` and
+    ``operator_token`` are taken from the two fields above (see :attr:`judged_tenancy`)."""
     resting_refresh_seconds: float = 300.0
     """At rest (Stable, RolledBack, Held), a status whose only change is the latest analysis's readings (its
     time, figures and the messages that quote them) is written at most this often, as the kubelet writes an
     unchanged Node status (KEP-589): a resting fleet then costs the API server almost no writes. A change of
     verdict, counter, condition, replicas or decision is written at once, and so is everything during a climb."""
+
+    @functools.cached_property
+    def judged_tenancy(self) -> Tenancy:
+        """:attr:`tenancy` with the operator's own Prometheus and token, as policies are judged against it."""
+        return replace(
+            self.tenancy, prometheus_url=self.prometheus_url, operator_token=self.prometheus_token is not None
+        )
 
 
 @dataclass(frozen=True)
@@ -414,7 +426,13 @@ class Controller:
         """The policy, with a ConfigMap architecture resolved, and what its input gives (judged once per input:
         ``judge_resolved`` and the level config hashes); PolicyError names fields."""
         obj = {k: v for k, v in ctx.body.items() if k != "status"}  # status is ours, not input
-        policy = parse_policy(obj, f"{ctx.ref.namespace}/{ctx.ref.name}")
+        try:
+            policy = parse_policy(obj, f"{ctx.ref.namespace}/{ctx.ref.name}", self.settings.judged_tenancy)
+        except PolicyError:
+            raise
+        except Exception as exc:  # a bug of ours: Invalid once, with the reason, never a crash loop
+            log.exception("%s: the policy could not be judged", ctx.ref)
+            raise PolicyError([FieldError("(object)", f"the operator could not judge this policy: {exc!r}")]) from None
         spec = policy.spec
         ref = spec.model.config_map
         if ref is not None and spec.model.architecture is None:
@@ -432,7 +450,15 @@ class Controller:
         key = render_input(policy)
         known = self._judged.get(ctx.ref.uid)
         if known is None or known.key != key:
-            known = _Judged(key, *judge_resolved(policy))
+            try:
+                known = _Judged(key, *judge_resolved(policy))
+            except PolicyError:
+                raise
+            except Exception as exc:  # as above
+                log.exception("%s: the policy could not be judged", ctx.ref)
+                raise PolicyError(
+                    [FieldError("(object)", f"the operator could not judge this policy: {exc!r}")]
+                ) from None
             self._judged[ctx.ref.uid] = known
         return policy, known
 
@@ -611,7 +637,7 @@ class Controller:
         own = spec.prometheus.bearer_token_secret
         if own is not None:
             where, field_path = SecretLocation(ref.namespace, own.name, own.key), "spec.prometheus.bearerTokenSecret"
-        elif self.settings.prometheus_token is not None:
+        elif self.settings.prometheus_token is not None and self._token_may_go(spec):
             where, field_path = self.settings.prometheus_token, "the operator's --prometheus-token-secret"
         else:
             return None, None
@@ -653,6 +679,13 @@ class Controller:
         if self._forbidden.pop(where, None) is not None:
             log.info("%s: Secret %s can be read again", ref, where)
         return str(got), TokenCheck(None)
+
+    def _token_may_go(self, spec: KVOffloadPolicySpec) -> bool:
+        """Whether the operator's own token may go to this policy's Prometheus: its fixed one, or a URL the admin
+        allowed. ``parse_policy`` refuses the rest as Invalid already; this keeps the token home regardless."""
+        if self.settings.prometheus_url is not None:
+            return True
+        return any(url_under(spec.prometheus.url, p) for p in self.settings.tenancy.prometheus_url_prefixes)
 
     async def _api(self, operation: str, call: Awaitable[Any], ref: PolicyRef) -> Any:
         """Await a gateway call; a failure is counted, told in an Event when a person can act, and re-raised typed."""

@@ -292,10 +292,19 @@ def architecture_from_configmap_data(data: Mapping[str, str] | None, key: str = 
 def load_config_file(path: Path) -> Architecture:
     """The KV shape from a config.json on disk (the one I/O helper here)."""
     try:
-        text = path.read_text()
+        with path.open("rb") as stream:
+            data = stream.read(_MAX_CONFIG_BYTES + 1)
+        if len(data) > _MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: larger than {_MAX_CONFIG_BYTES // 1024} KiB; not a config.json")
+        text = data.decode("utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
     return architecture_from_json(text)
+
+
+_MAX_CONFIG_BYTES = 1024 * 1024  # the largest Hugging Face config.json is tens of KiB
 
 
 # --- GPU classes ----------------------------------------------------------------

@@ -12,40 +12,61 @@ from pydantic import ValidationError
 from kvoffload.api.errors import FieldError, PolicyError, errors_from
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.policy.sizing import check_policy
+from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy, check_tenancy
+
+# The API server takes no request over 3 MiB; a policy file past that is not a policy.
+MAX_FILE_BYTES = 3 * 1024 * 1024
 
 
-def parse_policy(obj: Any, source: str = "") -> KVOffloadPolicy:
-    """Validate one object as a KVOffloadPolicy; raise PolicyError naming every bad field."""
+def parse_policy(obj: Any, source: str = "", tenancy: Tenancy = DEFAULT_TENANCY) -> KVOffloadPolicy:
+    """Validate one object as a KVOffloadPolicy that asks for no more than ``tenancy`` allows; raise PolicyError
+    naming every bad field."""
     if not isinstance(obj, dict):
         raise PolicyError([FieldError("(object)", "expected a mapping (a YAML object)")], source)
     try:
         policy = KVOffloadPolicy.model_validate(obj)
     except ValidationError as exc:
         raise PolicyError(errors_from(exc), source) from None
-    problems = check_policy(policy)
+    problems = check_policy(policy) + check_tenancy(policy, tenancy)
     if problems:
         raise PolicyError(problems, source)
     return policy
 
 
-def iter_documents(path: Path) -> Iterator[Any]:
-    """The YAML documents in a file, skipping empty ones."""
+def read_bounded(path: Path, limit: int = MAX_FILE_BYTES) -> str:
+    """A UTF-8 text file of at most ``limit`` bytes (``/dev/zero`` included); PolicyError otherwise."""
     try:
-        text = path.read_text()
+        with path.open("rb") as stream:
+            data = stream.read(limit + 1)
     except OSError as exc:
         raise PolicyError([FieldError("(file)", exc.strerror or str(exc))], str(path)) from None
+    if len(data) > limit:
+        raise PolicyError([FieldError("(file)", f"larger than {limit // (1024 * 1024)} MiB")], str(path))
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise PolicyError(
+            [FieldError("(file)", f"not UTF-8 text (byte {exc.start} is {data[exc.start]:#04x})")], str(path)
+        ) from None
+
+
+def iter_documents(path: Path) -> Iterator[Any]:
+    """The YAML documents in a file, skipping empty ones."""
+    text = read_bounded(path)
     try:
         docs = list(yaml.safe_load_all(text))
     except yaml.YAMLError as exc:
         raise PolicyError([FieldError("(file)", f"not valid YAML: {exc}")], str(path)) from None
+    except RecursionError:  # a document nested thousands deep
+        raise PolicyError([FieldError("(file)", "nested too deeply")], str(path)) from None
     yield from (d for d in docs if d is not None)
 
 
-def load_policy(path: Path) -> KVOffloadPolicy:
-    """The single KVOffloadPolicy in a YAML file."""
+def load_policy(path: Path, tenancy: Tenancy = DEFAULT_TENANCY) -> KVOffloadPolicy:
+    """The single KVOffloadPolicy in a YAML file, judged against ``tenancy``."""
     docs = [d for d in iter_documents(path) if isinstance(d, dict) and d.get("kind") == "KVOffloadPolicy"]
     if len(docs) != 1:
         raise PolicyError(
             [FieldError("(file)", f"expected exactly one KVOffloadPolicy document, found {len(docs)}")], str(path)
         )
-    return parse_policy(docs[0], str(path))
+    return parse_policy(docs[0], str(path), tenancy)

@@ -206,9 +206,10 @@ def operator_command(
     """The ``kvoffload run`` command line (this interpreter), all namespaces unless some are given.
 
     The operator's own metrics endpoint is off by default (``metrics_port=0``), so several
-    local clusters can run side by side.
+    local clusters can run side by side. Policies may name the lab's Prometheus on 127.0.0.1
+    (``--prometheus-allow-private``): everything of a lab is on this machine.
     """
-    command = [*CLI, "run"]
+    command = [*CLI, "run", "--prometheus-allow-private"]
     command += [arg for namespace in namespaces for arg in ("-n", namespace)] if namespaces else ["-A"]
     if standalone:
         command.append("--standalone")

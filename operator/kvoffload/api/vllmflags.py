@@ -1,0 +1,196 @@
+"""``vllm serve``'s command line as vLLM's own parser reads it: which ``extraArgs`` would set a value the
+operator manages.
+
+A flag is judged by what it sets (its argparse ``dest``), not by how it is spelt. vLLM's
+``FlexibleArgumentParser`` turns ``_`` into ``-`` in a flag's name, takes ``--flag=value``, folds dotted keys
+(``--kv-transfer-config.kv_role=…``) into the JSON of their base flag, and argparse accepts short aliases
+(``-tp``), other long names for the same setting (``--device-memory-utilization``) and unique abbreviations
+(``--max-model 4096``). The option table (``data/vllm-options.json``) is taken from vLLM's own parsers by
+``scripts/vllm_options.py``, and tests/realvllm checks it against them, so the walk below needs no vLLM.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+# dest -> why extraArgs may not set it.
+_RENDERED = "the operator renders it from the spec"
+MANAGED_DESTS: Mapping[str, str] = {
+    "model": _RENDERED + " (spec.model.name)",
+    "served_model_name": _RENDERED + " (spec.model.servedModelName)",
+    "port": _RENDERED + ": the probes, the Service and the PodMonitor use it",
+    "host": _RENDERED + ": the probes, the Service and the PodMonitor use it",
+    "uds": "a Unix socket instead of the port would leave the probes, the Service and the PodMonitor nothing to reach",
+    "max_model_len": _RENDERED + " (spec.model.maxModelLen), and the sizing uses it",
+    "tensor_parallel_size": _RENDERED + " (spec.model.tensorParallelSize), and the GPUs and pinned pool follow it",
+    "kv_cache_dtype": _RENDERED + " (spec.model.kvCacheDtype), and the bytes per token follow it",
+    "gpu_memory_utilization": _RENDERED + " (spec.gpu.memoryUtilization)",
+    "kv_offloading_size": _RENDERED + " per ladder level (spec.offload.cpu): it is the pinned pool",
+    "kv_offloading_backend": _RENDERED + " (spec.offload.backend)",
+    "kv_transfer_config": _RENDERED + " per ladder level (spec.offload): it holds the pinned pool and the tiers",
+    "block_size": _RENDERED + " (vLLM's GPU block, which the offload block is sized from)",
+    "config": "a config file can set any flag, managed ones included",
+    "data_parallel_size": "more engines per pod would each pin a pool the memory request does not hold",
+    "data_parallel_size_local": "more engines per pod would each pin a pool the memory request does not hold",
+    "pipeline_parallel_size": "it changes the GPUs an engine spans, which spec.gpu.count sets",
+    "cpu_offload_gb": "weights offloaded to host memory are pinned memory the request does not hold",
+    "cpu_offload_params": "weights offloaded to host memory are pinned memory the request does not hold",
+    "offload_backend": "weights offloaded to host memory are pinned memory the request does not hold",
+    "offload_params": "weights offloaded to host memory are pinned memory the request does not hold",
+    "offload_group_size": "weights offloaded to host memory are pinned memory the request does not hold",
+    "offload_num_in_group": "weights offloaded to host memory are pinned memory the request does not hold",
+    "offload_prefetch_step": "weights offloaded to host memory are pinned memory the request does not hold",
+}
+
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse reads these as values, not options
+
+
+@dataclass(frozen=True)
+class OptionTable:
+    """``vllm serve``'s options: each option string's dest and how many values it takes."""
+
+    versions: tuple[str, ...]
+    allow_abbrev: bool
+    options: Mapping[str, tuple[str, int | str]]
+
+    def flags_of(self, dest: str) -> list[str]:
+        """Every option string that sets ``dest``, long names first."""
+        found = [o for o, (d, _) in self.options.items() if d == dest]
+        return sorted(found, key=lambda o: (not o.startswith("--"), o))
+
+
+@functools.cache
+def option_table() -> OptionTable:
+    """The option table shipped with the operator (vLLM's parsers, every version in ``versions``)."""
+    raw: dict[str, Any] = json.loads(
+        (resources.files("kvoffload.api") / "data" / "vllm-options.json").read_text(encoding="utf-8")
+    )
+    return OptionTable(
+        versions=tuple(raw["versions"]),
+        allow_abbrev=bool(raw["allowAbbrev"]),
+        options={o: (e["dest"], e["nargs"]) for o, e in raw["options"].items()},
+    )
+
+
+def managed_flags() -> list[str]:
+    """Every spelling vLLM gives the managed settings (long names and aliases), for messages and CEL."""
+    table = option_table()
+    return sorted({o for dest in MANAGED_DESTS for o in table.flags_of(dest)})
+
+
+@dataclass(frozen=True)
+class ArgProblem:
+    """One ``extraArgs`` item that may not stand: its index and why."""
+
+    index: int
+    message: str
+
+
+def _option_like(arg: str) -> bool:
+    return arg.startswith("-") and arg != "-" and not _NEGATIVE_NUMBER.match(arg)
+
+
+def _candidates(table: OptionTable, name: str) -> list[str]:
+    """The option strings argparse may take ``name`` for: itself, else its unique-prefix expansions."""
+    if name in table.options:
+        return [name]
+    if name.startswith("--"):
+        return sorted(o for o in table.options if o.startswith(name)) if table.allow_abbrev else []
+    # One dash: argparse also reads "-tp8" as "-tp" "8"... only for options of two characters ("-h5").
+    return sorted(o for o in table.options if o.startswith(name) or (len(o) == 2 and name.startswith(o)))
+
+
+def _name(arg: str) -> tuple[str, bool, bool]:
+    """The option name vLLM's parser looks up for ``arg``; whether a value is attached (``=``); and whether
+    it is a dotted key (``--flag.key``), which always takes a value."""
+    key, eq, _ = arg.partition("=")
+    if arg.startswith("--"):
+        base, dot, _ = key.partition(".")
+        return "--" + base[2:].replace("_", "-"), bool(eq), bool(dot)
+    return key, bool(eq), False
+
+
+def judge_extra_args(args: Sequence[str], table: OptionTable | None = None) -> list[ArgProblem]:
+    """Every ``extraArgs`` item that would set a managed value, that vLLM has no option for, or that vLLM
+    would read as a positional argument (the model); empty when all may stand.
+
+    The walk follows ``FlexibleArgumentParser.parse_args`` and argparse: names normalised, dotted keys
+    reduced to their base flag, aliases and abbreviations resolved, and each option's values skipped."""
+    table = table or option_table()
+    known = ", ".join(table.versions)
+    found: list[ArgProblem] = []
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        i += 1
+        if arg == "--":
+            found.append(ArgProblem(i - 1, "'--' ends vLLM's options: what follows would be read as the model"))
+            break
+        if not _option_like(arg):
+            found.append(
+                ArgProblem(
+                    i - 1,
+                    f"{arg!r} is no option's value: vLLM would read it as a positional argument, the model "
+                    "(give values right after their flag, or as --flag=value)",
+                )
+            )
+            continue
+        if arg.startswith("-O") and not arg.startswith("--"):
+            # vLLM's own shorthand for --optimization-level: -O3, -O=3 or -O 3.
+            if arg == "-O" and i < len(args) and not _option_like(args[i]):
+                i += 1
+            continue
+        name, attached, dotted = _name(arg)
+        candidates = _candidates(table, name)
+        managed = [c for c in candidates if table.options[c][0] in MANAGED_DESTS]
+        if managed:
+            dest = table.options[managed[0]][0]
+            spelled = "" if name == managed[0] else f" ({arg.partition('=')[0]} is read as {managed[0]})"
+            found.append(
+                ArgProblem(
+                    i - 1,
+                    f"sets {table.flags_of(dest)[0]}{spelled}, which the operator manages: {MANAGED_DESTS[dest]}",
+                )
+            )
+        elif not candidates:
+            found.append(ArgProblem(i - 1, f"vLLM {known} has no option {name}"))
+        elif len(candidates) > 1:
+            found.append(ArgProblem(i - 1, f"{name} is ambiguous in vLLM: it could be {', '.join(candidates[:4])}"))
+        if attached:
+            continue
+        nargs = 1 if dotted or len(candidates) != 1 else table.options[candidates[0]][1]
+        if nargs in (1, "?") and i < len(args) and not _option_like(args[i]):
+            i += 1
+        elif nargs in ("+", "*"):
+            while i < len(args) and not _option_like(args[i]):
+                i += 1
+        elif isinstance(nargs, int) and nargs > 1:
+            i += nargs
+    return found
+
+
+def cel_managed_pattern() -> str:
+    """A regular expression (RE2) matching an ``extraArgs`` item that spells a managed flag outright: any
+    mix of ``-`` and ``_``, with ``=value`` or a dotted key. The CRD's CEL rule uses it; abbreviations and
+    the walk over values are the webhook's to judge (:func:`judge_extra_args`)."""
+    long_names = sorted({f[2:] for f in managed_flags() if f.startswith("--")})
+    short = sorted({f[1:] for f in managed_flags() if not f.startswith("--")})
+    spelled = "|".join(n.replace("-", "[-_]") for n in long_names)
+    return f"^(--({spelled})([=.].*)?|-({'|'.join(short)})(=.*)?)$"
+
+
+__all__ = [
+    "MANAGED_DESTS",
+    "ArgProblem",
+    "OptionTable",
+    "cel_managed_pattern",
+    "judge_extra_args",
+    "managed_flags",
+    "option_table",
+]

@@ -1,0 +1,226 @@
+"""What a policy author may ask for: a policy grants no more than the cluster admin allowed.
+
+Whoever may create a KVOffloadPolicy gets engine pods made by the operator's identity, and Prometheus
+queries sent by it. :class:`Tenancy` holds what the admin allows (the operator's flags, the chart's
+``tenancy`` values); :func:`check_tenancy` judges a parsed policy against it, with every refusal naming its
+field. The operator (status ``Invalid``), its admission webhook and ``kvoffload plan``/``render`` all run it,
+so a refusal reads the same everywhere. docs/security.md is the threat model this enforces.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import ipaddress
+import posixpath
+import socket
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from kvoffload.api.errors import FieldError
+from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.api.vllmflags import judge_extra_args
+
+# Hosts that name the node or the cloud's metadata service whatever they resolve to.
+_METADATA_HOSTS = frozenset({"localhost", "metadata", "metadata.google.internal", "metadata.azure.internal"})
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class Tenancy:
+    """What the cluster admin lets a policy ask for. The defaults are the safe ones: no hostPath, any image,
+    no Prometheus at a private address of the node or the cloud."""
+
+    host_path_roots: tuple[str, ...] = ()
+    """Node paths under which a hostPath tier may live; empty: no hostPath tier at all."""
+    image_patterns: tuple[str, ...] = ()
+    """Engine images allowed, as shell patterns over the image without its tag or digest
+    (``registry.example.com/llm/*``, ``docker.io/vllm/vllm-openai``); empty: any image."""
+    prometheus_url: str | None = None
+    """The operator's own Prometheus (``--prometheus-url``): every policy is queried there, spec.prometheus.url
+    is not used."""
+    prometheus_url_prefixes: tuple[str, ...] = ()
+    """The URLs a policy's spec.prometheus.url may name (scheme, host, port and a leading path); empty: any URL
+    but the node's and the metadata service's, and then only without the operator's token."""
+    private_prometheus: bool = False
+    """Policies may name a Prometheus at the node's own, link-local or metadata addresses: a lab on one
+    machine, where everything is on 127.0.0.1; never a shared cluster."""
+    operator_token: bool = False
+    """The operator holds a Prometheus token of its own (``--prometheus-token-secret``), which it sends to every
+    policy's Prometheus that names no token of its own."""
+
+    def problems(self) -> list[str]:
+        """What makes these settings unsafe to run with; empty when they are sound."""
+        found: list[str] = []
+        if self.operator_token and self.prometheus_url is None and not self.prometheus_url_prefixes:
+            found.append(
+                "an operator token needs --prometheus-url or at least one --prometheus-allowed-url: "
+                "otherwise any policy could send it anywhere"
+            )
+        for root in self.host_path_roots:
+            if not root.startswith("/") or ".." in root.split("/") or posixpath.normpath(root) == "/":
+                found.append(f"--allowed-host-path {root!r}: give an absolute node path below /, without '..'")
+        for prefix in self.prometheus_url_prefixes:
+            parts = urlsplit(prefix)
+            if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
+                found.append(f"--prometheus-allowed-url {prefix!r}: give an http(s) URL with a host")
+        return found
+
+
+DEFAULT_TENANCY = Tenancy()
+
+
+def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -> list[FieldError]:
+    """Everything in ``policy`` that asks for more than ``tenancy`` allows; empty when it may run."""
+    spec = policy.spec
+    errors = [
+        FieldError(f"spec.model.extraArgs[{p.index}]", p.message) for p in judge_extra_args(spec.model.extra_args)
+    ]
+    if tenancy.image_patterns and not image_allowed(spec.model.image, tenancy.image_patterns):
+        errors.append(
+            FieldError(
+                "spec.model.image",
+                f"{repository(spec.model.image)} is not among the images this cluster allows "
+                f"({', '.join(tenancy.image_patterns)})",
+            )
+        )
+    for i, tier in enumerate(spec.offload.secondary_tiers):
+        host = tier.volume.host_path
+        if host is not None:
+            problem = host_path_problem(host.path, tenancy.host_path_roots)
+            if problem:
+                errors.append(FieldError(f"spec.offload.secondaryTiers[{i}].volume.hostPath.path", problem))
+    problem = prometheus_url_problem(
+        spec.prometheus.url, tenancy, own_token=spec.prometheus.bearer_token_secret is not None
+    )
+    if problem:
+        errors.append(FieldError("spec.prometheus.url", problem))
+    return errors
+
+
+# --- images ----------------------------------------------------------------------------
+
+
+def repository(image: str) -> str:
+    """The image without tag or digest, with Docker Hub's implied parts: ``vllm/vllm-openai:v0.32.0`` ->
+    ``docker.io/vllm/vllm-openai``."""
+    name = image.partition("@")[0]
+    slash = name.rfind("/")
+    colon = name.rfind(":")
+    if colon > slash:
+        name = name[:colon]
+    first, _, rest = name.partition("/")
+    if not rest or ("." not in first and ":" not in first and first != "localhost"):
+        name = "docker.io/" + (name if rest else "library/" + name)
+    return name
+
+
+def image_allowed(image: str, patterns: tuple[str, ...]) -> bool:
+    """Whether ``image``'s repository matches one of the admin's ``patterns`` (shell patterns)."""
+    repo = repository(image)
+    return any(fnmatch.fnmatchcase(repo, pattern) for pattern in patterns)
+
+
+# --- hostPath ----------------------------------------------------------------------------
+
+
+def host_path_problem(path: str, roots: tuple[str, ...]) -> str | None:
+    """Why a hostPath tier at ``path`` may not be mounted; None when it lies under an allowed root."""
+    if not roots:
+        return (
+            "hostPath tiers are off in this cluster: a cluster admin allows them under listed node paths "
+            "(chart value tenancy.hostPathRoots); use an emptyDir or a persistentVolumeClaim"
+        )
+    if ".." in path.split("/"):
+        return "may not contain '..'"
+    normal = posixpath.normpath(path)
+    if any(normal == r.rstrip("/") or normal.startswith(r.rstrip("/") + "/") for r in roots):
+        return None
+    return f"{normal} is not under a node path this cluster allows for hostPath tiers ({', '.join(roots)})"
+
+
+# --- Prometheus --------------------------------------------------------------------------
+
+
+def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    """``host`` as an IP address when it is one, in any form the resolver accepts (``2852039166`` and
+    ``0xa9.0xfe.0xa9.0xfe`` are 169.254.169.254 to it, as to the kernel)."""
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        pass
+    try:
+        return ipaddress.IPv4Address(socket.inet_aton(host))
+    except OSError:
+        return None
+
+
+def private_host(host: str) -> bool:
+    """Whether ``host`` names the node itself, a link-local address or the cloud's metadata service."""
+    host = host.lower().rstrip(".")
+    if host in _METADATA_HOSTS or host.endswith(".localhost"):
+        return True
+    address = _address(host)
+    if address is None:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback or address.is_link_local or address.is_unspecified or address.is_multicast
+
+
+def _port(scheme: str, port: int | None) -> int:
+    return port if port is not None else _DEFAULT_PORTS.get(scheme, 0)
+
+
+def url_under(url: str, prefix: str) -> bool:
+    """Whether ``url`` lies under ``prefix``: the same scheme, host and port, and a path that starts with the
+    prefix's path at a segment boundary (``https://prom/a`` covers ``https://prom/a/b``, not ``/ab``)."""
+    try:
+        u, p = urlsplit(url), urlsplit(prefix)
+        same = (
+            u.scheme.lower() == p.scheme.lower()
+            and (u.hostname or "") == (p.hostname or "")
+            and _port(u.scheme.lower(), u.port) == _port(p.scheme.lower(), p.port)
+        )
+    except ValueError:  # a port out of range
+        return False
+    base = p.path.rstrip("/")
+    return same and (u.path.rstrip("/") == base or u.path.startswith(base + "/")) and not u.username
+
+
+def prometheus_url_problem(url: str, tenancy: Tenancy, *, own_token: bool) -> str | None:
+    """Why the operator may not query ``url`` for a policy; None when it may. ``own_token``: the policy names
+    its own token Secret, so the operator's is not sent."""
+    if tenancy.prometheus_url is not None:
+        return None  # every policy is queried at the admin's Prometheus; the spec's URL is not used
+    if tenancy.prometheus_url_prefixes:
+        if any(url_under(url, prefix) for prefix in tenancy.prometheus_url_prefixes):
+            return None
+        return f"is not under a Prometheus URL this cluster allows ({', '.join(tenancy.prometheus_url_prefixes)})"
+    if tenancy.operator_token and not own_token:
+        return (
+            "the operator sends its Prometheus token only to URLs a cluster admin allowed, and none is: "
+            "name your own spec.prometheus.bearerTokenSecret, or ask for --prometheus-allowed-url"
+        )
+    try:
+        host = urlsplit(url).hostname or ""
+    except ValueError:
+        return "is not a valid URL"
+    if private_host(host) and not tenancy.private_prometheus:
+        return (
+            f"{host} is the node itself, a link-local address or a cloud metadata service, which no policy may "
+            "name unless a cluster admin allowed it (--prometheus-allowed-url or --prometheus-allow-private)"
+        )
+    return None
+
+
+__all__ = [
+    "DEFAULT_TENANCY",
+    "Tenancy",
+    "check_tenancy",
+    "host_path_problem",
+    "image_allowed",
+    "private_host",
+    "prometheus_url_problem",
+    "repository",
+    "url_under",
+]
