@@ -5,6 +5,7 @@ PYTHON ?= python3
 VENV := .venv
 VLLM_VENV := .venv-vllm
 VLLM_033 := .vllm-033
+VLLM_034 := .vllm-034
 TINY_MODEL := .tiny-model
 KUBE_BIN := .kube-bin
 LINT_PATHS := operator tests bench scripts hatch_build.py
@@ -24,12 +25,12 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 help:
 	@echo "make demo    set up, then run 'kvoffload demo' (the whole loop on this machine)"
 	@echo "make test    set up, then ruff, mypy and the whole pytest suite, real vLLM tier included"
-	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .vllm-033, .tiny-model, .kube-bin)"
+	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .vllm-033, .vllm-034, .tiny-model, .kube-bin)"
 	@echo "make lock    regenerate requirements/*.lock with uv"
 	@echo "make image   build the operator image (needs a Docker engine)"
 
 setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(VLLM_033)/.kvoffload-setup \
-	$(TINY_MODEL)/config.json kube
+	$(VLLM_034)/.kvoffload-setup $(TINY_MODEL)/config.json kube
 
 # The real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), built from the Go
 # modules pinned in tools/kube; the script skips the build when its stamp matches (cold: 11-15 min on 2 cores).
@@ -63,6 +64,11 @@ $(VLLM_VENV)/.kvoffload-setup: scripts/setup-vllm.sh requirements/vllm.lock
 # vLLM 0.33.0's sources laid over that venv, for 0.33's argument parser (no second torch).
 $(VLLM_033)/.kvoffload-setup: scripts/setup-vllm-0.33.sh requirements/vllm-0.33.lock $(VLLM_VENV)/.kvoffload-setup
 	scripts/setup-vllm-0.33.sh $(VLLM_033) $(VLLM_VENV)
+	touch $@
+
+# vLLM 0.34.0's sources laid over it the same way, for 0.34's argument parser.
+$(VLLM_034)/.kvoffload-setup: scripts/setup-vllm-0.34.sh requirements/vllm-0.34.lock $(VLLM_VENV)/.kvoffload-setup
+	scripts/setup-vllm-0.34.sh $(VLLM_034) $(VLLM_VENV)
 	touch $@
 
 $(TINY_MODEL)/config.json: scripts/make_tiny_model.py $(VLLM_VENV)/.kvoffload-setup
