@@ -20,6 +20,7 @@ for each of the three, so the "none of" assertions below can fail.
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 import subprocess
@@ -83,12 +84,13 @@ def psa(control_plane: Kube) -> dict[str, str]:
             "label", "namespace", ns,
             f"pod-security.kubernetes.io/enforce={level}", "pod-security.kubernetes.io/enforce-version=latest",
         )  # fmt: skip
-        wait_for(
-            lambda ns=ns: kube.run("get", "serviceaccount", "default", "-n", ns).returncode == 0,
-            f"the default ServiceAccount in {ns}",
-        )
+        wait_for(functools.partial(has_default_account, kube, ns), f"the default ServiceAccount in {ns}")
         made[level] = ns
     return made
+
+
+def has_default_account(kube: Kube, ns: str) -> bool:
+    return kube.run("get", "serviceaccount", "default", "-n", ns).returncode == 0
 
 
 def test_the_cases_include_host_path_levels_and_others() -> None:
