@@ -171,6 +171,15 @@ INSTALLS: dict[str, Obj] = {
         },
     },
     "metrics-off": {"metrics": {"enabled": False}},
+    "tenancy": {
+        "prometheusAuth": {"tokenSecret": {"name": "prom-token", "key": "token"}, "policySecrets": []},
+        "tenancy": {
+            "hostPathRoots": ["/mnt/nvme0", "/mnt/nvme1"],
+            "allowedImages": ["docker.io/vllm/vllm-openai", "registry.example.com/llm/*"],
+            "prometheusAllowedUrls": ["https://prometheus.monitoring:9090/"],
+            "prometheusAllowPrivate": False,
+        },
+    },
     "webhook": {"webhook": {"enabled": True}},
     "webhook-without-metrics": {"webhook": {"enabled": True, "port": 8443}, "metrics": {"enabled": False}},
 }
@@ -436,6 +445,19 @@ def test_the_arguments_of_each_install_parse_as_kvoffload_run_options(chart: hel
     assert params["prometheus_url"] == (values["prometheusUrl"] or None)
     assert params["verbose"] is values["verbose"]
     assert params["webhook_port"] == (values["webhook"]["port"] if values["webhook"]["enabled"] else 0)
+    tenancy = values["tenancy"]
+    assert params["allowed_host_paths"] == tuple(tenancy["hostPathRoots"])
+    assert params["allowed_images"] == tuple(tenancy["allowedImages"])
+    assert params["prometheus_allowed_urls"] == tuple(tenancy["prometheusAllowedUrls"])
+    assert params["prometheus_allow_private"] is tenancy["prometheusAllowPrivate"]
+
+
+def test_an_operator_token_without_a_fixed_or_allowed_prometheus_is_refused_at_render(chart: helm.Chart) -> None:
+    """Otherwise any policy author could name their own host as spec.prometheus.url and receive the token."""
+    values = {"prometheusAuth": {"tokenSecret": {"name": "prom-token", "key": "token"}, "policySecrets": []}}
+    with pytest.raises(helm.errors.HelmRenderError, match="tenancy.prometheusAllowedUrls"):
+        render(chart, values)
+    render(chart, values | {"prometheusUrl": "http://prometheus.monitoring:9090"})
 
 
 def test_the_webhook_is_registered_as_the_operator_builds_it_and_served_with_the_chart_certificate(
@@ -623,8 +645,10 @@ async def exercise_the_operator(cluster: EmulatedCluster, args: list[str], peeri
 async def test_the_chart_grants_exactly_what_the_real_operator_requests(kube: EmulatedCluster, peering: bool) -> None:
     chart = helm.Chart.load(CHART)
     try:
-        cluster_wide = render(chart, {"peering": {"enabled": peering}})
-        namespaced = render(chart, {"peering": {"enabled": peering}, "watchNamespaces": WATCHED})
+        # The policy's Prometheus is on 127.0.0.1, as in a one-machine lab.
+        lab = {"peering": {"enabled": peering}, "tenancy": {"prometheusAllowPrivate": True}}
+        cluster_wide = render(chart, lab)
+        namespaced = render(chart, {**lab, "watchNamespaces": WATCHED})
     finally:
         chart.close()
     peering_object = None
@@ -673,6 +697,7 @@ def test_secrets_are_granted_only_by_name_in_the_release_namespace_and_in_the_na
             "tokenSecret": {"name": "prom-token", "key": "bearer"},
             "policySecrets": [{"namespace": "llm-a", "names": ["a-token"]}, {"namespace": "team-b"}],
         },
+        "tenancy": {"prometheusAllowedUrls": ["https://prometheus.monitoring:9090"]},
     }
     objs = render(chart, values)
     secret_rules = {

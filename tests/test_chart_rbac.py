@@ -61,12 +61,15 @@ TEAM = "rbac-team"
 OTHER = "rbac-other"
 """A namespace the chart does not list: the operator reads no Secret there."""
 OPERATOR_TOKEN, TEAM_TOKEN, LOCKED_TOKEN = "operator-s3cret", "team-s3cret", "locked-s3cret"
+RECORDER_URL = f"http://127.0.0.1:{free_port()}"
+"""The Prometheus stand-in's address: the only one the admin lets the operator's token go to."""
 VALUES: dict[str, Any] = {
     "replicas": 0,  # the operator runs here, as a subprocess: there is no kubelet to run its pod
     "prometheusAuth": {
         "tokenSecret": {"name": "prometheus-token", "key": "token"},
         "policySecrets": [{"namespace": TEAM, "names": ["team-token"]}],
     },
+    "tenancy": {"prometheusAllowedUrls": [RECORDER_URL]},
 }
 
 
@@ -146,8 +149,8 @@ class TokenRecorder:
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", int(RECORDER_URL.rsplit(":", 1)[1])), Handler)
+        self.url = RECORDER_URL
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
 
     def __enter__(self) -> TokenRecorder:

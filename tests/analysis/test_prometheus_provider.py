@@ -172,6 +172,7 @@ class _Canned(BaseHTTPRequestHandler):
     status = 200
     body = b""
     hang = False
+    location = ""
     seen_headers: list[dict[str, str]] = []  # noqa: RUF012
 
     def do_GET(self) -> None:
@@ -180,6 +181,8 @@ class _Canned(BaseHTTPRequestHandler):
             threading.Event().wait(5)  # longer than the provider's timeout
             return
         self.send_response(self.status)
+        if self.location:
+            self.send_header("Location", self.location)
         self.send_header("Content-Type", "application/json")
         self.send_header("Content-Length", str(len(self.body)))
         self.end_headers()
@@ -269,6 +272,22 @@ def test_the_queries_of_a_batch_are_in_flight_together_and_each_is_counted() -> 
     assert result.error is None
     assert provider.queries == len(handler.seen_headers) > QUERY_CONCURRENCY  # each one sent, and counted
     assert handler.most == QUERY_CONCURRENCY
+
+
+def test_a_redirect_is_not_followed_so_no_query_reaches_an_address_nobody_judged() -> None:
+    """A tenant's Prometheus answering 302 to the metadata service (here: another local server) gets an error
+    for its policy; the place it points to receives nothing, token or not."""
+    target, target_url = serve(status=200, body=b'{"status":"success","data":{"resultType":"vector","result":[]}}')
+    for status in (301, 302, 307, 308):
+        redirector, url = serve(status=status, location=f"{target_url}/api/v1/query")
+        try:
+            result = measure_one(PrometheusProvider(url, bearer_token="operator-s3cret", retries=0))
+        finally:
+            redirector.shutdown()
+        assert result.error is not None, status
+        assert redirector.RequestHandlerClass.seen_headers, status  # type: ignore[attr-defined]
+    target.shutdown()
+    assert target.RequestHandlerClass.seen_headers == []  # type: ignore[attr-defined]
 
 
 def test_the_bearer_token_is_sent_and_a_token_file_is_reread(tmp_path: Path) -> None:

@@ -317,6 +317,8 @@ class PrometheusProvider:
         self._clock = clock
         session = requests.Session()
         session.verify = verify
+        # A redirect would take the operator's query (a tenant's URL) to an address nobody judged.
+        session.max_redirects = 0
         retry = Retry(total=retries, backoff_factor=0.1, status_forcelist=(502, 503, 504), raise_on_status=True)
         # requests takes a float timeout; the library annotates int.
         self._client = PrometheusConnect(url=self.url, session=session, retry=retry, timeout=timeout)  # type: ignore[arg-type]
