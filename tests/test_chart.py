@@ -455,7 +455,7 @@ def test_the_arguments_of_each_install_parse_as_kvoffload_run_options(chart: hel
 def test_an_operator_token_without_a_fixed_or_allowed_prometheus_is_refused_at_render(chart: helm.Chart) -> None:
     """Otherwise any policy author could name their own host as spec.prometheus.url and receive the token."""
     values = {"prometheusAuth": {"tokenSecret": {"name": "prom-token", "key": "token"}, "policySecrets": []}}
-    with pytest.raises(helm.errors.HelmRenderError, match="tenancy.prometheusAllowedUrls"):
+    with pytest.raises(helm.errors.HelmRenderError, match=r"tenancy\.prometheusAllowedUrls"):
         render(chart, values)
     render(chart, values | {"prometheusUrl": "http://prometheus.monitoring:9090"})
 
