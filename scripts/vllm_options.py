@@ -48,10 +48,12 @@ def table() -> dict[str, Any]:
         from vllm.entrypoints.launchers.cli_args import make_arg_parser  # type: ignore[no-redef]
 
     parser = make_arg_parser(FlexibleArgumentParser(prog="vllm serve"))
+    # Every option string argparse matches, abbreviations included: the registered ones, not each action's
+    # option_strings, which 0.33's EnableDisableAction trims to those shown in --help (--no-enable-x and
+    # --no-disable-x stay accepted).
     options = {
         option: {"dest": action.dest, "nargs": _nargs(action)}
-        for action in parser._actions
-        for option in action.option_strings
+        for option, action in parser._option_string_actions.items()
     }
     return {"version": vllm.__version__.split("+")[0], "allowAbbrev": parser.allow_abbrev, "options": options}
 
