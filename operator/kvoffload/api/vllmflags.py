@@ -49,6 +49,7 @@ MANAGED_DESTS: Mapping[str, str] = {
 }
 
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse reads these as values, not options
+_OPTIMIZATION_LEVELS = ("0", "1", "2", "3")  # what vLLM takes after a bare -O
 
 
 @dataclass(frozen=True)
@@ -108,12 +109,12 @@ def _candidates(table: OptionTable, name: str) -> list[str]:
 
 def _name(arg: str) -> tuple[str, bool, bool]:
     """The option name vLLM's parser looks up for ``arg``; whether a value is attached (``=``); and whether
-    it is a dotted key (``--flag.key``), which always takes a value."""
+    it is a dotted key (``--flag.key``, also ``-cc.key``), which always takes a value."""
     key, eq, _ = arg.partition("=")
+    base, dot, _ = key.partition(".")
     if arg.startswith("--"):
-        base, dot, _ = key.partition(".")
         return "--" + base[2:].replace("_", "-"), bool(eq), bool(dot)
-    return key, bool(eq), False
+    return base, bool(eq), bool(dot)
 
 
 def judge_extra_args(args: Sequence[str], table: OptionTable | None = None) -> list[ArgProblem]:
@@ -142,12 +143,18 @@ def judge_extra_args(args: Sequence[str], table: OptionTable | None = None) -> l
             )
             continue
         if arg.startswith("-O") and not arg.startswith("--"):
-            # vLLM's own shorthand for --optimization-level: -O3, -O=3 or -O 3.
-            if arg == "-O" and i < len(args) and not _option_like(args[i]):
+            # vLLM's own shorthand for --optimization-level: -O3, -O=3 or -O 3 (a bare -O takes only 0-3).
+            if arg != "-O":
+                continue
+            if i < len(args) and args[i] in _OPTIMIZATION_LEVELS:
                 i += 1
+                continue
+            found.append(ArgProblem(i - 1, "vLLM reads a bare -O only before a level, 0 to 3 (or write -O3)"))
             continue
         name, attached, dotted = _name(arg)
         candidates = _candidates(table, name)
+        if not name.startswith("--") and len(name) > 2 and len(candidates) == 1 and len(candidates[0]) == 2:
+            attached = True  # "-qfp8": argparse reads a two-character option with its value attached
         managed = [c for c in candidates if table.options[c][0] in MANAGED_DESTS]
         if managed:
             dest = table.options[managed[0]][0]
