@@ -120,8 +120,44 @@ def test_a_config_map_with_a_broken_config_json_is_bad_input(tmp_path: Path) -> 
         (("nvidia-h100-80gb", "nvidia-h100"), "spec.gpu.class"),
         (("Qwen/Qwen3-0.6B", "acme/unknown-model"), "spec.model.name"),
         (("cpu: 512Mi", "cpu: lots"), "spec.offload.cpu"),
+        # Well-formed to Kubernetes, which caps no exponent: a decimal overflow, a float overflow, infinity.
+        (("cpu: 512Mi", "cpu: 1e999999999"), "spec.offload.cpu"),
+        (("cpu: 512Mi", "cpu: 9e5000"), "spec.offload.cpu"),
+        (("cpu: 512Mi", "cpu: .inf"), "spec.offload.cpu"),
+        (("cpu: 512Mi", "cpu: 2Pi"), "spec.offload.cpu"),
+        (
+            ("rollout: {pilotCpu: 256Mi}", "rollout: {pilotCpu: 256Mi, progressDeadline: 600000h}"),
+            "spec.rollout.progressDeadline",
+        ),
+        (("headroom: 4Gi}", "headroom: 4Gi, cpu: 99999999999999999999999999999999999999999}"), "spec.resources.cpu"),
+        (("maxModelLen: 4096}", "maxModelLen: 4096, extraArgs: [-tp, '8']}"), "spec.model.extraArgs[0]"),
+        (("maxModelLen: 4096}", "maxModelLen: 4096, extraArgs: ['--max-model', '9']}"), "spec.model.extraArgs[0]"),
+        (
+            ("maxModelLen: 4096}", "maxModelLen: 4096, env: [{name: LD_PRELOAD, value: /x.so}]}"),
+            "spec.model.env[0].name",
+        ),
+        (
+            ("path: /mnt/kv-cache}", "path: /mnt/kv-cache, volume: {hostPath: {path: /}}}"),
+            "spec.offload.secondaryTiers[0].volume.hostPath.path",
+        ),
+        (("replicas: 4", "replicas: 4\n  prometheus: {url: 'http://169.254.169.254/'}"), "spec.prometheus.url"),
     ],
-    ids=["unknown-gpu-class", "unknown-model", "bad-quantity"],
+    ids=[
+        "unknown-gpu-class",
+        "unknown-model",
+        "bad-quantity",
+        "decimal-overflow",
+        "float-overflow",
+        "infinity",
+        "past-1Pi",
+        "deadline-past-int32",
+        "cpu-past-every-bound",
+        "short-alias",
+        "abbreviation",
+        "loader-env",
+        "host-root",
+        "metadata-service",
+    ],
 )
 def test_bad_input_exits_2_naming_the_field_without_a_traceback(
     tmp_path: Path, edit: tuple[str, str], path: str
@@ -131,6 +167,39 @@ def test_bad_input_exits_2_naming_the_field_without_a_traceback(
     assert f"{path}:" in result.stderr
     assert result.stdout == ""
     assert "Traceback" not in result.output
+
+
+def test_admin_leave_given_on_the_command_line_is_judged_as_the_operator_judges_it(tmp_path: Path) -> None:
+    text = POLICY.replace("path: /mnt/kv-cache}", "path: /mnt/kv-cache, volume: {hostPath: {path: /mnt/nvme/kv}}}")
+    assert plan(tmp_path, text).exit_code == 2
+    assert plan(tmp_path, text, "--allowed-host-path", "/mnt/nvme").exit_code == 0
+    refused = plan(tmp_path, text, "--allowed-host-path", "/mnt/nvme", "--allowed-image", "registry.example.com/*")
+    assert refused.exit_code == 2
+    assert "spec.model.image: docker.io/vllm/vllm-openai is not among the images" in refused.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "complaint"),
+    [
+        (b"apiVersion: v1\nkind: \xff\xfe KVOffloadPolicy\n", "not UTF-8 text (byte 21 is 0xff)"),
+        (b"a: " + b"[" * 100_000 + b"]" * 100_000, "nested too deeply"),
+        (b"# " + b"x" * (4 * 1024 * 1024), "larger than 3 MiB"),
+    ],
+    ids=["not-utf8", "nested-100000-deep", "4-MiB"],
+)
+def test_a_file_that_is_no_policy_exits_2_without_a_traceback(tmp_path: Path, content: bytes, complaint: str) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_bytes(content)
+    result = CliRunner().invoke(main, ["plan", str(path)])
+    assert result.exit_code == 2, result.output
+    assert f"{path}: invalid KVOffloadPolicy (1 error):\n  - (file): {complaint}" in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_an_endless_file_is_read_only_as_far_as_the_bound() -> None:
+    result = CliRunner().invoke(main, ["plan", "/dev/zero"])
+    assert result.exit_code == 2
+    assert "(file): larger than 3 MiB" in result.stderr
 
 
 # --- economics: does a CPU-tier hit beat recompute on this GPU class? -------------------------
