@@ -9,4 +9,5 @@ pytest_plugins = [
     "tests.support.cluster",
     "tests.support.traces",
     "tests.support.realkube",
+    "tests.support.summary",
 ]

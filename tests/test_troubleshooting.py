@@ -104,7 +104,7 @@ def lmcache_messages() -> list[str]:
     with pytest.raises(ValidationError) as refused:
         KVOffloadPolicy.model_validate(lmcache_policy(extraArgs=["--kv-offloading-backend", "lmcache"]))
     (error,) = refused.value.errors()
-    model_message = f"spec.model.extraArgs: {error['msg'].removeprefix('Value error, ')}"
+    model_message = f"spec.model.extraArgs[0]: {error['msg'].removeprefix('Value error, ')}"
     env = KVOffloadPolicy.model_validate(lmcache_policy(env=[{"name": "LMCACHE_MAX_LOCAL_CPU_SIZE", "value": "64"}]))
     (invalid,) = check_renderable(env)
     return [warning.message, cel, model_message, str(invalid)]

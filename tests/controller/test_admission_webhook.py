@@ -157,9 +157,7 @@ def test_refused_at_apply_with_the_invalid_message_and_accepted_while_the_webhoo
         too_big = apply(kube, new_user)
         print(too_big.stderr.strip())
         assert too_big.returncode != 0
-        assert (
-            f"{DENIED}spec.offload.cpu: the CPU tier (900.0 TiB pinned) is larger than a whole " in too_big.stderr
-        )
+        assert f"{DENIED}spec.offload.cpu: the CPU tier (900.0 TiB pinned) is larger than a whole " in too_big.stderr
 
         good = apply(kube, policy(ns, "good"))
         assert good.returncode == 0, good.stderr

@@ -10,6 +10,8 @@ from typing import Any
 import click
 
 from kvoffload import __version__
+from kvoffload.api.errors import PolicyError
+from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAIL,
@@ -99,7 +101,7 @@ def plan(file: Path, prompt_tokens: int, output: str, tenancy: Tenancy) -> None:
     from kvoffload.policy.loading import iter_documents, load_policy
     from kvoffload.policy.sizing import format_plan, plan_policy, resolve_config_map
 
-    policy = resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file))
+    policy = judged(resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file)), file)
     result = plan_policy(policy)
     economics = plan_economics(result, prompt_tokens)
     if output == "json":
@@ -111,6 +113,18 @@ def plan(file: Path, prompt_tokens: int, output: str, tenancy: Tenancy) -> None:
     else:
         click.echo(format_plan(result))
         click.echo(_economics_line(economics))
+
+
+def judged(policy: KVOffloadPolicy, file: Path) -> KVOffloadPolicy:
+    """``policy``, once judged as the operator and its webhook judge it (it renders, its vLLM version has a
+    dialect, every level can be sized); PolicyError naming the fields otherwise."""
+    from kvoffload.controller.reconcile import judge_resolved
+
+    try:
+        judge_resolved(policy)
+    except PolicyError as exc:
+        raise PolicyError(exc.errors, str(file)) from None
+    return policy
 
 
 def _economics_line(economics: dict[str, Any]) -> str:
@@ -167,7 +181,7 @@ def render(file: Path, level: str | None, stage: str | None, tenancy: Tenancy) -
             sys.exit(EXIT_BAD_INPUT)
         click.echo("warning: --stage is deprecated; use --level NAME", err=True)
         level = stage
-    policy = resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file))
+    policy = judged(resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file)), file)
     try:
         ladder = build_ladder(policy.spec)
         chosen = find_level(ladder, index=int(level)) if level and level.isdigit() else find_level(ladder, name=level)

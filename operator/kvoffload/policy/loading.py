@@ -24,13 +24,23 @@ def parse_policy(obj: Any, source: str = "", tenancy: Tenancy = DEFAULT_TENANCY)
     if not isinstance(obj, dict):
         raise PolicyError([FieldError("(object)", "expected a mapping (a YAML object)")], source)
     try:
-        policy = KVOffloadPolicy.model_validate(obj)
+        policy = KVOffloadPolicy.model_validate(without_nulls(obj))
     except ValidationError as exc:
         raise PolicyError(errors_from(exc), source) from None
     problems = check_policy(policy) + check_tenancy(policy, tenancy)
     if problems:
         raise PolicyError(problems, source)
     return policy
+
+
+def without_nulls(obj: Any) -> Any:
+    """``obj`` with every null field taken away, as kube-apiserver prunes them from a custom resource (no field
+    of the CRD is nullable) before it applies the defaults: ``plan`` then judges what the server would store."""
+    if isinstance(obj, dict):
+        return {k: without_nulls(v) for k, v in obj.items() if v is not None}
+    if isinstance(obj, list):
+        return [without_nulls(v) for v in obj]
+    return obj
 
 
 def read_bounded(path: Path, limit: int = MAX_FILE_BYTES) -> str:
