@@ -220,3 +220,20 @@ def test_run_refuses_an_operator_token_secret_that_is_not_namespace_slash_name(v
 
     assert result.exit_code == 2
     assert "--prometheus-token-secret must be NAMESPACE/NAME" in result.output
+
+
+@pytest.mark.parametrize(
+    ("args", "complaint"),
+    [
+        (["--prometheus-token-secret", "kvoffload/prom"], "an operator token needs --prometheus-url or"),
+        (["--allowed-host-path", "/"], "--allowed-host-path '/': give an absolute node path below /"),
+        (["--allowed-host-path", "/mnt/../etc"], "without '..'"),
+        (["--prometheus-allowed-url", "prometheus:9090"], "give an http(s) URL with a host"),
+    ],
+    ids=["token-anywhere", "host-root", "host-dotdot", "url-without-scheme"],
+)
+def test_run_refuses_admin_leave_that_would_be_unsafe(args: list[str], complaint: str) -> None:
+    result = CliRunner().invoke(main, ["run", "-A", *args])
+
+    assert result.exit_code == 2
+    assert complaint in result.output
