@@ -329,7 +329,9 @@ async def test_kvoffload_run_as_a_process_reconciles_policies_and_serves_its_met
     port = free_port()
     # Nothing listens on port 9: Prometheus unreachable, so the baseline is Inconclusive and holds.
     spec = quick_spec(prometheus="http://127.0.0.1:9")
-    async with kvoffload_run(kube, "-A", "--standalone", "--metrics-port", str(port)) as process:
+    async with kvoffload_run(
+        kube, "-A", "--standalone", "--metrics-port", str(port), "--prometheus-allow-private"
+    ) as process:
         await kube.emulator.create_object(policy_manifest("chat", NS, spec=spec))
         await kube.emulator.create_object(policy_manifest("broken", NS, spec=BROKEN_SPEC))
 

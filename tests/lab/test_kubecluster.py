@@ -260,7 +260,7 @@ def test_kvoffload_cluster_serves_kubectl_and_the_operator_and_leaves_nothing_ru
         webhook = run_line.split("--standalone", 1)[1].split()
         assert webhook[:2] == ["--webhook-port", str(webhook_port)], run_line
         operator = subprocess.Popen(
-            [*KVOFFLOAD, "run", "-A", "--standalone", "--metrics-port", "0", *webhook],
+            [*KVOFFLOAD, "run", "-A", "--prometheus-allow-private", "--standalone", "--metrics-port", "0", *webhook],
             stdout=(tmp_path / "operator.log").open("wb"),
             stderr=subprocess.STDOUT,
             env={**os.environ, "KUBECONFIG": str(kubeconfig), "PYTHONUNBUFFERED": "1"},

@@ -384,7 +384,9 @@ def usage_lines(cluster: KubeCluster, kubeconfig: Path) -> list[str]:
         "  nodes: one per GPU class the applied policies name, made when a policy names it; "
         f"engine logs in {cluster.workdir / 'engines'}",
         f"  kubectl --kubeconfig {kubeconfig} apply -f POLICY.yaml   (with spec.prometheus.url: {prometheus})",
-        f"  KUBECONFIG={kubeconfig} kvoffload run -A --standalone {' '.join(cluster.webhook_args)}".rstrip(),
+        # The lab's Prometheus is on 127.0.0.1, which only an admin's --prometheus-allow-private lets a policy name.
+        f"  KUBECONFIG={kubeconfig} kvoffload run -A --prometheus-allow-private --standalone "
+        f"{' '.join(cluster.webhook_args)}".rstrip(),
         "stop with Ctrl-C or SIGTERM: everything started here stops, and the kubeconfig is removed",
     ]
 
