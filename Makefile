@@ -62,13 +62,13 @@ $(VLLM_VENV)/.kvoffload-setup: scripts/setup-vllm.sh requirements/vllm.lock
 	touch $@
 
 # vLLM 0.33.0's sources laid over that venv, for 0.33's argument parser (no second torch).
-$(VLLM_033)/.kvoffload-setup: scripts/setup-vllm-0.33.sh requirements/vllm-0.33.lock $(VLLM_VENV)/.kvoffload-setup
-	scripts/setup-vllm-0.33.sh $(VLLM_033) $(VLLM_VENV)
+$(VLLM_033)/.kvoffload-setup: scripts/setup-vllm-sources.sh requirements/vllm-0.33.lock $(VLLM_VENV)/.kvoffload-setup
+	scripts/setup-vllm-sources.sh 0.33.0 $(VLLM_033) $(VLLM_VENV)
 	touch $@
 
 # vLLM 0.34.0's sources laid over it the same way, for 0.34's argument parser.
-$(VLLM_034)/.kvoffload-setup: scripts/setup-vllm-0.34.sh requirements/vllm-0.34.lock $(VLLM_VENV)/.kvoffload-setup
-	scripts/setup-vllm-0.34.sh $(VLLM_034) $(VLLM_VENV)
+$(VLLM_034)/.kvoffload-setup: scripts/setup-vllm-sources.sh requirements/vllm-0.34.lock $(VLLM_VENV)/.kvoffload-setup
+	scripts/setup-vllm-sources.sh 0.34.0 $(VLLM_034) $(VLLM_VENV)
 	touch $@
 
 $(TINY_MODEL)/config.json: scripts/make_tiny_model.py $(VLLM_VENV)/.kvoffload-setup
