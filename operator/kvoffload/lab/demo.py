@@ -99,9 +99,10 @@ def prepare_policy(doc: Mapping[str, Any], *, fast: bool, prometheus_url: str) -
 
 def load_policy_doc(path: Path) -> dict[str, Any]:
     """The one KVOffloadPolicy document of a YAML file, validated (PolicyError names every bad field)."""
+    from kvoffload.lab.cluster.localcluster import LAB_TENANCY
     from kvoffload.policy.loading import load_policy
 
-    policy = load_policy(path)  # raises PolicyError
+    policy = load_policy(path, LAB_TENANCY)  # raises PolicyError
     docs = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and d.get("kind") == KIND]
     doc: dict[str, Any] = docs[0]
     doc.setdefault("metadata", {}).setdefault("namespace", policy.metadata.namespace)

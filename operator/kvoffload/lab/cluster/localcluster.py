@@ -38,6 +38,7 @@ from kvoffload.lab.cluster.kubeemu import KubeEmulator, Obj, serve, write_kubeco
 from kvoffload.lab.cluster.kubelet import Kubelet
 from kvoffload.lab.cluster.podengine import CLI, LocalClusterError, set_parent_death_signal
 from kvoffload.lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer
+from kvoffload.policy.tenancy import Tenancy
 
 # --- the cluster ------------------------------------------------------------------------------
 
@@ -198,6 +199,10 @@ class LocalCluster(EngineControls):
 
 
 # --- the operator, as its own process -----------------------------------------------------------
+
+
+LAB_TENANCY = Tenancy(private_prometheus=True)
+"""What the lab's operator allows a policy (:func:`operator_command`): its Prometheus on 127.0.0.1."""
 
 
 def operator_command(
