@@ -25,6 +25,7 @@ from kvoffload.analysis.assess import EXTERNAL_SHARE, TTFT_RATIO, Assessment, as
 from kvoffload.analysis.prometheus import PrometheusProvider, Target
 from kvoffload.api.types import AnalysisStatus, KVOffloadPolicy, Verdict
 from kvoffload.cli.main import main
+from kvoffload.lab.cluster.localcluster import LAB_TENANCY
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
 from kvoffload.policy.render import config_hash
@@ -38,6 +39,8 @@ SUSTAINED_FOR_S = 3.0
 ENGINE_ARGS = ["--max-model-len", "2048", "--gpu-kv-blocks", "48"]  # 48 blocks of 16: one 528-token prompt
 OFFLOAD_ARGS = ["--kv-offloading-size", "0.5", "--kv-offloading-backend", "native"]
 
+# The lab's leave on the command line: its Prometheus is on 127.0.0.1.
+LAB = ("--prometheus-allow-private",)
 POLICY_YAML = """\
 apiVersion: kvoffload.io/v1alpha1
 kind: KVOffloadPolicy
@@ -105,10 +108,10 @@ class Fleet:
 
     @property
     def policy(self) -> KVOffloadPolicy:
-        return load_policy(self.policy_file)
+        return load_policy(self.policy_file, LAB_TENANCY)
 
     def cycle(self, provider: PrometheusProvider, *, warmed_up: bool = True) -> Assessment:
-        policy = load_policy(self.policy_file)
+        policy = load_policy(self.policy_file, LAB_TENANCY)
         level = build_ladder(policy.spec)[-1]  # the CPU tier
         measured = provider.measure([self.target()])[("llm", self.name)]
         return assess(policy.spec, level, measured, warmed_up=warmed_up)
@@ -119,7 +122,7 @@ def start_fleet(name: str, prometheus: PrometheusServer, tmp_path: Path) -> Iter
     policy_file.write_text(
         POLICY_YAML.format(name=name, window=WINDOW_S, sustained=int(SUSTAINED_FOR_S), url=prometheus.url)
     )
-    policy = load_policy(policy_file)
+    policy = load_policy(policy_file, LAB_TENANCY)
     gpu_only, cpu = build_ladder(policy.spec)[0], build_ladder(policy.spec)[-1]
     canary, stable = start_engines([[*ENGINE_ARGS, *OFFLOAD_ARGS], ENGINE_ARGS], log_dir=tmp_path)
     # labelled as the PodMonitor labels the pods: level and config hash, as `analyze` selects them
@@ -180,7 +183,7 @@ def test_a_healthy_canary_passes_and_only_the_offload_side_loads_tokens(healthy_
 def test_analyze_prints_every_metric_and_exits_by_verdict(healthy_fleet: Fleet) -> None:
     fleet = healthy_fleet
     runner = CliRunner()
-    table = runner.invoke(main, ["analyze", str(fleet.policy_file), "--prometheus", fleet.prometheus.url])
+    table = runner.invoke(main, ["analyze", str(fleet.policy_file), "--prometheus", fleet.prometheus.url, *LAB])
     assert table.exit_code == 0, table.output
     for name in ("requests", "ttftP99", "ttftP99Ratio", "itlP99", "externalShare", "kvUsage", "liveConfig"):
         assert name in table.output
@@ -188,7 +191,7 @@ def test_analyze_prints_every_metric_and_exits_by_verdict(healthy_fleet: Fleet) 
     assert "kv_offloading_size=0.5" in table.output
 
     as_json = runner.invoke(
-        main, ["analyze", str(fleet.policy_file), "--prometheus", fleet.prometheus.url, "-o", "json"]
+        main, ["analyze", str(fleet.policy_file), "--prometheus", fleet.prometheus.url, "-o", "json", *LAB]
     )
     doc = json.loads(as_json.output)
     assert as_json.exit_code == 0
@@ -199,7 +202,7 @@ def test_analyze_prints_every_metric_and_exits_by_verdict(healthy_fleet: Fleet) 
     # The guard judges the stable variant alone; nobody is named "absent", so there is no evidence.
     absent = fleet.policy_file.read_text().replace("name: chat,", "name: absent,")
     (fleet.policy_file.parent / "absent.yaml").write_text(absent)
-    missing = runner.invoke(main, ["analyze", str(fleet.policy_file.parent / "absent.yaml"), "--guard"])
+    missing = runner.invoke(main, ["analyze", str(fleet.policy_file.parent / "absent.yaml"), "--guard", *LAB])
     assert missing.exit_code == 3, missing.output
     assert "no stable requests" in missing.output
 
@@ -229,7 +232,7 @@ def test_a_canary_whose_ttft_triples_fails_within_sustained_for(fleet: Fleet) ->
     # sustainedFor, plus two scrapes for the slow requests to reach Prometheus, plus one polling step.
     assert took <= SUSTAINED_FOR_S + 2 * scrape + 0.5, f"took {took:.1f}s"
 
-    result = CliRunner().invoke(main, ["analyze", str(fleet.policy_file)])
+    result = CliRunner().invoke(main, ["analyze", str(fleet.policy_file), *LAB])
     assert result.exit_code == 1, result.output
     assert "FAIL" in result.output
 
@@ -237,7 +240,7 @@ def test_a_canary_whose_ttft_triples_fails_within_sustained_for(fleet: Fleet) ->
 def test_a_stopped_prometheus_is_inconclusive_not_a_failure(prometheus: PrometheusServer, tmp_path: Path) -> None:
     policy_file = tmp_path / "chat.yaml"
     policy_file.write_text(POLICY_YAML.format(name="chat", window=WINDOW_S, sustained=3, url=prometheus.url))
-    policy = load_policy(policy_file)
+    policy = load_policy(policy_file, LAB_TENANCY)
     provider = PrometheusProvider(prometheus.url, retries=0, timeout=2)
     target = synthetic_target("llm", "chat", f"{WINDOW_S}s")
     assert provider.measure([target])[target.key].error is None
@@ -249,6 +252,6 @@ def test_a_stopped_prometheus_is_inconclusive_not_a_failure(prometheus: Promethe
     assert "unreachable" in result.message
     status = record_verdict(record_verdict(None, result, datetime.now(UTC)), result, datetime.now(UTC))
     assert status.consecutive_inconclusive == 2
-    cli = CliRunner().invoke(main, ["analyze", str(policy_file)])
+    cli = CliRunner().invoke(main, ["analyze", str(policy_file), *LAB])
     assert cli.exit_code == 3, cli.output
     assert "unreachable" in cli.output

@@ -13,7 +13,7 @@ from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_LEVEL
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.controller.gateway import parse_deployment, parse_pod
 from kvoffload.lab.cluster.deployments import rolling_limits
-from kvoffload.lab.cluster.localcluster import LocalCluster
+from kvoffload.lab.cluster.localcluster import LAB_TENANCY, LocalCluster
 from kvoffload.lab.cluster.podengine import ANNOTATION_PORT, vllm_serve_args
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
@@ -26,7 +26,7 @@ EXAMPLE = paths.EXAMPLES / "demo-two-tier.yaml"
 
 @pytest.fixture
 def policy() -> KVOffloadPolicy:
-    return load_policy(EXAMPLE)
+    return load_policy(EXAMPLE, LAB_TENANCY)
 
 
 def deployment(policy: KVOffloadPolicy, level: int = 0, replicas: int = 2) -> dict[str, Any]:
