@@ -143,7 +143,9 @@ def test_nothing_outside_the_lab_and_the_cli_imports_the_lab() -> None:
 async def test_kvoffload_run_never_loads_a_lab_module(kube: EmulatedCluster, tmp_path: Path) -> None:
     out = tmp_path / "modules.json"
     spec = quick_spec(prometheus="http://127.0.0.1:9")  # nothing listens: the baseline holds
-    async with kvoffload_run_recording_modules(kube, out, "-A", "--standalone", "--metrics-port", "0") as process:
+    async with kvoffload_run_recording_modules(
+        kube, out, "-A", "--standalone", "--metrics-port", "0", "--prometheus-allow-private"
+    ) as process:
         await kube.emulator.create_object(policy_manifest("chat", "default", spec=spec))
 
         def stable_deployment() -> bool:

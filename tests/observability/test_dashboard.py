@@ -248,7 +248,7 @@ def check_capacity(lab: LocalCluster, url: str, end: float) -> str:
     annotation, against `kvoffload plan FILE -o json` for the same policy."""
     path = lab.workdir / "chat.yaml"
     path.write_text(yaml.safe_dump(policy_doc("chat", lab)))
-    result = CliRunner().invoke(main, ["plan", str(path), "-o", "json"])
+    result = CliRunner().invoke(main, ["plan", str(path), "-o", "json", "--prometheus-allow-private"])
     assert result.exit_code == 0, result.output
     plan = {level["name"]: plan_figures(level) for level in json.loads(result.stdout)["levels"]}
     scraped: dict[str, dict[str, int]] = {}
