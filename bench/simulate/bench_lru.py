@@ -33,7 +33,12 @@ import numpy.typing as npt
 from kvoffload.economics.stackdist import ReuseProfile, reuse_profile
 from kvoffload.economics.traces import read_mooncake
 
-SHARED_TRACES = Path(__file__).resolve().parents[3] / "shared" / "traces"
+ROOT = Path(__file__).resolve().parents[2]
+# The two Mooncake traces as the repository holds them (tests/support/traces.py names the same files).
+TRACE_FILES = {
+    "mooncake-conversation.jsonl": ROOT / "operator" / "kvoffload" / "lab" / "data" / "mooncake-conversation.jsonl.gz",
+    "mooncake-synthetic.jsonl": ROOT / "tests" / "data" / "traces" / "mooncake-synthetic.jsonl.gz",
+}
 TRACES = ("mooncake-conversation.jsonl", "mooncake-synthetic.jsonl")
 README_SIZES = (1_000, 4_000, 16_000, 64_000)
 HASHPOWERS = (12, 14, 16, 18, 20)  # libCacheSim's default, 24, spends most of a run allocating 2^24 buckets
@@ -179,13 +184,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=7)
     parser.add_argument("--sizes", type=int, default=32, help="sizes in the sweep, 100 blocks to the unique count")
-    parser.add_argument("--traces", type=Path, default=SHARED_TRACES)
+    parser.add_argument(
+        "--traces", type=Path, default=None, help="a folder holding the traces, plain; default: the repository's"
+    )
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
     results = []
     with tempfile.TemporaryDirectory() as workdir:
         for name in TRACES:
-            results.append(bench_trace(args.traces / name, args.sizes, args.runs, Path(workdir)))
+            path = args.traces / name if args.traces else TRACE_FILES[name]
+            results.append(bench_trace(path, args.sizes, args.runs, Path(workdir)))
     for result in results:
         print(report(result), end="\n\n")
     if args.json:

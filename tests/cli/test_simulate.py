@@ -28,16 +28,18 @@ def simulate(*args: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("trace", sorted(README_LRU))
-def test_the_lru_table_matches_the_traces_readme_within_half_a_point(shared_traces: Path, trace: str) -> None:
-    out = simulate(str(shared_traces / trace), "--blocks", ",".join(str(b) for b in README_LRU[trace]))
+def test_the_lru_table_matches_the_traces_readme_within_half_a_point(
+    mooncake_traces: dict[str, Path], trace: str
+) -> None:
+    out = simulate(str(mooncake_traces[trace]), "--blocks", ",".join(str(b) for b in README_LRU[trace]))
     measured = {row["blocks"]: 100 * row["hitRatio"] for row in out["lru"]}
     for blocks, percent in README_LRU[trace].items():
         assert measured[blocks] == pytest.approx(percent, abs=0.5), blocks
     assert sum(row["count"] for row in out["reuseDistance"]) == out["trace"]["blocks"] - out["trace"]["unique"]
 
 
-def test_each_level_of_a_policy_gets_its_hit_share_per_tier(shared_traces: Path) -> None:
-    trace = str(shared_traces / "mooncake-conversation.jsonl")
+def test_each_level_of_a_policy_gets_its_hit_share_per_tier(mooncake_traces: dict[str, Path]) -> None:
+    trace = str(mooncake_traces["mooncake-conversation.jsonl"])
     out = simulate(trace, "--policy", str(paths.EXAMPLES / "llama-3.1-70b-tp4-nvme.yaml"), "--gpu-blocks", "2000", *LAB)
     levels = {level["name"]: level for level in out["policy"]["levels"]}
     gpu_only = levels["gpu-only"]
@@ -67,8 +69,8 @@ def test_a_bad_trace_line_is_named_and_nothing_is_printed(tmp_path: Path) -> Non
     assert f"{trace}:2" in result.stderr
 
 
-def test_the_table_names_the_trace_and_every_size(shared_traces: Path) -> None:
-    trace = str(shared_traces / "mooncake-synthetic.jsonl")
+def test_the_table_names_the_trace_and_every_size(mooncake_traces: dict[str, Path]) -> None:
+    trace = str(mooncake_traces["mooncake-synthetic.jsonl"])
     result = CliRunner().invoke(main, ["simulate", trace, "--blocks", "1000,64000"])
     assert result.exit_code == 0, result.output
     assert "3,993 requests" in result.stdout

@@ -150,9 +150,9 @@ def trace(path: Path) -> BlockTrace:
 
 
 @pytest.mark.parametrize("name", sorted(README_TABLE))
-def test_curve_matches_the_readme_table(shared_traces: Path, name: str) -> None:
+def test_curve_matches_the_readme_table(mooncake_traces: dict[str, Path], name: str) -> None:
     blocks, unique, infinite, by_size = README_TABLE[name]
-    profile = reuse_profile(trace(shared_traces / name).blocks)
+    profile = reuse_profile(trace(mooncake_traces[name]).blocks)
     assert (profile.accesses, profile.unique) == (blocks, unique)
     assert 100 * profile.hit_ratio() == pytest.approx(infinite, abs=0.5)
     for size, percent in by_size.items():
@@ -160,8 +160,10 @@ def test_curve_matches_the_readme_table(shared_traces: Path, name: str) -> None:
 
 
 @pytest.mark.parametrize("name", sorted(README_TABLE))
-def test_curve_matches_a_plain_lru_on_the_first_20k_blocks_of_the_trace(shared_traces: Path, name: str) -> None:
-    stream = trace(shared_traces / name).blocks[:20_000]
+def test_curve_matches_a_plain_lru_on_the_first_20k_blocks_of_the_trace(
+    mooncake_traces: dict[str, Path], name: str
+) -> None:
+    stream = trace(mooncake_traces[name]).blocks[:20_000]
     profile = reuse_profile(stream)
     for size in (100, 1_000, 4_000):
         assert profile.hits(size) == lru_hits(stream.tolist(), size), size

@@ -87,9 +87,9 @@ def test_an_empty_file_is_an_empty_trace(tmp_path: Path) -> None:
     assert (trace.requests, trace.blocks.size, trace.offsets.tolist()) == (0, 0, [0])
 
 
-def test_the_real_traces_hold_the_readmes_requests(shared_traces: Path) -> None:
-    conversation = read_trace(shared_traces / "mooncake-conversation.jsonl")
-    synthetic = read_trace(shared_traces / "mooncake-synthetic.jsonl")
+def test_the_real_traces_hold_the_readmes_requests(mooncake_traces: dict[str, Path]) -> None:
+    conversation = read_trace(mooncake_traces["mooncake-conversation.jsonl"])
+    synthetic = read_trace(mooncake_traces["mooncake-synthetic.jsonl"])
     assert (conversation.requests, conversation.blocks.size) == (12_031, 288_500)
     assert (synthetic.requests, synthetic.blocks.size) == (3_993, 121_877)
     assert conversation.arrival_s[-1] == pytest.approx(3536.999)

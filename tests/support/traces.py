@@ -1,25 +1,22 @@
-"""The Mooncake traces: they live in shared/ beside the clone (CI keeps a copy there), not in the repository."""
+"""The two Mooncake traces, as the repository holds them (gzipped): the conversation trace ships with the
+lab, the synthetic one with the tests (tests/data/traces/)."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 
 from tests.support.paths import ROOT
 
-SHARED_TRACES = ROOT.parent / "shared" / "traces"
-TRACES = ("mooncake-conversation.jsonl", "mooncake-synthetic.jsonl")
+MOONCAKE = {
+    "mooncake-conversation.jsonl": ROOT / "operator" / "kvoffload" / "lab" / "data" / "mooncake-conversation.jsonl.gz",
+    "mooncake-synthetic.jsonl": ROOT / "tests" / "data" / "traces" / "mooncake-synthetic.jsonl.gz",
+}
+"""Each trace's name in the traces' README, and its file."""
 
 
 @pytest.fixture(scope="session")
-def shared_traces() -> Path:
-    """``shared/traces/`` with both Mooncake traces: skipped on a workstation without them, failed in CI."""
-    missing = [name for name in TRACES if not (SHARED_TRACES / name).is_file()]
-    if missing:
-        reason = f"{', '.join(missing)} missing under {SHARED_TRACES} (shared/ must sit beside the clone)"
-        if os.environ.get("CI"):
-            pytest.fail(reason)
-        pytest.skip(reason)
-    return SHARED_TRACES
+def mooncake_traces() -> dict[str, Path]:
+    """Both Mooncake traces by name."""
+    return MOONCAKE
