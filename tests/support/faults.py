@@ -135,7 +135,35 @@ def _get(url: str, context: ssl.SSLContext | None = None) -> str | None:
 # --- Prometheus -------------------------------------------------------------------------------------
 
 
-class PrometheusProxy:
+class _Forwarder:
+    """What the proxies share: an aiohttp server on a free loopback port, forwarding through one client session."""
+
+    port: int
+    _runner: web.AppRunner | None
+    _session: aiohttp.ClientSession | None
+
+    async def _serve(
+        self, session: aiohttp.ClientSession, ssl_context: ssl.SSLContext | None = None, max_body: int = 1024**2
+    ) -> None:
+        self._session = session
+        app = web.Application(client_max_size=max_body)
+        app.router.add_route("*", "/{tail:.*}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
+        await self._runner.setup()
+        self.port = free_port()
+        await web.TCPSite(self._runner, HOST, self.port, ssl_context=ssl_context).start()
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        raise NotImplementedError
+
+
+class PrometheusProxy(_Forwarder):
     """A switchable HTTP proxy in front of Prometheus at ``upstream``, on 127.0.0.1.
 
     Modes: :meth:`pass_through`, :meth:`slow` (each answer after ``delay`` seconds) and :meth:`fail` (each
@@ -169,20 +197,8 @@ class PrometheusProxy:
         self._delay, self._status = 0.0, status
 
     async def __aenter__(self) -> PrometheusProxy:
-        self._session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60), auto_decompress=False)
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
-        await self._runner.setup()
-        self.port = free_port()
-        await web.TCPSite(self._runner, HOST, self.port).start()
+        await self._serve(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60), auto_decompress=False))
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         mode = self.mode
@@ -232,7 +248,7 @@ ConflictRule = Callable[[int], bool]
 """Given the number of the status write (1, 2, ...) since the rule was set: whether to answer it 409."""
 
 
-class ApiServerProxy:
+class ApiServerProxy(_Forwarder):
     """HTTPS on 127.0.0.1 in front of the plane's kube-apiserver, for one client (the operator under test).
 
     Every request goes upstream as the admin and every answer comes back as it streams (watches included),
@@ -271,29 +287,18 @@ class ApiServerProxy:
         serving = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         serving.load_cert_chain(str(cert), str(key))
         upstream_tls = tls_context(self.plane.ca_file, self.plane.client_cert, self.plane.client_key)
-        self._session = aiohttp.ClientSession(
+        session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(ssl=upstream_tls),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=10, sock_read=None),
             auto_decompress=False,
         )
-        app = web.Application(client_max_size=64 * 1024 * 1024)
-        app.router.add_route("*", "/{tail:.*}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=1.0, handler_cancellation=True)
-        await self._runner.setup()
-        self.port = free_port()
-        await web.TCPSite(self._runner, HOST, self.port, ssl_context=serving).start()
+        await self._serve(session, serving, max_body=64 * 1024**2)
         config = json.loads(self.plane.kubeconfig.read_text())
         for cluster in config["clusters"]:
             cluster["cluster"]["server"] = self.server
         self.kubeconfig.touch(mode=0o600)
         self.kubeconfig.write_text(json.dumps(config))
         return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
