@@ -23,7 +23,6 @@ allowed, so a policy that got in while the webhook was down can still be changed
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -41,11 +40,9 @@ from kvoffload.api.webhook import (
     validating_webhook_configuration,
 )
 from kvoffload.controller.bodies import plain_body
-from kvoffload.controller.reconcile import judge_resolved
+from kvoffload.controller.reconcile import judge_resolved, judging
 from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy
-
-log = logging.getLogger(__name__)
 
 
 def problems(obj: Mapping[str, Any], tenancy: Tenancy = DEFAULT_TENANCY) -> list[FieldError]:
@@ -54,20 +51,16 @@ def problems(obj: Mapping[str, Any], tenancy: Tenancy = DEFAULT_TENANCY) -> list
     admitted. Never raises: a policy this cannot judge is refused, naming the failure, not answered 500."""
     body = {k: v for k, v in obj.items() if k != "status"}
     try:
-        policy = parse_policy(body, tenancy=tenancy)
+        with judging("the admission webhook"):
+            policy = parse_policy(body, tenancy=tenancy)
     except PolicyError as exc:
         return exc.errors
-    except Exception as exc:
-        log.exception("the admission webhook could not judge a policy")
-        return [FieldError("(object)", f"the operator could not judge this policy: {exc!r}")]
     try:
-        judge_resolved(policy)
+        with judging("the admission webhook"):
+            judge_resolved(policy)
     except PolicyError as exc:
         # Sizing that needs the ConfigMap's model shape is the operator's to judge, once it has read it.
         return [e for e in exc.errors if e.path != "spec.model.configMap"]
-    except Exception as exc:
-        log.exception("the admission webhook could not judge a policy")
-        return [FieldError("(object)", f"the operator could not judge this policy: {exc!r}")]
     return []
 
 

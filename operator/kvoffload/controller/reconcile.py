@@ -46,13 +46,14 @@ figure the nodes must have room for during the step.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -426,13 +427,8 @@ class Controller:
         """The policy, with a ConfigMap architecture resolved, and what its input gives (judged once per input:
         ``judge_resolved`` and the level config hashes); PolicyError names fields."""
         obj = {k: v for k, v in ctx.body.items() if k != "status"}  # status is ours, not input
-        try:
+        with judging(ctx.ref):
             policy = parse_policy(obj, f"{ctx.ref.namespace}/{ctx.ref.name}", self.settings.judged_tenancy)
-        except PolicyError:
-            raise
-        except Exception as exc:  # a bug of ours: Invalid once, with the reason, never a crash loop
-            log.exception("%s: the policy could not be judged", ctx.ref)
-            raise PolicyError([FieldError("(object)", f"the operator could not judge this policy: {exc!r}")]) from None
         spec = policy.spec
         ref = spec.model.config_map
         if ref is not None and spec.model.architecture is None:
@@ -450,15 +446,8 @@ class Controller:
         key = render_input(policy)
         known = self._judged.get(ctx.ref.uid)
         if known is None or known.key != key:
-            try:
+            with judging(ctx.ref):
                 known = _Judged(key, *judge_resolved(policy))
-            except PolicyError:
-                raise
-            except Exception as exc:  # as above
-                log.exception("%s: the policy could not be judged", ctx.ref)
-                raise PolicyError(
-                    [FieldError("(object)", f"the operator could not judge this policy: {exc!r}")]
-                ) from None
             self._judged[ctx.ref.uid] = known
         return policy, known
 
@@ -702,6 +691,20 @@ class Controller:
             raise ReconcileError(str(exc), operation=operation, delay=self.settings.retry_delay_seconds) from exc
 
 
+@contextlib.contextmanager
+def judging(who: object) -> Iterator[None]:
+    """Judge a policy inside: a failure of ours (a bug, not a bad field) becomes a PolicyError naming
+    ``(object)``, logged with ``who``, so the policy goes Invalid once and the webhook refuses it: never a
+    crash loop, never an answer of 500."""
+    try:
+        yield
+    except PolicyError:
+        raise
+    except Exception as exc:
+        log.exception("%s: the policy could not be judged", who)
+        raise PolicyError([FieldError("(object)", f"the operator could not judge this policy: {exc!r}")]) from None
+
+
 def judge_resolved(policy: KVOffloadPolicy) -> tuple[Dialect, dict[int, str]]:
     """What is left to judge of a parsed policy (``parse_policy``: the models and ``check_policy``)
     once its ``model.configMap`` is read: that it renders, its vLLM version, and that every level
@@ -915,6 +918,7 @@ __all__ = [
     "ControllerSettings",
     "ReconcileError",
     "judge_resolved",
+    "judging",
     "utc_now",
     "with_digest",
 ]
