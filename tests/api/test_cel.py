@@ -52,6 +52,8 @@ def tier(name: str = "nvme", **extra: Any) -> dict[str, Any]:
     return {"name": name, "size": "500Gi", "path": "/mnt/kv-cache", "volume": {"emptyDir": {}}, **extra}
 
 
+SECRET_KEY = {"secretKeyRef": {"name": "hf-token", "key": "token"}}
+
 # message -> (values the rule takes, values it refuses); `self` is the node the rule sits on.
 CASES: dict[str, tuple[list[Any], list[Any]]] = {
     "must be greater than zero": (["32Gi", "1", 1, "0.5", "500m", "1e3", "+2Ki"], ["0", 0, "-1Gi", -5, "0.0", "-0.5"]),
@@ -141,6 +143,49 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
         ],
         [spec(rollout__preflight={"promptTokens": 32769}), spec(rollout__preflight={"promptTokens": 10_000_000})],
     ),
+    # spec.podTemplate: what may come from a Secret, a ConfigMap or the pod, and from where.
+    "could complete into a variable that changes what code the engine loads": (
+        ["APP_", "HF_", "MY", "OLD_LD_"],
+        ["LD_", "LD_X", "L", "PYTHON", "PY", "V", "NCCL_", "B"],
+    ),
+    "set value or valueFrom, not both": (
+        [
+            {"name": "A", "value": "x"},
+            {"name": "A", "valueFrom": SECRET_KEY},
+            {"name": "A", "value": "", "valueFrom": SECRET_KEY},
+        ],
+        [{"name": "A", "value": "x", "valueFrom": SECRET_KEY}],
+    ),
+    "set exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef": (
+        [SECRET_KEY, {"fieldRef": {"fieldPath": "metadata.name"}}, {"resourceFieldRef": {"resource": "limits.memory"}}],
+        [{}, {**SECRET_KEY, "configMapKeyRef": {"name": "c", "key": "k"}}],
+    ),
+    "set exactly one of configMapRef, secretRef": (
+        [{"prefix": "A_", "secretRef": {"name": "s"}}, {"prefix": "A_", "configMapRef": {"name": "c"}}],
+        [{"prefix": "A_"}, {"prefix": "A_", "secretRef": {"name": "s"}, "configMapRef": {"name": "c"}}],
+    ),
+    "set exactly one of emptyDir, secret, configMap, persistentVolumeClaim, hostPath": (
+        [{"name": "v", "emptyDir": {}}, {"name": "v", "secret": {"secretName": "s"}}],
+        [{"name": "v"}, {"name": "v", "emptyDir": {}, "secret": {"secretName": "s"}}],
+    ),
+    "may not contain '..'": (["a/b", "hf", "a..b", "x/.../y"], ["..", "a/../b", "../x", "a/.."]),
+}
+
+# Where each pod template rule sits, as a whole spec holding the value (for mirroring through the models).
+POD_TEMPLATE_AT = {
+    "could complete into a variable that changes what code the engine loads": lambda v: {
+        "envFrom": [{"prefix": v, "secretRef": {"name": "s"}}]
+    },
+    "set value or valueFrom, not both": lambda v: {"env": [v]},
+    "set exactly one of secretKeyRef, configMapKeyRef, fieldRef, resourceFieldRef": lambda v: {
+        "env": [{"name": "A", "valueFrom": v}]
+    },
+    "set exactly one of configMapRef, secretRef": lambda v: {"envFrom": [v]},
+    "set exactly one of emptyDir, secret, configMap, persistentVolumeClaim, hostPath": lambda v: {"volumes": [v]},
+    "may not contain '..'": lambda v: {
+        "volumes": [{"name": "v", "emptyDir": {}}],
+        "volumeMounts": [{"name": "v", "mountPath": "/data", "subPath": v}],
+    },
 }
 
 
@@ -252,8 +297,19 @@ def test_tier_volume_rule_mirrors_the_model() -> None:
             KVOffloadPolicySpec.model_validate(spec(offload__secondaryTiers=[tier(volume=value)]))
 
 
+@pytest.mark.parametrize("message", list(POD_TEMPLATE_AT))
+def test_pod_template_rules_mirror_the_models(message: str) -> None:
+    good, bad = CASES[message]
+    for value in good:
+        KVOffloadPolicySpec.model_validate(spec(podTemplate=POD_TEMPLATE_AT[message](value)))
+    for value in bad:
+        with pytest.raises(ValidationError):
+            KVOffloadPolicySpec.model_validate(spec(podTemplate=POD_TEMPLATE_AT[message](value)))
+
+
 def test_node_and_spec_cases_cover_every_rule() -> None:
-    covered = set(SPEC_LEVEL) | set(NODE_LEVEL) | {"set exactly one of emptyDir, persistentVolumeClaim or hostPath"}
+    covered = set(SPEC_LEVEL) | set(NODE_LEVEL) | set(POD_TEMPLATE_AT)
+    covered |= {"set exactly one of emptyDir, persistentVolumeClaim or hostPath"}
     assert covered == set(CASES)
 
 

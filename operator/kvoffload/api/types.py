@@ -11,182 +11,34 @@ import itertools
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
-    BeforeValidator,
     ConfigDict,
     Field,
-    WithJsonSchema,
     field_validator,
     model_validator,
 )
 from pydantic.alias_generators import to_camel
-from pydantic.config import JsonDict, JsonValue
 
-from kvoffload.api.quantity import DURATION_PATTERN, QUANTITY_PATTERN, parse_duration, parse_quantity
-from kvoffload.api.vllmflags import cel_managed_pattern, judge_extra_args
-
-# Environment variables that change what code the engine loads: the dynamic loader's (LD_*), Python's
-# import and start-up hooks, glibc's iconv modules, NCCL's plugins. A policy may not set them.
-LOADER_ENV_PREFIXES = ("LD_",)
-LOADER_ENV = frozenset(
-    {
-        "PYTHONPATH",
-        "PYTHONHOME",
-        "PYTHONSTARTUP",
-        "PYTHONUSERBASE",
-        "PYTHONEXECUTABLE",
-        "PYTHONINSPECT",
-        "PYTHONWARNINGS",
-        "PYTHONBREAKPOINT",
-        "PYTHONPLATLIBDIR",
-        "GCONV_PATH",
-        "BASH_ENV",
-        "ENV",
-        "NCCL_NET_PLUGIN",
-        "NCCL_TUNER_PLUGIN",
-        "NCCL_PROFILER_PLUGIN",
-        "VLLM_PLUGINS",
-        # Switches vLLM to SimpleCPUOffloadConnector: another pool and other metrics than the ladder's.
-        "VLLM_USE_SIMPLE_KV_OFFLOAD",
-    }
+from kvoffload.api.fields import (
+    DnsLabel,
+    Duration,
+    Model,
+    Name,
+    NonNegativeQuantity,
+    Quantity,
+    cel_list,
+    cel_rules,
 )
-
+from kvoffload.api.podspec import EmptyDirSource, EnvVar, HostPathSource, PodTemplate, PVCSource, Toleration
+from kvoffload.api.quantity import parse_duration, parse_quantity
+from kvoffload.api.vllmflags import cel_managed_pattern, judge_extra_args
 
 # Ladder level names the operator uses itself (see ladder.py).
 RESERVED_LEVEL_NAMES = frozenset({"gpu-only", "cpu-pilot", "cpu"})
-
-
-# --- CEL rules ---------------------------------------------------------------
-# Each pydantic validator below has a twin CEL rule in the generated CRD, so the
-# API server refuses what `kvoffload plan` refuses. Rules run on the object
-# after the API server applied the schema defaults.
-
-
-def _cel_list(names: frozenset[str]) -> str:
-    return "[" + ", ".join(f"'{n}'" for n in sorted(names)) + "]"
-
-
-def cel_rules(*rules: tuple[str, str] | tuple[str, str, str]) -> JsonDict:
-    """``json_schema_extra`` holding CEL rules as (rule, message[, fieldPath]) tuples."""
-    entries: list[JsonValue] = []
-    for rule in rules:
-        entry: JsonDict = {"rule": rule[0], "message": rule[1]}
-        if len(rule) == 3:
-            entry["fieldPath"] = rule[2]
-        entries.append(entry)
-    return {"x-kubernetes-validations": entries}
-
-
-# --- field types -------------------------------------------------------------
-
-
-# Bounds the cost the API server estimates for the CEL quantity() rules.
-QUANTITY_MAX_LENGTH = 64
-# No node holds a pebibyte of memory and no tier needs more; the API server caps no decimal exponent itself.
-QUANTITY_MAX = "1Pi"
-# A step, window or deadline past thirty days is a typo; it also keeps every rendered second within int32.
-DURATION_MAX = "720h"
-
-
-def _quantity(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, str | int | float):
-        raise ValueError("must be a Kubernetes quantity such as 32Gi, 500Mi or 8")
-    if len(str(value)) > QUANTITY_MAX_LENGTH:
-        raise ValueError(f"must be at most {QUANTITY_MAX_LENGTH} characters")
-    if abs(parse_quantity(value)) > parse_quantity(QUANTITY_MAX):
-        raise ValueError(f"must be at most {QUANTITY_MAX}")
-    return str(value)
-
-
-def _positive_quantity(value: str) -> str:
-    if parse_quantity(value) <= 0:
-        raise ValueError("must be greater than zero")
-    return value
-
-
-def _non_negative_quantity(value: str) -> str:
-    if parse_quantity(value) < 0:
-        raise ValueError("must not be negative")
-    return value
-
-
-def _duration(value: Any) -> str:
-    if isinstance(value, bool) or not isinstance(value, str):
-        raise ValueError("must be a duration string such as 30s, 2m or 1500ms")
-    if parse_duration(value) > parse_duration(DURATION_MAX):
-        raise ValueError(f"must be at most {DURATION_MAX}")
-    return value
-
-
-def _positive_duration(value: str) -> str:
-    if parse_duration(value) <= 0:
-        raise ValueError("must be longer than zero")
-    return value
-
-
-_QUANTITY_SCHEMA: JsonDict = {
-    "anyOf": [{"type": "integer"}, {"type": "string"}],
-    "pattern": QUANTITY_PATTERN,
-    "maxLength": QUANTITY_MAX_LENGTH,
-    "x-kubernetes-int-or-string": True,
-}
-# An exponent of three digits or more is the pattern's to refuse: kube-apiserver (v1.37.2) times out comparing
-# 1e999999999 with anything, so the comparison is not made for it.
-_QUANTITY_BOUND = (
-    "string(self).matches('[eE][-+]?[0-9][0-9][0-9]')"
-    f" || quantity(string(self)).compareTo(quantity('{QUANTITY_MAX}')) <= 0",
-    f"must be at most {QUANTITY_MAX}",
-)
-_POSITIVE_QUANTITY_SCHEMA: JsonDict = _QUANTITY_SCHEMA | cel_rules(
-    ("sign(quantity(string(self))) == 1", "must be greater than zero"), _QUANTITY_BOUND
-)
-_NON_NEGATIVE_QUANTITY_SCHEMA: JsonDict = _QUANTITY_SCHEMA | cel_rules(
-    ("sign(quantity(string(self))) >= 0", "must not be negative"), _QUANTITY_BOUND
-)
-_DURATION_SCHEMA: JsonDict = {
-    "type": "string",
-    "pattern": DURATION_PATTERN,
-    "maxLength": 32,
-    **cel_rules(
-        ("duration(self) > duration('0s')", "must be longer than zero"),
-        (f"duration(self) <= duration('{DURATION_MAX}')", f"must be at most {DURATION_MAX}"),
-    ),
-}
-
-Quantity = Annotated[
-    str, BeforeValidator(_quantity), AfterValidator(_positive_quantity), WithJsonSchema(_POSITIVE_QUANTITY_SCHEMA)
-]
-"""A Kubernetes quantity that must be greater than zero."""
-
-NonNegativeQuantity = Annotated[
-    str,
-    BeforeValidator(_quantity),
-    AfterValidator(_non_negative_quantity),
-    WithJsonSchema(_NON_NEGATIVE_QUANTITY_SCHEMA),
-]
-Duration = Annotated[
-    str, BeforeValidator(_duration), AfterValidator(_positive_duration), WithJsonSchema(_DURATION_SCHEMA)
-]
-"""A Go duration such as ``30s``, ``2m`` or ``1500ms``, longer than zero."""
-
-Name = Annotated[str, Field(min_length=1, max_length=253, pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")]
-DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")]
-
-
-class Model(BaseModel):
-    """Base for every spec model: camelCase on the wire, unknown fields refused."""
-
-    model_config = ConfigDict(
-        alias_generator=to_camel,
-        populate_by_name=True,
-        extra="forbid",
-        frozen=True,
-        use_enum_values=False,
-    )
 
 
 # --- spec --------------------------------------------------------------------
@@ -258,31 +110,6 @@ class ConfigMapRef(Model):
     key: str = Field(default="config.json", min_length=1, max_length=253, description="Key holding config.json.")
 
 
-class EnvVar(Model):
-    """An extra environment variable for the engine container (plain value only)."""
-
-    name: str = Field(
-        min_length=1,
-        max_length=253,
-        pattern=r"^[-._a-zA-Z][-._a-zA-Z0-9]*$",
-        description="Variable name; none that changes what code the engine loads (LD_*, PYTHONPATH, ...).",
-        json_schema_extra=cel_rules(
-            (
-                f"!self.startsWith('LD_') && !(self in {_cel_list(LOADER_ENV)})",
-                "may not change what code the engine loads (LD_*, " + ", ".join(sorted(LOADER_ENV)) + ")",
-            )
-        ),
-    )
-    value: str = Field(default="", max_length=32768, description="Variable value.")
-
-    @field_validator("name")
-    @classmethod
-    def _not_a_loader_variable(cls, name: str) -> str:
-        if name.startswith(LOADER_ENV_PREFIXES) or name in LOADER_ENV:
-            raise ValueError(f"{name} changes what code the engine loads; a policy may not set it")
-        return name
-
-
 _MANAGED_SPELLING = re.compile(cel_managed_pattern())
 _MANAGED_MESSAGE = (
     "may not set a flag the operator manages (its model, port, parallelism, memory and offload flags, however "
@@ -337,18 +164,6 @@ class ModelSpec(Model):
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description="More environment variables.")
 
 
-class Toleration(Model):
-    """A Kubernetes toleration."""
-
-    key: str | None = Field(default=None, max_length=316, description="Taint key.")
-    operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
-    value: str | None = Field(default=None, max_length=63, description="Taint value.")
-    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(default=None, description="Effect.")
-    toleration_seconds: int | None = Field(
-        default=None, ge=0, le=2**31 - 1, description="For NoExecute: how long to stay."
-    )
-
-
 class GPUSpec(Model):
     """Which GPUs each replica gets."""
 
@@ -374,21 +189,6 @@ class ResourceSpec(Model):
     base_memory: Quantity = Field(description="Engine process memory without offload.")
     headroom: NonNegativeQuantity = Field(default="4Gi", description="OS, page cache and co-located processes.")
     cpu: Quantity = Field(default="8", description="CPU request and limit.")
-
-
-class EmptyDirSource(Model):
-    medium: Literal["", "Memory"] = Field(default="", description="Storage medium.")
-    size_limit: NonNegativeQuantity | None = Field(default=None, description="Size limit.")
-
-
-class PVCSource(Model):
-    claim_name: DnsLabel = Field(description="PersistentVolumeClaim name.")
-    read_only: bool = Field(default=False, description="Mount read-only.")
-
-
-class HostPathSource(Model):
-    path: str = Field(min_length=1, max_length=4096, pattern=r"^/", description="Absolute path on the node.")
-    type: Literal["", "Directory", "DirectoryOrCreate"] = Field(default="DirectoryOrCreate", description="Type.")
 
 
 class TierVolume(Model):
@@ -455,7 +255,7 @@ class OffloadSpec(Model):
         json_schema_extra=cel_rules(
             ("self.all(t, self.exists_one(u, u.name == t.name))", "secondaryTiers names must be unique"),
             (
-                f"self.all(t, !(t.name in {_cel_list(RESERVED_LEVEL_NAMES)}))",
+                f"self.all(t, !(t.name in {cel_list(RESERVED_LEVEL_NAMES)}))",
                 f"secondaryTiers may not be named {', '.join(sorted(RESERVED_LEVEL_NAMES))}: those name ladder levels",
             ),
         ),
@@ -610,6 +410,11 @@ class PrometheusSpec(Model):
         pattern=r'^[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"(\s*,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*")*$',
         description='Label matchers added to every query, e.g. cluster="prod".',
     )
+    monitor_labels: dict[str, str] = Field(
+        default_factory=dict,
+        max_length=32,
+        description="More labels for the rendered PodMonitor, e.g. the release label your Prometheus selects on.",
+    )
 
 
 class KVOffloadPolicySpec(Model):
@@ -655,6 +460,11 @@ class KVOffloadPolicySpec(Model):
     rollout: RolloutSpec = Field(default_factory=RolloutSpec, description="The staged rollout.")
     analysis: AnalysisSpec = Field(default_factory=AnalysisSpec, description="The analysis rules.")
     prometheus: PrometheusSpec = Field(default_factory=PrometheusSpec, description="The metrics source.")
+    pod_template: PodTemplate | None = Field(
+        default=None,
+        description="What to add to the engine pods (Secrets as variables, volumes, scheduling, labels), merged "
+        "under what the operator manages.",
+    )
 
     @model_validator(mode="after")
     def _cross_field(self) -> KVOffloadPolicySpec:

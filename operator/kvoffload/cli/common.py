@@ -46,6 +46,9 @@ def judged_as_the_cluster(func: F) -> F:
         allowed_images: tuple[str, ...],
         prometheus_allowed_urls: tuple[str, ...],
         prometheus_allow_private: bool,
+        allowed_service_accounts: tuple[str, ...],
+        allowed_priority_classes: tuple[str, ...],
+        allowed_runtime_classes: tuple[str, ...],
         **kwargs: Any,
     ) -> Any:
         tenancy = Tenancy(
@@ -53,6 +56,9 @@ def judged_as_the_cluster(func: F) -> F:
             image_patterns=allowed_images,
             prometheus_url_prefixes=prometheus_allowed_urls,
             private_prometheus=prometheus_allow_private,
+            service_accounts=allowed_service_accounts,
+            priority_classes=allowed_priority_classes,
+            runtime_classes=allowed_runtime_classes,
         )
         if problems := tenancy.problems():
             for problem in problems:
@@ -95,6 +101,53 @@ TENANCY_OPTIONS = (
         help="Let a policy name a Prometheus at a loopback, link-local or cloud metadata address: for a lab "
         "on one machine, never for a shared cluster.",
     ),
+    click.option(
+        "--allowed-service-account",
+        "allowed_service_accounts",
+        multiple=True,
+        metavar="NAME",
+        help="A ServiceAccount engine pods may run as (spec.podTemplate.serviceAccountName; repeat for more). "
+        "None given: only the namespace's default.",
+    ),
+    click.option(
+        "--allowed-priority-class",
+        "allowed_priority_classes",
+        multiple=True,
+        metavar="NAME",
+        help="A PriorityClass a policy may name (repeat for more). None given: none.",
+    ),
+    click.option(
+        "--allowed-runtime-class",
+        "allowed_runtime_classes",
+        multiple=True,
+        metavar="NAME",
+        help="A RuntimeClass a policy may name (repeat for more). None given: none.",
+    ),
+)
+
+
+def _monitor_labels(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
+    from kvoffload.policy.render import check_label
+
+    labels: dict[str, str] = {}
+    for item in values:
+        key, sep, value = item.partition("=")
+        problems = check_label("--monitor-label", key, value) if sep else []
+        if not sep or problems:
+            reason = problems[0].message if problems else "give KEY=VALUE"
+            raise click.BadParameter(f"{item!r}: {reason}", ctx, param)
+        labels[key] = value
+    return labels
+
+
+MONITOR_LABELS = click.option(
+    "--monitor-label",
+    "monitor_labels",
+    multiple=True,
+    metavar="KEY=VALUE",
+    callback=_monitor_labels,
+    help="A label for every rendered PodMonitor (repeat for more), e.g. release=kube-prometheus-stack: the "
+    "label your Prometheus' podMonitorSelector requires. A policy adds its own in spec.prometheus.monitorLabels.",
 )
 
 POLICY_FILE = click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))

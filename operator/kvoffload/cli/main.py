@@ -16,6 +16,7 @@ from kvoffload.cli.common import (
     EXIT_BAD_INPUT,
     EXIT_FAIL,
     EXIT_INCONCLUSIVE,
+    MONITOR_LABELS,
     OUTPUT,
     POLICY_FILE,
     judged_as_the_cluster,
@@ -162,9 +163,12 @@ def calibrate(args: tuple[str, ...]) -> None:
     help="Ladder level, by index (0 = GPU-only) or name (gpu-only, cpu-pilot, cpu, nvme...). Default: the top level.",
 )
 @click.option("--stage", default=None, hidden=True, help="Old name of --level NAME.")
+@MONITOR_LABELS
 @judged_as_the_cluster
 @reports_bad_input
-def render(file: Path, level: str | None, stage: str | None, tenancy: Tenancy) -> None:
+def render(
+    file: Path, level: str | None, stage: str | None, monitor_labels: dict[str, str], tenancy: Tenancy
+) -> None:
     """Print the manifests (Deployment, Service, PodMonitor) of one ladder level, for GitOps.
 
     A policy with spec.model.configMap reads the model's KV shape from a ConfigMap of that name in the
@@ -188,7 +192,7 @@ def render(file: Path, level: str | None, stage: str | None, tenancy: Tenancy) -
     except KeyError as exc:
         click.echo(f"{file}: {exc.args[0]}", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    text = dump_yaml(render_level(policy, chosen))  # whole text first: nothing printed on error
+    text = dump_yaml(render_level(policy, chosen, monitor_labels))  # whole text first: nothing printed on error
     click.echo(text, nl=False)
 
 
@@ -552,6 +556,7 @@ def status(name: str, namespace: str | None, kubeconfig: Path | None, output: st
     help="The webhook's TLS certificate (PEM); re-read when it changes.",
 )
 @click.option("--webhook-key", type=click.Path(dir_okay=False), default=None, help="Its private key (PEM).")
+@MONITOR_LABELS
 @click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level (kopf's and the operator's).")
 @judged_as_the_cluster
 def run(
@@ -572,6 +577,7 @@ def run(
     webhook_address: str,
     webhook_cert: str | None,
     webhook_key: str | None,
+    monitor_labels: dict[str, str],
     verbose: bool,
     tenancy: Tenancy,
 ) -> None:
@@ -621,7 +627,9 @@ def run(
         quiet_library_logs()
     import kubernetes.config
 
-    settings = ControllerSettings(prometheus_url=prometheus_url, prometheus_token=token, tenancy=tenancy)
+    settings = ControllerSettings(
+        prometheus_url=prometheus_url, prometheus_token=token, tenancy=tenancy, monitor_labels=monitor_labels
+    )
     if problems := settings.judged_tenancy.problems():
         for problem in problems:
             click.echo(f"kvoffload run: {problem}", err=True)

@@ -161,6 +161,9 @@ class ControllerSettings:
     no ``spec.prometheus.bearerTokenSecret``."""
     forbidden_retry_seconds: float = 300.0
     """A token Secret the API server refused to let the operator read is asked for again only this often."""
+    monitor_labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels every rendered PodMonitor carries (``--monitor-label``): what the cluster's Prometheus selects
+    PodMonitors on, e.g. kube-prometheus-stack's ``release``."""
     tenancy: Tenancy = DEFAULT_TENANCY
     """What the cluster admin lets a policy ask for (``policy/tenancy.py``); its ``prometheus_url`` and
     ``operator_token`` are taken from the two fields above (see :attr:`judged_tenancy`)."""
@@ -209,9 +212,9 @@ class _Judged:
     level_hashes: dict[int, str]
 
 
-_CHILDREN: tuple[tuple[str, Callable[[KVOffloadPolicy], dict[str, Any]]], ...] = (
-    ("Service", render_service),
-    ("PodMonitor", render_pod_monitor),
+_CHILDREN: tuple[tuple[str, Callable[[KVOffloadPolicy, ControllerSettings], dict[str, Any]]], ...] = (
+    ("Service", lambda policy, _: render_service(policy)),
+    ("PodMonitor", lambda policy, settings: render_pod_monitor(policy, settings.monitor_labels)),
 )
 """The policy's children besides its Deployments, by kind: one per policy, resynced by ``_apply_shared``."""
 
@@ -531,7 +534,7 @@ class Controller:
                 await self._tell_unserved(ctx.ref, kind)
                 self._children[child] = (key, now)
                 continue
-            manifest = with_digest(render_child(policy))
+            manifest = with_digest(render_child(policy, self.settings))
             try:
                 await self._apply(ctx, manifest)
             except ReconcileError as exc:

@@ -18,8 +18,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from kvoffload.api.podspec import Toleration
 from kvoffload.api.quantity import GIB, MIB
-from kvoffload.api.types import Architecture, Toleration
+from kvoffload.api.types import Architecture
 
 GB = 10**9
 

@@ -15,7 +15,7 @@ import json
 import math
 import posixpath
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import Context, Decimal, Inexact
 from importlib import resources
@@ -28,6 +28,7 @@ import yaml
 from kvoffload import __version__
 from kvoffload.api.conventions import (
     ANNOTATION_LEVEL_INDEX,
+    ANNOTATION_PREFIX,
     ANNOTATION_TIER_CAPACITY,
     ANNOTATION_TIERS,
     LABEL_CONFIG_HASH,
@@ -38,6 +39,7 @@ from kvoffload.api.conventions import (
     Variant,
 )
 from kvoffload.api.errors import FieldError, PolicyError
+from kvoffload.api.podspec import LabelSelector, NodeSelectorTerm, PodAffinityTerm, PodTemplate, Toleration
 from kvoffload.api.quantity import GIB, parse_duration, quantity_bytes, to_quantity
 from kvoffload.api.types import (
     Backend,
@@ -238,9 +240,14 @@ def lmcache_env(spec: KVOffloadPolicySpec, level: Level) -> list[dict[str, str]]
     return env
 
 
-def engine_env(spec: KVOffloadPolicySpec, level: Level) -> list[dict[str, str]]:
-    """The engine's environment: the backend's variables, then spec.model.env."""
-    return [*lmcache_env(spec, level), *({"name": e.name, "value": e.value} for e in spec.model.env)]
+def engine_env(spec: KVOffloadPolicySpec, level: Level) -> list[dict[str, Any]]:
+    """The engine's environment: the backend's variables, then spec.model.env, then spec.podTemplate.env."""
+    overlay = spec.pod_template.env if spec.pod_template is not None else []
+    return [
+        *lmcache_env(spec, level),
+        *({"name": e.name, "value": e.value} for e in spec.model.env),
+        *(_dump(e) for e in overlay),
+    ]
 
 
 # --- checks only rendering can make ----------------------------------------------------
@@ -250,22 +257,25 @@ def _under(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def _mount_path_problem(path: str) -> str | None:
+    """Why nothing may be mounted at ``path`` in the engine container; None when it may."""
+    if posixpath.normpath(path) != path:
+        return f"{path!r} must be a normalized absolute path (no '..', '//' or trailing /)"
+    if _under(SHM_PATH, path) or _under(path, SHM_PATH):
+        return f"{path!r} collides with {SHM_PATH}, where vLLM keeps the CPU pool"
+    if any(_under(path, d) for d in _NO_MOUNTS_UNDER) or any(_under(d, path) for d in _SYSTEM_DIRS):
+        return f"{path!r} would hide a system directory of the image"
+    return None
+
+
 def _check_tier_paths(tiers: Iterable[SecondaryTier]) -> list[FieldError]:
     errors: list[FieldError] = []
     seen: list[str] = []
     for i, tier in enumerate(tiers):
         where = f"spec.offload.secondaryTiers[{i}].path"
         path = tier.path
-        if posixpath.normpath(path) != path:
-            errors.append(
-                FieldError(where, f"{path!r} must be a normalized absolute path (no '..', '//' or trailing /)")
-            )
-            continue
-        if _under(SHM_PATH, path) or _under(path, SHM_PATH):
-            errors.append(FieldError(where, f"{path!r} collides with {SHM_PATH}, where vLLM keeps the CPU pool"))
-            continue
-        if any(_under(path, d) for d in _NO_MOUNTS_UNDER) or any(_under(d, path) for d in _SYSTEM_DIRS):
-            errors.append(FieldError(where, f"{path!r} would hide a system directory of the image"))
+        if problem := _mount_path_problem(path):
+            errors.append(FieldError(where, problem))
             continue
         for other in seen:
             if _under(path, other) or _under(other, path):
@@ -290,16 +300,21 @@ def _check_scheduling(spec: KVOffloadPolicySpec) -> list[FieldError]:
             errors.append(
                 FieldError(where, "the value must be a label value (alphanumerics, '-', '_', '.'; 63 at most)")
             )
-    for i, toleration in enumerate(spec.gpu.tolerations):
-        where = f"spec.gpu.tolerations[{i}]"
+    return errors + _check_tolerations(spec.gpu.tolerations, "spec.gpu.tolerations")
+
+
+def _check_tolerations(tolerations: Iterable[Toleration], where: str) -> list[FieldError]:
+    errors: list[FieldError] = []
+    for i, toleration in enumerate(tolerations):
+        at = f"{where}[{i}]"
         if toleration.key and not _label_key_ok(toleration.key):
-            errors.append(FieldError(f"{where}.key", "must be a label name, optionally prefixed"))
+            errors.append(FieldError(f"{at}.key", "must be a label name, optionally prefixed"))
         if toleration.operator == "Exists" and toleration.value:
-            errors.append(FieldError(f"{where}.value", "must be empty when operator is Exists"))
+            errors.append(FieldError(f"{at}.value", "must be empty when operator is Exists"))
         if not toleration.key and toleration.operator != "Exists":
-            errors.append(FieldError(f"{where}.operator", "must be Exists when key is empty"))
+            errors.append(FieldError(f"{at}.operator", "must be Exists when key is empty"))
         if toleration.value and not _LABEL_NAME.match(toleration.value):
-            errors.append(FieldError(f"{where}.value", "must be a label value"))
+            errors.append(FieldError(f"{at}.value", "must be a label value"))
     return errors
 
 
@@ -348,15 +363,212 @@ def check_renderable(policy: KVOffloadPolicy) -> list[FieldError]:
     managed = {"LMCACHE_LOCAL_CPU", "LMCACHE_MAX_LOCAL_CPU_SIZE", "LMCACHE_CHUNK_SIZE"}
     managed |= {"LMCACHE_LOCAL_DISK", "LMCACHE_MAX_LOCAL_DISK_SIZE"}
     names: set[str] = set()
-    for i, env in enumerate(spec.model.env):
-        if env.name in names:
-            errors.append(FieldError(f"spec.model.env[{i}].name", f"{env.name} is set twice"))
-        names.add(env.name)
-        if offload.backend == Backend.LMCACHE and env.name in managed:
-            errors.append(
-                FieldError(f"spec.model.env[{i}].name", f"{env.name} is managed by the operator from spec.offload")
-            )
+    overlay_env = spec.pod_template.env if spec.pod_template is not None else []
+    for where, env_name in (
+        *((f"spec.model.env[{i}].name", e.name) for i, e in enumerate(spec.model.env)),
+        *((f"spec.podTemplate.env[{i}].name", e.name) for i, e in enumerate(overlay_env)),
+    ):
+        if env_name in names:
+            errors.append(FieldError(where, f"{env_name} is set twice"))
+        names.add(env_name)
+        if offload.backend == Backend.LMCACHE and env_name in managed:
+            errors.append(FieldError(where, f"{env_name} is managed by the operator from spec.offload"))
+    for key in spec.prometheus.monitor_labels:
+        errors += check_label(f"spec.prometheus.monitorLabels[{key!r}]", key, spec.prometheus.monitor_labels[key])
+    if spec.pod_template is not None:
+        errors += _check_pod_template(spec.pod_template, spec)
     return errors
+
+
+# --- the pod template overlay --------------------------------------------------------------
+
+# Pod labels the operator selects on or sets; annotations that would undo the hardening.
+_MANAGED_LABELS = frozenset(
+    {
+        "app.kubernetes.io/name",
+        "app.kubernetes.io/instance",
+        "app.kubernetes.io/component",
+        "app.kubernetes.io/managed-by",
+    }
+)
+_MANAGED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/default-container"})
+_HARDENING_ANNOTATION_PREFIXES = (
+    "container.apparmor.security.beta.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+)
+_VALUES_NEEDED = {"In": True, "NotIn": True, "Exists": False, "DoesNotExist": False}
+
+
+def check_label(where: str, key: str, value: str | None = None) -> list[FieldError]:
+    errors: list[FieldError] = []
+    if not _label_key_ok(key):
+        errors.append(FieldError(where, "the key must be a label name, optionally prefixed (example.com/name)"))
+    if value and not _LABEL_NAME.match(value):
+        errors.append(FieldError(where, "the value must be a label value (alphanumerics, '-', '_', '.'; 63 at most)"))
+    return errors
+
+
+def _check_selector(where: str, selector: LabelSelector | None) -> list[FieldError]:
+    if selector is None:
+        return []
+    errors: list[FieldError] = []
+    for key, value in selector.match_labels.items():
+        errors += check_label(f"{where}.matchLabels[{key!r}]", key, value)
+    for i, req in enumerate(selector.match_expressions):
+        at = f"{where}.matchExpressions[{i}]"
+        errors += check_label(f"{at}.key", req.key)
+        if bool(req.values) != _VALUES_NEEDED[req.operator]:
+            errors.append(
+                FieldError(
+                    f"{at}.values", f"{req.operator} {'needs' if _VALUES_NEEDED[req.operator] else 'takes no'} values"
+                )
+            )
+        errors += [
+            FieldError(f"{at}.values[{j}]", "must be a label value")
+            for j, v in enumerate(req.values)
+            if v and not _LABEL_NAME.match(v)
+        ]
+    return errors
+
+
+def _check_node_term(where: str, term: NodeSelectorTerm) -> list[FieldError]:
+    errors: list[FieldError] = []
+    for field, requirements in (("matchExpressions", term.match_expressions), ("matchFields", term.match_fields)):
+        for i, req in enumerate(requirements):
+            at = f"{where}.{field}[{i}]"
+            if field == "matchFields" and req.key != "metadata.name":
+                errors.append(FieldError(f"{at}.key", "matchFields supports metadata.name only"))
+            elif field == "matchExpressions":
+                errors += check_label(f"{at}.key", req.key)
+            if req.operator in ("Gt", "Lt"):
+                if len(req.values) != 1 or not req.values[0].lstrip("-").isdigit():
+                    errors.append(FieldError(f"{at}.values", f"{req.operator} needs exactly one integer value"))
+            elif bool(req.values) != _VALUES_NEEDED[req.operator]:
+                errors.append(
+                    FieldError(
+                        f"{at}.values",
+                        f"{req.operator} {'needs' if _VALUES_NEEDED[req.operator] else 'takes no'} values",
+                    )
+                )
+    return errors
+
+
+def _operator_volume_names(spec: KVOffloadPolicySpec) -> set[str]:
+    return {"dshm", *(_volume_name(t, i) for i, t in enumerate(spec.offload.secondary_tiers))}
+
+
+def _check_pod_template(overlay: PodTemplate, spec: KVOffloadPolicySpec) -> list[FieldError]:
+    """What the API server would refuse in the overlay, and what would override what the operator manages."""
+    where = "spec.podTemplate"
+    errors: list[FieldError] = []
+    for key, value in overlay.metadata.labels.items():
+        at = f"{where}.metadata.labels[{key!r}]"
+        errors += check_label(at, key, value)
+        if key in _MANAGED_LABELS or key.startswith(ANNOTATION_PREFIX):
+            errors.append(FieldError(at, f"{key} is set by the operator, which selects its pods on it"))
+    for key in overlay.metadata.annotations:
+        at = f"{where}.metadata.annotations[{key!r}]"
+        errors += check_label(at, key)
+        if key in _MANAGED_ANNOTATIONS or key.startswith(ANNOTATION_PREFIX):
+            errors.append(FieldError(at, f"{key} is set by the operator"))
+        elif key.startswith(_HARDENING_ANNOTATION_PREFIXES):
+            errors.append(FieldError(at, "would change the pod's security profile, which the operator sets"))
+    reserved = _operator_volume_names(spec)
+    declared: set[str] = set()
+    for i, volume in enumerate(overlay.volumes):
+        at = f"{where}.volumes[{i}]"
+        if volume.name in reserved:
+            errors.append(FieldError(f"{at}.name", f"{volume.name} names a volume of the operator (/dev/shm, a tier)"))
+        elif volume.name in declared:
+            errors.append(FieldError(f"{at}.name", f"{volume.name} is declared twice"))
+        declared.add(volume.name)
+        if volume.empty_dir is not None and volume.empty_dir.medium == "Memory":
+            errors.append(
+                FieldError(
+                    f"{at}.emptyDir.medium",
+                    "a memory-backed volume counts against the memory limit the sizing computed for the pinned "
+                    "pool; use a disk emptyDir, or raise spec.resources.headroom and ask for it there",
+                )
+            )
+    taken = [(SHM_PATH, "/dev/shm"), *((t.path, f"the {t.name} tier") for t in spec.offload.secondary_tiers)]
+    for i, mount in enumerate(overlay.volume_mounts):
+        at = f"{where}.volumeMounts[{i}]"
+        if mount.name not in declared:
+            errors.append(FieldError(f"{at}.name", f"{mount.name} is not one of spec.podTemplate.volumes"))
+        if problem := _mount_path_problem(mount.mount_path):
+            errors.append(FieldError(f"{at}.mountPath", problem))
+            continue
+        for path, what in taken:
+            if mount.mount_path == path or (_under(mount.mount_path, path) and what != "/dev/shm"):
+                errors.append(FieldError(f"{at}.mountPath", f"{mount.mount_path!r} is where {what} is mounted"))
+                break
+            if _under(path, mount.mount_path):
+                errors.append(FieldError(f"{at}.mountPath", f"{mount.mount_path!r} would hide {what} at {path!r}"))
+                break
+        taken.append((mount.mount_path, f"volumeMounts[{i}]"))
+    errors += _check_tolerations(overlay.tolerations, f"{where}.tolerations")
+    affinity = overlay.affinity
+    if affinity is not None and affinity.node_affinity is not None:
+        node = affinity.node_affinity
+        at = f"{where}.affinity.nodeAffinity"
+        if node.required_during_scheduling_ignored_during_execution is not None:
+            for i, term in enumerate(node.required_during_scheduling_ignored_during_execution.node_selector_terms):
+                errors += _check_node_term(
+                    f"{at}.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[{i}]", term
+                )
+        for i, preferred in enumerate(node.preferred_during_scheduling_ignored_during_execution):
+            errors += _check_node_term(
+                f"{at}.preferredDuringSchedulingIgnoredDuringExecution[{i}].preference", preferred.preference
+            )
+    for kind, pod in (
+        ("podAffinity", affinity and affinity.pod_affinity),
+        ("podAntiAffinity", affinity and affinity.pod_anti_affinity),
+    ):
+        if not pod:
+            continue
+        at = f"{where}.affinity.{kind}"
+        terms: list[tuple[str, PodAffinityTerm]] = [
+            (f"{at}.requiredDuringSchedulingIgnoredDuringExecution[{i}]", t)
+            for i, t in enumerate(pod.required_during_scheduling_ignored_during_execution)
+        ]
+        terms += [
+            (f"{at}.preferredDuringSchedulingIgnoredDuringExecution[{i}].podAffinityTerm", w.pod_affinity_term)
+            for i, w in enumerate(pod.preferred_during_scheduling_ignored_during_execution)
+        ]
+        for term_at, pod_term in terms:
+            errors += check_label(f"{term_at}.topologyKey", pod_term.topology_key)
+            errors += _check_selector(f"{term_at}.labelSelector", pod_term.label_selector)
+            errors += _check_selector(f"{term_at}.namespaceSelector", pod_term.namespace_selector)
+    for i, spread in enumerate(overlay.topology_spread_constraints):
+        at = f"{where}.topologySpreadConstraints[{i}]"
+        errors += check_label(f"{at}.topologyKey", spread.topology_key)
+        errors += _check_selector(f"{at}.labelSelector", spread.label_selector)
+        if spread.min_domains is not None and spread.when_unsatisfiable != "DoNotSchedule":
+            errors.append(FieldError(f"{at}.minDomains", "applies only when whenUnsatisfiable is DoNotSchedule"))
+    return errors
+
+
+def _dump(model: Any) -> dict[str, Any]:
+    """A spec model as the API server would hold it: camelCase, unset and default fields left out."""
+    return model.model_dump(by_alias=True, exclude_none=True, exclude_defaults=True)  # type: ignore[no-any-return]
+
+
+def _overlay_pod(overlay: PodTemplate | None) -> dict[str, Any]:
+    """What the overlay adds to the pod beside the container: its labels and annotations, and the pod spec
+    fields it sets. Empty without an overlay."""
+    if overlay is None:
+        return {}
+    fields: dict[str, Any] = {
+        "labels": overlay.metadata.labels,
+        "annotations": overlay.metadata.annotations,
+        "imagePullSecrets": [_dump(r) for r in overlay.image_pull_secrets],
+        "serviceAccountName": overlay.service_account_name,
+        "priorityClassName": overlay.priority_class_name,
+        "runtimeClassName": overlay.runtime_class_name,
+        "affinity": _dump(overlay.affinity) if overlay.affinity is not None else None,
+        "topologySpreadConstraints": [_dump(t) for t in overlay.topology_spread_constraints],
+    }
+    return {k: v for k, v in fields.items() if v}
 
 
 # --- Kubernetes objects -------------------------------------------------------------------
@@ -411,6 +623,9 @@ def _volumes(spec: KVOffloadPolicySpec, level: Level) -> tuple[list[dict[str, An
         name = _volume_name(tier, i)
         volumes.append({"name": name, **_tier_volume(tier)})
         mounts.append({"name": name, "mountPath": tier.path})
+    if spec.pod_template is not None:
+        volumes += (_dump(v) for v in spec.pod_template.volumes)
+        mounts += (_dump(m) for m in spec.pod_template.volume_mounts)
     return volumes, mounts
 
 
@@ -428,7 +643,8 @@ def _resources(spec: KVOffloadPolicySpec, level: Level, gpu: GPUClass) -> dict[s
 
 def _tolerations(spec: KVOffloadPolicySpec, gpu: GPUClass) -> list[dict[str, Any]]:
     merged: list[dict[str, Any]] = []
-    for toleration in (*gpu.tolerations, *spec.gpu.tolerations):
+    extra = spec.pod_template.tolerations if spec.pod_template is not None else []
+    for toleration in (*gpu.tolerations, *spec.gpu.tolerations, *extra):
         item = toleration.model_dump(by_alias=True, exclude_none=True)
         if item not in merged:
             merged.append(item)
@@ -442,22 +658,31 @@ class _Engine:
     image: str
     command: list[str]
     args: list[str]
-    env: list[dict[str, str]]
+    env: list[dict[str, Any]]
     resources: dict[str, Any]
     volume_mounts: list[dict[str, Any]]
     volumes: list[dict[str, Any]]
     gpu: GPUClass
+    env_from: list[dict[str, Any]]
+    pod: dict[str, Any]
+    """What spec.podTemplate adds to the pod: its metadata, scheduling and identity."""
 
     @property
     def hash(self) -> str:
         # Not dataclasses.asdict: it would deep-copy the GPU class too, only to drop it (the gpu shows in resources).
-        hashed = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "gpu"}
+        # What a policy without spec.podTemplate leaves empty is left out, so its hash is the one it always had.
+        hashed = {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if f.name != "gpu" and (f.name not in ("env_from", "pod") or getattr(self, f.name))
+        }
         canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
 def _engine(policy: KVOffloadPolicy, level: Level) -> _Engine:
     spec = policy.spec
+    overlay = spec.pod_template
     gpu = _gpu_class(spec)
     volumes, mounts = _volumes(spec, level)
     return _Engine(
@@ -469,6 +694,8 @@ def _engine(policy: KVOffloadPolicy, level: Level) -> _Engine:
         volume_mounts=mounts,
         volumes=volumes,
         gpu=gpu,
+        env_from=[_dump(e) for e in overlay.env_from] if overlay is not None else [],
+        pod=_overlay_pod(overlay),
     )
 
 
@@ -599,13 +826,23 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> d
     spec = policy.spec
     engine = _engine(policy, level)
     gpu = engine.gpu
+    tiers = ",".join(level.tiers) or "none"
     selector = {LABEL_POLICY: policy.metadata.name, LABEL_LEVEL: level.name}
     labels = {
         **_common_labels(policy),
         LABEL_LEVEL: level.name,
         LABEL_CONFIG_HASH: engine.hash,
     }
-    tiers = ",".join(level.tiers) or "none"
+    pod = dict(engine.pod)
+    # The overlay's labels and annotations go under the operator's, which win (check_renderable refuses clashes).
+    pod_labels = {**pod.pop("labels", {}), **labels}
+    pod_annotations = {
+        **pod.pop("annotations", {}),
+        "kubectl.kubernetes.io/default-container": CONTAINER,
+        ANNOTATION_TIERS: tiers,
+        # What each tier holds, for KV-aware routers that size their per-pod prefix index.
+        ANNOTATION_TIER_CAPACITY: tier_capacity_annotation(policy, level),
+    }
     surge = spec.rollout.max_surge
     return _from_template(
         "deployment.yaml.j2",
@@ -620,12 +857,9 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> d
         max_unavailable=0 if surge else 1,
         progress_deadline_seconds=math.ceil(progress_deadline_seconds(spec, level)),
         selector=selector,
-        pod_annotations={
-            "kubectl.kubernetes.io/default-container": CONTAINER,
-            ANNOTATION_TIERS: tiers,
-            # What each tier holds, for KV-aware routers that size their per-pod prefix index.
-            ANNOTATION_TIER_CAPACITY: tier_capacity_annotation(policy, level),
-        },
+        pod_labels=pod_labels,
+        pod_annotations=pod_annotations,
+        pod_fields=pod,
         termination_grace_seconds=TERMINATION_GRACE_SECONDS,
         pod_security=POD_SECURITY,
         container_security=CONTAINER_SECURITY,
@@ -635,6 +869,7 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> d
         command=engine.command,
         args=engine.args,
         env=engine.env,
+        env_from=engine.env_from,
         port=PORT,
         resources=engine.resources,
         volume_mounts=engine.volume_mounts,
@@ -660,14 +895,18 @@ def render_service(policy: KVOffloadPolicy) -> dict[str, Any]:
     )
 
 
-def render_pod_monitor(policy: KVOffloadPolicy) -> dict[str, Any]:
-    """The PodMonitor that scrapes every engine of the policy every ``analysis.interval``."""
+def render_pod_monitor(policy: KVOffloadPolicy, monitor_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The PodMonitor that scrapes every engine of the policy every ``analysis.interval``.
+
+    It carries ``monitor_labels`` (the operator's ``--monitor-label``, e.g. the ``release`` label a
+    kube-prometheus-stack selects PodMonitors on), then spec.prometheus.monitorLabels, then the operator's own
+    labels, each winning over the one before."""
     _require_renderable(policy)
     return _from_template(
         "podmonitor.yaml.j2",
         name=policy.metadata.name,
         namespace=policy.metadata.namespace,
-        labels=_common_labels(policy),
+        labels={**(monitor_labels or {}), **policy.spec.prometheus.monitor_labels, **_common_labels(policy)},
         selector={LABEL_POLICY: policy.metadata.name},
         pod_target_labels=list(SERIES_POD_LABELS),
         interval=_prometheus_duration(parse_duration(policy.spec.analysis.interval)),
@@ -675,7 +914,11 @@ def render_pod_monitor(policy: KVOffloadPolicy) -> dict[str, Any]:
 
 
 def render(
-    policy: KVOffloadPolicy, level: Level, role: Variant = "stable", replicas: int | None = None
+    policy: KVOffloadPolicy,
+    level: Level,
+    role: Variant = "stable",
+    replicas: int | None = None,
+    monitor_labels: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """The manifests of one level: its Deployment, then the shared Service and PodMonitor.
 
@@ -690,13 +933,15 @@ def render(
     return [
         render_deployment(policy, level, replicas),
         render_service(policy),
-        render_pod_monitor(policy),
+        render_pod_monitor(policy, monitor_labels),
     ]
 
 
-def render_level(policy: KVOffloadPolicy, level: Level) -> list[dict[str, Any]]:
+def render_level(
+    policy: KVOffloadPolicy, level: Level, monitor_labels: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
     """GitOps output: every replica on ``level`` as the stable Deployment, plus Service and PodMonitor."""
-    return render(policy, level, "stable", policy.spec.replicas)
+    return render(policy, level, "stable", policy.spec.replicas, monitor_labels)
 
 
 def dump_yaml(documents: Iterable[dict[str, Any]]) -> str:

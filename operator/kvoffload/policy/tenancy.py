@@ -47,6 +47,13 @@ class Tenancy:
     operator_token: bool = False
     """The operator holds a Prometheus token of its own (``--prometheus-token-secret``), which it sends to every
     policy's Prometheus that names no token of its own."""
+    service_accounts: tuple[str, ...] = ()
+    """ServiceAccounts a policy's engine pods may run as (``spec.podTemplate.serviceAccountName``), besides the
+    namespace's default: an account can carry cloud credentials (workload identity) and pull secrets."""
+    priority_classes: tuple[str, ...] = ()
+    """PriorityClasses a policy may name: a high one preempts other teams' pods off scarce GPUs."""
+    runtime_classes: tuple[str, ...] = ()
+    """RuntimeClasses a policy may name: the runtime decides the pod's isolation."""
 
     def problems(self) -> list[str]:
         """What makes these settings unsafe to run with; empty when they are sound."""
@@ -94,6 +101,28 @@ def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -
     )
     if problem:
         errors.append(FieldError("spec.prometheus.url", problem))
+    overlay = spec.pod_template
+    if overlay is not None:
+        for i, volume in enumerate(overlay.volumes):
+            if volume.host_path is not None:
+                problem = host_path_problem(volume.host_path.path, tenancy.host_path_roots)
+                if problem:
+                    errors.append(FieldError(f"spec.podTemplate.volumes[{i}].hostPath.path", problem))
+        for field, name, allowed, value in (
+            ("serviceAccountName", "ServiceAccount", tenancy.service_accounts, overlay.service_account_name),
+            ("priorityClassName", "PriorityClass", tenancy.priority_classes, overlay.priority_class_name),
+            ("runtimeClassName", "RuntimeClass", tenancy.runtime_classes, overlay.runtime_class_name),
+        ):
+            if value is None or value in allowed or (field == "serviceAccountName" and value == "default"):
+                continue
+            listed = f"({', '.join(allowed)})" if allowed else "(none is)"
+            errors.append(
+                FieldError(
+                    f"spec.podTemplate.{field}",
+                    f"{value} is not a {name} this cluster lets policies name {listed}; a cluster admin allows "
+                    "them with the chart's tenancy values",
+                )
+            )
     return errors
 
 
@@ -124,10 +153,10 @@ def image_allowed(image: str, patterns: tuple[str, ...]) -> bool:
 
 
 def host_path_problem(path: str, roots: tuple[str, ...]) -> str | None:
-    """Why a hostPath tier at ``path`` may not be mounted; None when it lies under an allowed root."""
+    """Why a hostPath volume at ``path`` may not be mounted; None when it lies under an allowed root."""
     if not roots:
         return (
-            "hostPath tiers are off in this cluster: a cluster admin allows them under listed node paths "
+            "hostPath volumes are off in this cluster: a cluster admin allows them under listed node paths "
             "(chart value tenancy.hostPathRoots); use an emptyDir or a persistentVolumeClaim"
         )
     if ".." in path.split("/"):
@@ -135,7 +164,7 @@ def host_path_problem(path: str, roots: tuple[str, ...]) -> str | None:
     normal = posixpath.normpath(path)
     if any(normal == r.rstrip("/") or normal.startswith(r.rstrip("/") + "/") for r in roots):
         return None
-    return f"{normal} is not under a node path this cluster allows for hostPath tiers ({', '.join(roots)})"
+    return f"{normal} is not under a node path this cluster allows for hostPath volumes ({', '.join(roots)})"
 
 
 # --- Prometheus --------------------------------------------------------------------------
