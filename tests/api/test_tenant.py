@@ -39,6 +39,7 @@ from kvoffload.controller import admission
 from kvoffload.lab.controlplane import free_port
 from kvoffload.policy.tenancy import Tenancy
 from tests.controller.test_admission_webhook import operator
+from tests.support import paths
 from tests.support.certificates import serving_certificate
 from tests.support.controlplane import Kube, wait_for
 
@@ -46,6 +47,7 @@ pytestmark = pytest.mark.kube
 
 NS = "team-a"
 TENANT = f"system:serviceaccount:{NS}:tenant"
+ROOT = paths.ROOT
 TOKEN_NS, TOKEN_SECRET = "kvoffload", "prom-token"
 INTERVAL = "2s"
 DENIED = f'admission webhook "{admission.WEBHOOK_NAME}" denied the request: '
@@ -329,6 +331,64 @@ CASES = (
     Case("6a-huge-quantity", {"offload__cpu": "1e999999999"}, "spec.offload.cpu", CEL),
     Case("6c-quantity-over-1pi", {"offload__cpu": "1e99"}, "spec.offload.cpu", CEL),
     Case("6b-huge-duration", {"rollout__progressDeadline": "600000h"}, "spec.rollout.progressDeadline", CEL),
+    # spec.podTemplate: what the overlay could reach for, were it not judged.
+    Case(
+        "8a-pod-hostpath",
+        {"podTemplate": {"volumes": [{"name": "root", "hostPath": {"path": "/"}}]}},
+        "spec.podTemplate.volumes[0].hostPath.path",
+        WEBHOOK,
+    ),
+    Case(
+        "8b-service-account",
+        {"podTemplate": {"serviceAccountName": "kvoffload"}},
+        "spec.podTemplate.serviceAccountName",
+        WEBHOOK,
+    ),
+    Case(
+        "8c-priority-class",
+        {"podTemplate": {"priorityClassName": "system-cluster-critical"}},
+        "spec.podTemplate.priorityClassName",
+        WEBHOOK,
+    ),
+    Case(
+        "8d-selector-label",
+        {"podTemplate": {"metadata": {"labels": {"kvoffload.io/policy": "someone-else"}}}},
+        "spec.podTemplate.metadata.labels['kvoffload.io/policy']",
+        WEBHOOK,
+    ),
+    Case(
+        "8e-loader-prefix",
+        {"podTemplate": {"envFrom": [{"prefix": "LD_", "secretRef": {"name": "x"}}]}},
+        "spec.podTemplate.envFrom[0].prefix",
+        CEL,
+    ),
+    Case(
+        "8f-token-volume",
+        {
+            "podTemplate": {
+                "volumes": [{"name": "t", "projected": {"sources": [{"serviceAccountToken": {"path": "t"}}]}}]
+            }
+        },
+        "spec.podTemplate.volumes[0].projected",
+        CEL,
+    ),
+    Case(
+        "8g-privileged",
+        {"podTemplate": {"securityContext": {"privileged": True}}},
+        "spec.podTemplate.securityContext",
+        CEL,
+    ),
+    Case(
+        "8h-shm-mount",
+        {
+            "podTemplate": {
+                "volumes": [{"name": "mine", "emptyDir": {}}],
+                "volumeMounts": [{"name": "mine", "mountPath": "/dev/shm"}],
+            }
+        },
+        "spec.podTemplate.volumeMounts[0].mountPath",
+        WEBHOOK,
+    ),
 )
 
 
@@ -359,6 +419,8 @@ def layer(result: subprocess.CompletedProcess[str]) -> str:
     if f'User "{TENANT}" cannot' in result.stderr:
         return RBAC
     if 'The KVOffloadPolicy "' in result.stderr and '" is invalid: ' in result.stderr:
+        return CEL
+    if "strict decoding error: unknown field" in result.stderr:  # the schema has no such field
         return CEL
     return f"refused otherwise ({result.stderr.strip()})"
 
@@ -460,6 +522,26 @@ def test_a_harmless_policy_is_accepted_and_its_prometheus_gets_the_operators_tok
     assert set(setup.allowed.authorizations()) == {f"Bearer {setup.token}"}
     assert setup.attacker.requests == []
     setup.record("9-harmless", f"{ACCEPTED}, Deployment {made}, token sent to the allowed Prometheus", result.stdout)
+
+
+def test_a_gated_models_pod_template_is_accepted_and_reaches_the_engine_pods(setup: Setup) -> None:
+    """The overlay a real model needs (HF_TOKEN from a Secret, a model cache on a PVC, pod labels) passes the
+    webhook and the operator, and the API server stores the Deployment with them."""
+    overlay = yaml.safe_load((ROOT / "examples" / "llama-3.1-8b-gated-pvc.yaml").read_text())["spec"]["podTemplate"]
+    result = setup.apply(harmless("gated", setup.allowed.url, podTemplate=overlay))
+    assert result.returncode == 0, result.stderr
+    made = wait_for(lambda: deployments_of(setup.kube, "gated"), "the gated policy's Deployment", timeout=60)
+    deployment = setup.kube.get("deployment", "-n", NS, made[0])
+    pod = deployment["spec"]["template"]
+    (engine,) = pod["spec"]["containers"]
+    assert {"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {"name": "hf-token", "key": "token"}}} in engine["env"]
+    assert {"name": "model-cache", "persistentVolumeClaim": {"claimName": "model-cache", "readOnly": True}} in pod[
+        "spec"
+    ]["volumes"]
+    assert {"name": "model-cache", "mountPath": "/models", "readOnly": True} in engine["volumeMounts"]
+    assert pod["metadata"]["labels"]["inference.networking.k8s.io/pool"] == "llama-8b"
+    assert pod["spec"]["automountServiceAccountToken"] is False  # the hardening stays the operator's
+    setup.record("9-gated-model", f"{ACCEPTED}, Deployment {made} with the Secret and the PVC", result.stdout)
 
 
 def test_with_the_webhook_gone_cel_still_refuses_and_the_operator_marks_the_rest_invalid(setup: Setup) -> None:
