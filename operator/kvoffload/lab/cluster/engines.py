@@ -12,7 +12,7 @@ import aiohttp
 
 from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY, SERIES_POD_LABELS
 from kvoffload.lab.cluster.kubeemu import Obj, label_selector
-from kvoffload.lab.cluster.podengine import HOST, PodEngine
+from kvoffload.lab.cluster.podengine import PodEngine
 from kvoffload.lab.promserver import PrometheusServer
 
 log = logging.getLogger("kvoffload.localcluster")
@@ -169,7 +169,7 @@ class Engines(Mapping[str, PodEngine]):
         for name in self.target_labels:
             if name in engine.labels:
                 labels[sanitize_label(name)] = engine.labels[name]
-        self.prometheus.set_target(engine.key, f"{HOST}:{engine.port}", labels)
+        self.prometheus.set_target(engine.key, f"{engine.host}:{engine.port}", labels)
 
     # --- faults and endpoints ------------------------------------------------------------------
 

@@ -36,6 +36,7 @@ _PLURALS: dict[str, str] = {
     "ReplicaSet": "replicasets",
     "Lease": "leases",
     "PodMonitor": "podmonitors",
+    "Prometheus": "prometheuses",
     "KVOffloadPolicy": "kvoffloadpolicies",
     "CustomResourceDefinition": "customresourcedefinitions",
     "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",

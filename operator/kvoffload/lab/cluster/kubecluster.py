@@ -8,10 +8,14 @@ server, with the same surface (``apply``, ``get``, ``delete``, ``endpoints``, ``
 - the control plane (:class:`kvoffload.lab.controlplane.ControlPlane`): its own, started here, or one
   that is shared (a test session's), in which case this cluster keeps to its own namespaces and
   cleans them away on exit;
-- the KVOffloadPolicy CRD and the Prometheus Operator's PodMonitor kind (a minimal CRD: the operator
-  writes a PodMonitor for every policy, and nothing here reads it);
-- :class:`kvoffload.lab.cluster.nodekubelet.NodeKubelet`: the fake Nodes and the kubelet's work;
-- Prometheus, 1 s scrape, with each engine labelled as the PodMonitor would.
+- the KVOffloadPolicy CRD and the Prometheus Operator's own CRDs (``monitoring.coreos.com``, from its
+  pinned release);
+- :class:`kvoffload.lab.cluster.nodekubelet.NodeKubelet`: the fake Nodes and the kubelet's work, each pod
+  on a loopback address of its own;
+- the real Prometheus Operator (:mod:`kvoffload.lab.promoperator`) with a ``Prometheus`` resource that
+  selects PodMonitors labelled ``release: kvoffload-lab``, and Debian's Prometheus running the
+  configuration it generates: the engines are found through the PodMonitors the operator writes, by
+  Kubernetes discovery, as in a cluster.
 
 Everything is reached over HTTPS with the admin's client certificate; the operator
 (:func:`kvoffload.lab.cluster.localcluster.start_operator`) gets the admin kubeconfig.
@@ -36,48 +40,17 @@ from typing import Any
 from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
 from kvoffload.api.crd import crd_manifest
 from kvoffload.api.webhook import WEBHOOK_PATH, validating_webhook_configuration
+from kvoffload.lab import promoperator
 from kvoffload.lab.cluster.controls import EngineControls
 from kvoffload.lab.cluster.engines import DEFAULT_TARGET_LABELS
 from kvoffload.lab.cluster.kubeapi import KubeAPI, KubeAPIError, Obj, object_path, tls_context
 from kvoffload.lab.cluster.nodekubelet import NodeKubelet
 from kvoffload.lab.cluster.podengine import LocalClusterError
 from kvoffload.lab.controlplane import ControlPlane, ensure_binaries
+from kvoffload.lab.promoperator import LAB_RELEASE, RELEASE_LABEL, ConfigSync, PrometheusOperator
 from kvoffload.lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer, free_port
 
 PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"
-
-
-def podmonitor_crd() -> dict[str, Any]:
-    """The PodMonitor kind, served without a schema of its own (the Prometheus Operator's CRD is large, and
-    nothing in the lab reads a PodMonitor: the engines are registered with Prometheus directly)."""
-    return {
-        "apiVersion": "apiextensions.k8s.io/v1",
-        "kind": "CustomResourceDefinition",
-        "metadata": {"name": PODMONITOR_CRD},
-        "spec": {
-            "group": "monitoring.coreos.com",
-            "scope": "Namespaced",
-            "names": {
-                "plural": "podmonitors",
-                "singular": "podmonitor",
-                "kind": "PodMonitor",
-                "listKind": "PodMonitorList",
-            },
-            "versions": [
-                {
-                    "name": "v1",
-                    "served": True,
-                    "storage": True,
-                    "schema": {
-                        "openAPIV3Schema": {
-                            "type": "object",
-                            "properties": {"spec": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}},
-                        }
-                    },
-                }
-            ],
-        },
-    }
 
 
 def _established(crd: Mapping[str, Any] | None) -> bool:
@@ -134,6 +107,8 @@ class KubeCluster(EngineControls):
         self._api: KubeAPI | None = None
         self._prometheus: PrometheusServer | None = None
         self._kubelet: NodeKubelet | None = None
+        self.prometheus_operator: PrometheusOperator | None = None
+        self.config_sync: ConfigSync | None = None
         self.version: dict[str, Any] = {}
         """The API server's /version answer (``gitVersion`` and the rest)."""
 
@@ -204,6 +179,10 @@ class KubeCluster(EngineControls):
         self.workdir.mkdir(parents=True, exist_ok=True)
         if self._own_workdir:
             self._stack.callback(shutil.rmtree, self.workdir, ignore_errors=True)
+        if self.build:
+            await asyncio.to_thread(promoperator.ensure_built, progress=self.progress)
+        if gone := promoperator.missing():
+            raise LocalClusterError(f"the Prometheus Operator is not built ({', '.join(gone)}): run make kube")
         if self._shared_plane is not None:
             self._plane = self._shared_plane
         else:
@@ -246,13 +225,15 @@ class KubeCluster(EngineControls):
             self._stack.callback(server.stop)
             await asyncio.to_thread(server.start, port=self.prometheus_port)
             self._prometheus = server
-            self.progress(f"Prometheus at {server.url}")
+            await self._start_prometheus_operator(server)
+            self.progress(f"Prometheus at {server.url}, running the Prometheus Operator's configuration")
         engines_dir = self.workdir / "engines"
         engines_dir.mkdir(exist_ok=True)
         kubelet = NodeKubelet(
             api,
             engines_dir,
-            self._prometheus,
+            None,  # Prometheus finds the engines through the PodMonitors, by Kubernetes discovery
+            pod_addresses=True,
             namespaces=self.namespaces if self._shared_plane is not None else None,
             engine_args=self.engine_args,
             engine_env=self.engine_env,
@@ -263,18 +244,43 @@ class KubeCluster(EngineControls):
         await kubelet.start()
         self._kubelet = kubelet
 
+    async def _start_prometheus_operator(self, server: PrometheusServer) -> None:
+        """The Prometheus Operator, its ``Prometheus`` resource, and Prometheus kept on its configuration."""
+        operator = PrometheusOperator(
+            self.plane, self.workdir / "prometheus-operator", namespaces=self.operator_namespaces
+        )
+        self._stack.callback(operator.stop)
+        operator.start()
+        self.prometheus_operator = operator
+        version_tag = await asyncio.to_thread(promoperator.prometheus_version)
+        await self.api.apply(
+            promoperator.prometheus_resource(
+                self.namespace,
+                scrape_interval=self.scrape_interval,
+                selector={RELEASE_LABEL: LAB_RELEASE},
+                version_tag=version_tag,
+                all_namespaces=len(self.namespaces) > 1 or self._shared_plane is None,
+            )
+        )
+        sync = ConfigSync(self.api, server, self.namespace)
+        await sync.wait_first(60.0, operator)
+        sync.start()
+        self._stack.push_async_callback(sync.stop)
+        self.config_sync = sync
+
     async def _install_crds(self) -> None:
         api = self.api
-        for crd in (crd_manifest(), podmonitor_crd()):
+        crds = [crd_manifest(), *promoperator.crd_manifests()]
+        for crd in crds:
             await api.apply(crd)
         deadline = time.monotonic() + 60
-        for name in (crd_manifest()["metadata"]["name"], PODMONITOR_CRD):
+        for name in (crd["metadata"]["name"] for crd in crds):
             path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}"
             while not _established(await api.get(path)):
                 if time.monotonic() > deadline:
                     raise LocalClusterError(f"the CRD {name} was not Established within 60 s")
                 await asyncio.sleep(0.1)  # the API server registers the kind in a moment
-        self.progress(f"CRDs installed: {crd_manifest()['metadata']['name']}, {PODMONITOR_CRD}")
+        self.progress(f"CRDs installed: {', '.join(crd['metadata']['name'] for crd in crds)}")
 
     async def _register_webhook(self, port: int) -> None:
         """Register the operator's validating webhook at https://127.0.0.1:``port`` with a certificate from the
@@ -385,7 +391,9 @@ def usage_lines(cluster: KubeCluster, kubeconfig: Path) -> list[str]:
         f"engine logs in {cluster.workdir / 'engines'}",
         f"  kubectl --kubeconfig {kubeconfig} apply -f POLICY.yaml   (with spec.prometheus.url: {prometheus})",
         # The lab's Prometheus is on 127.0.0.1, which only an admin's --prometheus-allow-private lets a policy name.
-        f"  KUBECONFIG={kubeconfig} kvoffload run -A --prometheus-allow-private --standalone "
+        # Its Prometheus selects PodMonitors labelled release=kvoffload-lab, as kube-prometheus-stack's does.
+        f"  KUBECONFIG={kubeconfig} kvoffload run -A --prometheus-allow-private "
+        f"--monitor-label {promoperator.MONITOR_LABEL_ARG} --standalone "
         f"{' '.join(cluster.webhook_args)}".rstrip(),
         "stop with Ctrl-C or SIGTERM: everything started here stops, and the kubeconfig is removed",
     ]
@@ -450,4 +458,4 @@ async def serve_until_signalled(
     progress("stopped: nothing left running")
 
 
-__all__ = ("PODMONITOR_CRD", "KubeCluster", "podmonitor_crd", "serve_until_signalled", "usage_lines")
+__all__ = ("PODMONITOR_CRD", "KubeCluster", "serve_until_signalled", "usage_lines")

@@ -37,6 +37,7 @@ from kvoffload.lab.cluster.engines import DEFAULT_TARGET_LABELS
 from kvoffload.lab.cluster.kubeemu import KubeEmulator, Obj, serve, write_kubeconfig
 from kvoffload.lab.cluster.kubelet import Kubelet
 from kvoffload.lab.cluster.podengine import CLI, LocalClusterError, set_parent_death_signal
+from kvoffload.lab.promoperator import LAB_RELEASE, RELEASE_LABEL
 from kvoffload.lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer
 from kvoffload.policy.tenancy import Tenancy
 
@@ -205,16 +206,27 @@ LAB_TENANCY = Tenancy(private_prometheus=True)
 """What the lab's operator allows a policy (:func:`operator_command`): its Prometheus on 127.0.0.1."""
 
 
+LAB_MONITOR_LABELS: Mapping[str, str] = {RELEASE_LABEL: LAB_RELEASE}
+"""The labels the lab's operator gives every PodMonitor (``--monitor-label``): what the lab's Prometheus selects."""
+
+
 def operator_command(
-    *, standalone: bool = True, namespaces: Sequence[str] | None = None, metrics_port: int = 0
+    *,
+    standalone: bool = True,
+    namespaces: Sequence[str] | None = None,
+    metrics_port: int = 0,
+    monitor_labels: Mapping[str, str] = LAB_MONITOR_LABELS,
 ) -> list[str]:
     """The ``kvoffload run`` command line (this interpreter), all namespaces unless some are given.
 
     The operator's own metrics endpoint is off by default (``metrics_port=0``), so several
     local clusters can run side by side. Policies may name the lab's Prometheus on 127.0.0.1
-    (``--prometheus-allow-private``): everything of a lab is on this machine.
+    (``--prometheus-allow-private``): everything of a lab is on this machine. Every PodMonitor
+    carries ``monitor_labels`` (by default ``release: kvoffload-lab``, which the lab's Prometheus
+    selects on the real control plane, as kube-prometheus-stack's does).
     """
     command = [*CLI, "run", "--prometheus-allow-private"]
+    command += [arg for key, value in monitor_labels.items() for arg in ("--monitor-label", f"{key}={value}")]
     command += [arg for namespace in namespaces for arg in ("-n", namespace)] if namespaces else ["-A"]
     if standalone:
         command.append("--standalone")
@@ -243,6 +255,7 @@ def start_operator(
     log_path: Path | None = None,
     extra_args: Sequence[str] = (),
     metrics_port: int = 0,
+    monitor_labels: Mapping[str, str] = LAB_MONITOR_LABELS,
 ) -> subprocess.Popen[bytes]:
     """Run ``kvoffload run -A --standalone`` against the cluster (``$KUBECONFIG``) and return the process;
     ``-n`` for each of ``namespaces``, by default the cluster's :attr:`OperatorHost.operator_namespaces`.
@@ -258,6 +271,7 @@ def start_operator(
                     standalone=standalone,
                     namespaces=namespaces if namespaces is not None else cluster.operator_namespaces,
                     metrics_port=metrics_port,
+                    monitor_labels=monitor_labels,
                 ),
                 *extra_args,
             ],
@@ -291,6 +305,7 @@ async def running_operator(cluster: OperatorHost, **kwargs: Any) -> AsyncIterato
 
 
 __all__ = (
+    "LAB_MONITOR_LABELS",
     "LocalCluster",
     "OperatorHost",
     "operator_command",

@@ -8,8 +8,11 @@ does, for the pods bound to a Node of :mod:`kvoffload.lab.cluster.nodes`:
 - it makes those Nodes: one per GPU class that the policies it watches name;
 - for every pod bound to one, it starts ``kvoffload emulate`` from the pod's own command and args
   (``--gpu-class`` from the Node's class) and runs it as :class:`Engines` does for the emulated
-  cluster (probes, restarts with back-off, Prometheus registration with the PodMonitor's labels,
-  faults);
+  cluster (probes, restarts with back-off, faults). With ``pod_addresses`` each pod gets a loopback
+  address of its own (any 127.x.y.z is local on Linux) as its IP, its engine listening there on the
+  container's port named ``http``, so Prometheus' Kubernetes discovery reaches it as in a cluster
+  (podIP:containerPort); without, every pod is 127.0.0.1 on a port of its own, registered with
+  Prometheus under the labels the PodMonitor would give it;
 - it writes the pod's status through ``pods/status``: phase, Ready, restartCount, lastState
   (``OOMKilled`` when :meth:`oom_kill` killed the engine);
 - a pod being deleted has its engine stopped and is then removed (grace period 0, uid-checked),
@@ -20,7 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import random
+import socket
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,6 +40,7 @@ from kvoffload.lab.cluster.kubeapi import KubeAPI, KubeAPIError, Obj, wake_on_ch
 from kvoffload.lab.cluster.nodes import NODE_PREFIX, node_manifest, node_name
 from kvoffload.lab.cluster.podengine import (
     ANNOTATION_PORT,
+    HOST,
     LocalClusterError,
     PodEngine,
     container_env,
@@ -65,6 +72,39 @@ def gpu_classes_named(policies: Iterable[Mapping[str, Any]]) -> dict[str, dict[s
         labels = classes.setdefault(name, {})
         labels.update({str(k): str(v) for k, v in selector.items() if isinstance(v, str)})
     return classes
+
+
+def _loopback_candidates() -> itertools.count[int]:
+    # A random start keeps two processes on this machine (two test runs) from trying the same addresses first.
+    return itertools.count(random.randrange(1 << 20))
+
+
+_CANDIDATES = _loopback_candidates()
+
+
+def loopback_address(port: int) -> str:
+    """A loopback address (127.64.0.1 to 127.127.255.254) on which ``port`` is free right now."""
+    for _ in range(1000):
+        n = next(_CANDIDATES) % (64 << 16)
+        a, b, c = 64 + (n >> 16), (n >> 8) & 255, n & 255
+        if c in (0, 255):
+            continue
+        address = f"127.{a}.{b}.{c}"
+        with socket.socket() as probe:
+            try:
+                probe.bind((address, port))
+            except OSError:
+                continue
+        return address
+    raise LocalClusterError(f"no loopback address with port {port} free")
+
+
+def container_port(container: Mapping[str, Any], name: str = "http") -> int | None:
+    """The containerPort named ``name`` (else the first one), as a PodMonitor's ``port: http`` finds it."""
+    ports = [p for p in container.get("ports") or [] if isinstance(p.get("containerPort"), int)]
+    named = [p for p in ports if p.get("name") == name]
+    chosen = (named or ports or [None])[0]
+    return int(chosen["containerPort"]) if chosen is not None else None
 
 
 def _status_essence(status: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -106,8 +146,10 @@ class NodeKubelet:
         gpu_class_pricing: bool = True,
         tick: float = 0.2,
         probe_period: float = 1.0,
+        pod_addresses: bool = False,
     ) -> None:
         self.api = api
+        self.pod_addresses = pod_addresses
         self.workdir = workdir
         self.namespaces = list(namespaces) if namespaces is not None else None
         self.engine_args = list(engine_args)
@@ -253,21 +295,24 @@ class NodeKubelet:
             return
         gpu_class = str(spec["nodeName"]).removeprefix(NODE_PREFIX)
         extra = [*(["--gpu-class", gpu_class] if self.gpu_class_pricing else []), *self.engine_args]
-        port = free_port()
+        port = container_port(containers[0]) if self.pod_addresses else None
+        host = loopback_address(port) if port is not None else HOST
+        port = port or free_port()
         owners = meta.get("ownerReferences") or [{}]
         engine = PodEngine(
             namespace=meta["namespace"],
             pod=meta["name"],
             deployment=str(owners[0].get("name", "")).rsplit("-", 1)[0],
             labels=dict(meta.get("labels") or {}),
-            argv=emulate_argv(serve_args, extra, port),
+            argv=emulate_argv(serve_args, extra, port, host),
             env=container_env(containers[0], self.engine_env),
             port=port,
             log_path=self.workdir / f"{meta['namespace']}_{meta['name']}.log",
+            host=host,
         )
         self.engines.start(engine)
         self.census.engine_started(engine.labels)
-        # Every pod's IP is 127.0.0.1; the annotation says which port is this pod's.
+        # The annotation says which port is this pod's (on 127.0.0.1, the only way to tell pods apart).
         with contextlib.suppress(KubeAPIError):
             await self.api.merge_patch(
                 f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}",

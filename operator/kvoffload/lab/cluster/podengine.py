@@ -21,7 +21,7 @@ log = logging.getLogger("kvoffload.localcluster")
 
 HOST = "127.0.0.1"
 ANNOTATION_PORT = f"localcluster.{API_GROUP}/port"
-"""Pod annotation: the loopback port its engine listens on (every pod's IP is 127.0.0.1)."""
+"""Pod annotation: the loopback port its engine listens on (with its own address, the container's port)."""
 CLI = (sys.executable, "-c", "from kvoffload.cli.main import main; main()")
 """``kvoffload`` run by this interpreter: the engines' command, and the operator's."""
 
@@ -51,9 +51,9 @@ def vllm_serve_args(container: Mapping[str, Any]) -> list[str]:
     raise LocalClusterError(f"cannot tell the vllm serve arguments of command {command!r}")
 
 
-def emulate_argv(serve_args: Sequence[str], extra_args: Sequence[str], port: int) -> list[str]:
-    """``kvoffload emulate`` with a container's ``vllm serve`` arguments and ``extra_args``, serving on ``port``."""
-    return [*CLI, "emulate", *serve_args, *extra_args, "--host", HOST, "--port", str(port)]
+def emulate_argv(serve_args: Sequence[str], extra_args: Sequence[str], port: int, host: str = HOST) -> list[str]:
+    """``kvoffload emulate`` with a container's ``vllm serve`` arguments and ``extra_args``, on ``host:port``."""
+    return [*CLI, "emulate", *serve_args, *extra_args, "--host", host, "--port", str(port)]
 
 
 def container_env(container: Mapping[str, Any], extra: Mapping[str, str]) -> dict[str, str]:
@@ -97,10 +97,12 @@ class PodEngine:
     failed_probes: int = 0
     terminating: bool = False
     restart_at: float | None = None  # loop time of the next start after a crash (back-off)
+    host: str = HOST
+    """The pod's IP: 127.0.0.1 (told apart by port), or a loopback address of its own (any 127.x.y.z)."""
 
     @property
     def url(self) -> str:
-        return f"http://{HOST}:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def key(self) -> str:
@@ -204,8 +206,8 @@ class PodEngine:
         return {
             "phase": "Running" if self.alive() or self.restart_count else "Pending",
             "hostIP": HOST,
-            "podIP": HOST,
-            "podIPs": [{"ip": HOST}],
+            "podIP": self.host,
+            "podIPs": [{"ip": self.host}],
             "startTime": before.get("startTime") or self.started_at,
             "qosClass": "Guaranteed",
             "conditions": [
