@@ -3,8 +3,8 @@
 Every quoted message in the guide (a ``> `...` `` line, ``<...>`` standing for a policy's figures)
 must match, in full, the text the code produces for that failure: the rollback Events of
 ``rollout.decide`` for a canary OOM-killed, restarting, crash-looping or never Ready; the analysis
-message and rollback for an external share of zero and an unused filesystem tier; the pause when
-no series carry the policy's labels; the plan warning and the refusals around LMCache.
+message and rollback for an external share of zero and an unused filesystem tier; the pause and the
+PodsNotScraped condition when no series carry the policy's labels; the plan warning and the refusals around LMCache.
 """
 
 from __future__ import annotations
@@ -76,15 +76,15 @@ def unused_filesystem_tier() -> str:
     return result.message
 
 
-def no_labelled_series() -> tuple[str, str]:
+def no_labelled_series() -> tuple[str, str, str]:
     world = World.given(make_spec())
     world.run_until(in_phase(Phase.PAUSED), Traffic(canary=VariantSample(), stable=VariantSample()), limit="1h")
-    pause = world.events[-1]
-    assert pause.reason == "TooManyInconclusive"
+    (pause,) = [e for e in world.events if e.reason == "TooManyInconclusive"]
+    (not_scraped,) = [e for e in world.events if e.reason == "NotScraped"]  # the PodsNotScraped condition's message
     spec = make_spec()
     cpu = next(level for level in build_ladder(spec) if level.name == "cpu")
     on_canary = assess(spec, cpu, Measurements(canary=VariantSample(), stable=HEALTHY), warmed_up=False)
-    return pause.message, on_canary.message
+    return pause.message, not_scraped.message, on_canary.message
 
 
 def lmcache_policy(**model: object) -> dict[str, object]:
@@ -112,7 +112,7 @@ def lmcache_messages() -> list[str]:
 
 def real_messages() -> list[str]:
     share, share_rollback = no_reuse()
-    paused, on_canary = no_labelled_series()
+    paused, not_scraped, on_canary = no_labelled_series()
     pod_monitor = re.search(r'"(the PodMonitor kind is not served[^"]*)"', inspect.getsource(reconcile))
     assert pod_monitor is not None
     return [
@@ -124,6 +124,7 @@ def real_messages() -> list[str]:
         share_rollback,
         unused_filesystem_tier(),
         paused,
+        not_scraped,
         on_canary,
         pod_monitor.group(1),
         *lmcache_messages(),
@@ -153,12 +154,13 @@ def test_a_changed_message_would_be_caught() -> None:
     assert not pattern("canary pod <pod> was OOM-killed at level <level> (<size> CPU tier); ...").fullmatch(oom)
 
 
-def test_the_guide_covers_the_five_failures() -> None:
+def test_the_guide_covers_the_six_failures() -> None:
     headings = re.findall(r"^## (.+)$", GUIDE, re.MULTILINE)
     assert headings == [
         "OOMKilled by pinned memory",
         "/dev/shm too small",
         "The external share stays at zero (no reuse)",
+        "No Prometheus selects the PodMonitor",
         "The PodMonitor label mapping is missing",
         "An LMCache server sized apart from vLLM",
     ]

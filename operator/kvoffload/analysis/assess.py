@@ -148,6 +148,35 @@ class Measurements:
     """Set when Prometheus could not answer; the verdict is then Inconclusive."""
 
 
+def has_series(sample: VariantSample | None) -> bool:
+    """Whether Prometheus showed anything at all for this variant in the window (a count of 0 is something)."""
+    if sample is None:
+        return False
+    figures = (
+        sample.requests,
+        sample.request_rate,
+        sample.ttft_p99,
+        sample.itl_p99,
+        sample.external_share,
+        sample.kv_usage,
+        sample.load_bytes_per_second,
+    )
+    return (
+        any(value is not None for value in figures)
+        or bool(sample.tier_hits or sample.tier_chunk_queries or sample.tier_chunk_hits or sample.offload_allocated)
+        or sample.config is not None
+        or (sample.workload is not None and sample.workload != WorkloadSample())
+    )
+
+
+def not_scraped(measurements: Measurements | None) -> bool:
+    """Prometheus answered, and holds no series of any of the policy's pods, canary or stable: no Prometheus
+    scrapes them (or not yet). False when there was no answer (an error is another problem)."""
+    if measurements is None or measurements.error is not None:
+        return False
+    return not has_series(measurements.canary) and not has_series(measurements.stable)
+
+
 @dataclass(frozen=True)
 class Assessment:
     """A verdict with each metric's value, threshold and reason."""

@@ -90,6 +90,10 @@ OFFLOAD_WILL_NOT_PAY = "OffloadWillNotPay"
 PROMETHEUS_TOKEN_UNREADABLE = "PrometheusTokenUnreadable"
 """True while the Secret holding the Prometheus bearer token cannot be read (missing, or the operator may
 not get it); the message names the Secret and what is missing. Set only once a token was asked for."""
+PODS_NOT_SCRAPED = "PodsNotScraped"
+"""True while Prometheus holds no series of any of the policy's pods after ``maxInconclusive`` cycles: no
+Prometheus scrapes its PodMonitor (most often its podMonitorSelector wants a label the PodMonitor lacks). Set
+only once it was True; the message names the PodMonitor, its labels and the fix."""
 
 CONDITION_TYPES = (
     READY,
@@ -102,6 +106,7 @@ CONDITION_TYPES = (
     STALLED,
     OFFLOAD_WILL_NOT_PAY,
     PROMETHEUS_TOKEN_UNREADABLE,
+    PODS_NOT_SCRAPED,
 )
 
 
@@ -158,6 +163,10 @@ class Reason(StrEnum):
     SECRET_NOT_FOUND = "SecretNotFound"
     """The token's Secret, or its key, does not exist."""
     TOKEN_READ = "TokenRead"
+    # PodsNotScraped
+    NOT_SCRAPED = "NotScraped"
+    """Prometheus holds no series of the policy's pods: its PodMonitor is not selected by any Prometheus."""
+    SCRAPED = "Scraped"
     # Reconciling / Stalled
     CLIMBING = "Climbing"
     AT_REST = "AtRest"

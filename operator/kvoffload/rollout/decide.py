@@ -114,6 +114,7 @@ from kvoffload.api.conventions import (
     OFFLOAD_WILL_NOT_PAY,
     PAUSE,
     PAUSED,
+    PODS_NOT_SCRAPED,
     PROGRESSING,
     PROMETHEUS_TOKEN_UNREADABLE,
     PROMOTE,
@@ -201,6 +202,15 @@ class TokenCheck:
 
 
 @dataclass(frozen=True)
+class PodMonitorRef:
+    """The policy's PodMonitor: what a Prometheus must select to scrape its engines."""
+
+    name: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Every label it carries (the operator's ``--monitor-label`` ones included)."""
+
+
+@dataclass(frozen=True)
 class Observations:
     """Everything ``decide`` needs to know about the world, gathered by the adapter."""
 
@@ -223,6 +233,8 @@ class Observations:
     ``economics.breakeven`` while a preflight may be due); None when not priced this cycle."""
     token: TokenCheck | None = None
     """The bearer token's Secret, when this cycle read one; None keeps the PrometheusTokenUnreadable condition."""
+    pod_monitor: PodMonitorRef | None = None
+    """The policy's PodMonitor as rendered, named in the PodsNotScraped message; None: named from the policy."""
 
 
 # --- what decide returns ---------------------------------------------------------------
@@ -960,7 +972,7 @@ def _newly_inconclusive(ctx: _Ctx, mode: Mode) -> bool:
 
 def _pause_inconclusive(ctx: _Ctx, mode: Mode) -> _Outcome:
     """Stop where the ladder is, with a Warning: the evidence has been Inconclusive too long."""
-    why = ctx.evidence.message if ctx.evidence is not None else ""
+    why = _not_scraped_message(ctx) or (ctx.evidence.message if ctx.evidence is not None else "")
     message = (
         f"paused: {_inconclusive_count(ctx)} Inconclusive verdicts in a row "
         f"(maxInconclusive {ctx.spec.analysis.max_inconclusive}): {why}"
@@ -993,6 +1005,8 @@ def _hold(
             message = (
                 f"paused: {_inconclusive_count(ctx)} Inconclusive verdicts in a row; set {RESUME} or wait for evidence"
             )
+            if why := _not_scraped_message(ctx):  # say why, every cycle, rather than only in the first one
+                message += f": {why}"
         else:
             message = ctx.status.message
     return _Outcome(
@@ -1075,7 +1089,7 @@ def _write(ctx: _Ctx, o: _Outcome) -> Plan:
     return Plan(
         status=status,
         variants=paced,
-        events=(*events, *_token_events(ctx)),
+        events=(*events, *_token_events(ctx), *_scrape_events(ctx)),
         requeue_after=_requeue_after(ctx, o, seen, paused),
     )
 
@@ -1146,7 +1160,53 @@ def _conditions(ctx: _Ctx, o: _Outcome, paused: bool) -> list[Condition]:
         c = put(
             c, PROMETHEUS_TOKEN_UNREADABLE, token.problem is not None, token.problem or Reason.TOKEN_READ, token.message
         )
-    return c
+    return _pods_not_scraped(ctx, c, put)
+
+
+def _not_scraped_message(ctx: _Ctx) -> str | None:
+    """Why the evidence is missing, when the reason is that no Prometheus scrapes the policy's pods: Prometheus
+    answered with no series of any of them, ``maxInconclusive`` cycles in a row (so not a pod's first scrape)."""
+    if not (assess.not_scraped(ctx.obs.measurements) and _too_inconclusive(ctx)):
+        return None
+    monitor = ctx.obs.pod_monitor
+    if monitor is not None:
+        labels = ", ".join(f"{k}={v}" for k, v in sorted(monitor.labels.items())) or "none"
+        named = f"its PodMonitor {monitor.name} (labels: {labels})"
+    else:
+        policy = (ctx.status.selector or "").partition("=")[2]
+        own = ", ".join(f"{k}={v}" for k, v in sorted(ctx.spec.prometheus.monitor_labels.items()))
+        named = f"its PodMonitor {policy or '(named after the policy)'}"
+        named += f" (labels from spec.prometheus.monitorLabels: {own or 'none'}, and the operator's --monitor-label)"
+    return (
+        f"Prometheus holds no series of any pod of this policy after {_inconclusive_count(ctx)} analysis cycles: "
+        f"no Prometheus scrapes {named}, or what scrapes the pods does not copy their kvoffload.io labels. "
+        "A Prometheus scrapes only the PodMonitors its podMonitorSelector selects (kube-prometheus-stack's "
+        "selects release: <its release name>); give the PodMonitor that label with kvoffload run "
+        "--monitor-label KEY=VALUE or spec.prometheus.monitorLabels"
+    )
+
+
+def _pods_not_scraped(
+    ctx: _Ctx, c: list[Condition], put: Callable[[list[Condition], str, bool, str, str], list[Condition]]
+) -> list[Condition]:
+    """PodsNotScraped: True while no Prometheus scrapes the policy's pods; written once it was True, and kept
+    (False) from then on. A cycle with no analysis keeps it as it was."""
+    if ctx.obs.measurements is None:
+        return c
+    message = _not_scraped_message(ctx)
+    if message is None and cond.find(c, PODS_NOT_SCRAPED) is None:
+        return c
+    if message is None:
+        return put(c, PODS_NOT_SCRAPED, False, Reason.SCRAPED, "")
+    return put(c, PODS_NOT_SCRAPED, True, Reason.NOT_SCRAPED, message)
+
+
+def _scrape_events(ctx: _Ctx) -> tuple[Event, ...]:
+    """A Warning when the policy's pods are found not scraped, once (not every cycle)."""
+    message = _not_scraped_message(ctx)
+    if message is None or cond.is_true(ctx.status.conditions, PODS_NOT_SCRAPED):
+        return ()
+    return (Event("Warning", Reason.NOT_SCRAPED, message),)
 
 
 def _token_events(ctx: _Ctx) -> tuple[Event, ...]:
