@@ -10,8 +10,11 @@ arguments against the emulated API server, and nothing that it does not make.
 from __future__ import annotations
 
 import base64
+import os
 import re
 import socket
+import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +30,8 @@ from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, KIND, P
 from kvoffload.cli.main import run
 from kvoffload.controller import admission
 from kvoffload.controller.gateway import PLURALS, PolicyRef
+from kvoffload.controller.health import Health
+from kvoffload.controller.metrics import OperatorMetrics
 from tests.support import paths
 from tests.support.kube import EmulatedCluster, kvoffload_run, policy_manifest, wait_for
 
@@ -289,20 +294,117 @@ def test_every_manifest_of_each_install_passes_the_real_validators(chart: helm.C
     assert {"ServiceAccount", "Deployment"} <= {obj["kind"] for obj in objs}
 
 
-def test_the_chart_ships_the_generated_crd_verbatim(chart: helm.Chart) -> None:
-    generated = (REPO / "crds" / CRD_FILE).read_text()
-    assert (CHART / "crds" / CRD_FILE).read_text() == generated, (
-        f"charts/kvoffload/crds/{CRD_FILE} drifted: cp crds/{CRD_FILE} charts/kvoffload/crds/"
+def generated_crd() -> Obj:
+    crd: Obj = yaml.safe_load((REPO / "crds" / CRD_FILE).read_text())
+    return crd
+
+
+def policy_crd(objs: list[Obj]) -> Obj:
+    (crd,) = (obj for obj in objs if obj["kind"] == "CustomResourceDefinition" and obj["spec"]["group"] == API_GROUP)
+    return crd
+
+
+def test_the_chart_carries_the_generated_crd_verbatim_and_renders_it_as_a_kept_template(chart: helm.Chart) -> None:
+    # One source: `kvoffload crd` writes crds/ (a test fails when they drift); the chart holds a copy in files/.
+    assert (CHART / "files" / CRD_FILE).read_text() == (REPO / "crds" / CRD_FILE).read_text(), (
+        f"charts/kvoffload/files/{CRD_FILE} drifted: cp crds/{CRD_FILE} charts/kvoffload/files/"
     )
-    assert [crd["data"] for crd in chart.crds] == [generated]
+    # Not in the chart's crds/, which Helm installs once and never upgrades (new status fields would be pruned).
+    assert not (CHART / "crds").exists()
+    assert chart.crds == []
+    crd = policy_crd(render(chart))
+    # fromYaml/toYaml in the template writes 1.0 as 1: the same JSON number, so equal here as in the API server.
+    assert crd["spec"] == generated_crd()["spec"]
+    assert crd["metadata"]["name"] == generated_crd()["metadata"]["name"]
+    # Kept on `helm uninstall`: deleting the CRD would delete every policy in the cluster.
+    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
 
 
-def test_the_packaged_chart_carries_the_crd_and_renders_the_same(chart: helm.Chart, tmp_path: Path) -> None:
-    archive = helm.package(CHART, destination=tmp_path)
-    assert Path(archive).name == "kvoffload-0.1.0.tgz"
+def test_the_crd_can_be_left_to_whoever_manages_it_apart(chart: helm.Chart) -> None:
+    objs = render(chart, {"crds": {"install": False}})
+    assert [obj for obj in objs if obj["kind"] == "CustomResourceDefinition"] == []
+    assert only(objs, "Deployment")  # the operator itself still installs
+    with pytest.raises(helm.HelmValuesError, match=re.escape("/crds/install")):
+        chart.validate_schema({"crds": {"install": "no"}})
+    with pytest.raises(helm.HelmValuesError, match=re.escape("'keep' not allowed")):
+        chart.validate_schema({"crds": {"install": True, "keep": False}})
+
+
+def test_helm_package_makes_an_artifact_that_lints_strict_and_renders_the_same(
+    chart: helm.Chart, tmp_path: Path
+) -> None:
+    archive = Path(helm.package(CHART, destination=tmp_path))
+    assert archive.name == "kvoffload-0.1.0.tgz"
+    report = helm.lint(archive, strict=True, namespace=NAMESPACE, kube_version="v1.30.0")
+    assert report["errors"] == []
+    assert [m for m in report["messages"] if m["severity"] >= 2] == []
     with helm.Chart.load(archive) as packaged:
-        assert [crd["data"] for crd in packaged.crds] == [(REPO / "crds" / CRD_FILE).read_text()]
+        assert packaged.crds == []
+        assert policy_crd(render(packaged))["spec"] == generated_crd()["spec"]
         assert render(packaged, INSTALLS["peering-namespaced"]) == render(chart, INSTALLS["peering-namespaced"])
+        assert render(packaged, INSTALLS["everything-set"]) == render(chart, INSTALLS["everything-set"])
+
+
+# --- helm test ----------------------------------------------------------------------------------
+
+
+def test_the_helm_test_hook_asks_the_operator_through_its_service_in_the_operators_image(chart: helm.Chart) -> None:
+    objs = render(chart)
+    pod = only(objs, "Pod")
+    service = only(objs, "Service")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    # A failed pod stays for `kubectl logs`; a passed one goes.
+    assert pod["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded"
+    (probe,) = pod["spec"]["containers"]
+    assert probe["image"] == container(objs)["image"]
+    assert probe["command"] == ["python", "-c", (CHART / "files" / "test-endpoint.py").read_text()]
+    url = f"http://{service['metadata']['name']}.{NAMESPACE}.svc:{service['spec']['ports'][0]['port']}"
+    assert probe["env"] == [{"name": "KVOFFLOAD_URL", "value": url}]
+    # The Service must not send the operator's scrapes to the test pod.
+    selector = service["spec"]["selector"].items()
+    assert not selector <= pod["metadata"]["labels"].items()
+    assert selector <= only(objs, "Deployment")["spec"]["template"]["metadata"]["labels"].items()
+    assert pod["spec"]["securityContext"] == only(objs, "Deployment")["spec"]["template"]["spec"]["securityContext"]
+    assert probe["securityContext"] == container(objs)["securityContext"]
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    assert pod["spec"]["restartPolicy"] == "Never"
+
+
+def test_without_the_metrics_endpoint_there_is_nothing_for_helm_test_to_ask(chart: helm.Chart) -> None:
+    assert not [obj for obj in render(chart, INSTALLS["metrics-off"]) if obj["kind"] == "Pod"]
+
+
+@pytest.mark.parametrize(
+    ("stale", "answers"),
+    [(False, "/metrics: # HELP kvoffload_"), (True, "HTTP Error 503")],
+    ids=["alive", "wedged"],
+)
+def test_the_helm_test_script_passes_on_the_operators_real_endpoint_and_fails_on_a_wedged_loop(
+    chart: helm.Chart, stale: bool, answers: str
+) -> None:
+    """No kubelet runs the hook's pod here, so its exact command runs against the operator's real endpoint
+    (controller/metrics.py, as `kvoffload run --metrics-port` serves it), the Service's URL swapped for it."""
+    (probe,) = only(render(chart), "Pod")["spec"]["containers"]
+    now = [0.0]
+    health = Health(stale_after=30, clock=lambda: now[0])
+    port = free_port()
+    server = OperatorMetrics().serve(port, health, addr="127.0.0.1")
+    try:
+        now[0] = 31.0 if stale else 1.0
+        ran = subprocess.run(
+            [sys.executable, *probe["command"][1:]],
+            env={**os.environ, "KVOFFLOAD_URL": f"http://127.0.0.1:{port}"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert (ran.returncode == 0) is not stale, ran.stderr
+    assert answers in ran.stdout + ran.stderr
 
 
 def test_a_default_install_watches_every_namespace_standalone_through_a_cluster_role(chart: helm.Chart) -> None:
@@ -396,12 +498,14 @@ def test_peering_drops_standalone_and_creates_the_peering_object_the_operator_lo
     for role in (obj for obj in objs if obj["kind"] == role_kind and not obj["metadata"]["name"].endswith("-election")):
         assert {("kopf.dev", peering_resource, verb) for verb in ("list", "watch", "patch")} <= grants(role)
     crds = [obj["metadata"]["name"] for obj in objs if obj["kind"] == "CustomResourceDefinition"]
-    assert crds == ["clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
+    assert crds == ["kvoffloadpolicies.kvoffload.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
 
 
 def test_peering_crds_can_be_left_to_another_release(chart: helm.Chart) -> None:
     objs = render(chart, {"peering": {"enabled": True, "installCRDs": False}})
-    assert not [obj for obj in objs if obj["kind"] == "CustomResourceDefinition"]
+    assert [obj["metadata"]["name"] for obj in objs if obj["kind"] == "CustomResourceDefinition"] == [
+        "kvoffloadpolicies.kvoffload.io"
+    ]
     assert only(objs, "ClusterKopfPeering")["metadata"]["name"] == PEERING_NAME
 
 
@@ -653,7 +757,11 @@ async def test_the_chart_grants_exactly_what_the_real_operator_requests(kube: Em
         chart.close()
     peering_object = None
     if peering:  # the CRDs and the peering object as the chart installs them
-        for crd in (obj for obj in cluster_wide if obj["kind"] == "CustomResourceDefinition"):
+        for crd in (
+            obj
+            for obj in cluster_wide
+            if obj["kind"] == "CustomResourceDefinition" and obj["spec"]["group"] == "kopf.dev"
+        ):
             kube.emulator.register_crd(crd)
         peering_object = await kube.emulator.create_object(only(cluster_wide, "ClusterKopfPeering"))
     port = free_port()

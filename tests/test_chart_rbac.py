@@ -65,6 +65,7 @@ RECORDER_URL = f"http://127.0.0.1:{free_port()}"
 """The Prometheus stand-in's address: the only one the admin lets the operator's token go to."""
 VALUES: dict[str, Any] = {
     "replicas": 0,  # the operator runs here, as a subprocess: there is no kubelet to run its pod
+    "crds": {"install": False},  # kube_crd applied the CRD with kubectl: the session's releases leave it be
     "prometheusAuth": {
         "tokenSecret": {"name": "prometheus-token", "key": "token"},
         "policySecrets": [{"namespace": TEAM, "names": ["team-token"]}],
