@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from kvoffload.analysis.assess import Measurements
-from kvoffload.analysis.prometheus import MetricsProvider, PolicyKey, Target
+from kvoffload.analysis.prometheus import Connection, MetricsProvider, PolicyKey, Target
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,8 @@ class PrometheusSource:
 
     url: str = ""
     bearer_token: str | None = field(default=None, repr=False)
+    connection: Connection | None = field(default=None, repr=False)
+    """The admin's headers, basic auth and TLS settings; only for the operator's own (or an allowed) Prometheus."""
 
 
 ProviderFactory = Callable[[PrometheusSource], MetricsProvider]

@@ -25,8 +25,12 @@ errors and unreadable answers become ``Measurements(error=...)``, which
 
 from __future__ import annotations
 
+import logging
 import math
+import re
+import ssl
 import time
+import warnings
 from collections import defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +41,7 @@ from typing import Any, Protocol
 import requests
 from prometheus_api_client.exceptions import PrometheusApiClientException
 from prometheus_api_client.prometheus_connect import PrometheusConnect
-from urllib3.exceptions import MaxRetryError, ReadTimeoutError
+from urllib3.exceptions import InsecureRequestWarning, MaxRetryError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
 from kvoffload.analysis.assess import WORKLOAD_QUANTILES, Measurements, Percentiles, VariantSample, WorkloadSample
@@ -54,6 +58,8 @@ from kvoffload.analysis.dialects import (
     Dialect,
 )
 from kvoffload.api.quantity import parse_duration
+
+log = logging.getLogger(__name__)
 
 PolicyKey = tuple[str, str]
 """(namespace, policy name)."""
@@ -282,6 +288,70 @@ class _Collected:
     """Per histogram field: each quantile's value (None where Prometheus answered NaN)."""
 
 
+HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+"""An HTTP header name (RFC 9110's token)."""
+
+RESERVED_HEADERS = frozenset({"authorization", "host", "content-length", "transfer-encoding", "connection"})
+"""Headers an operator-wide setting may not set: Authorization comes from a token or basic auth read from a
+Secret (never a value on the command line, where ``ps`` and the Deployment show it); the rest are the
+transport's."""
+
+
+def header_problem(name: str, value: str) -> str | None:
+    """Why ``name: value`` cannot be an extra header of every query; None when it can."""
+    if not HEADER_NAME.match(name):
+        return f"{name!r} is not an HTTP header name"
+    if name.lower() in RESERVED_HEADERS:
+        return f"{name} may not be set as an extra header (a token or basic auth from a Secret gives Authorization)"
+    if any(c in value for c in "\r\n\0"):
+        return f"the value of {name} holds a line break or NUL"
+    return None
+
+
+@dataclass(frozen=True)
+class Connection:
+    """How the operator reaches the admin's Prometheus beyond its URL: extra headers (Mimir's, Cortex's or a Thanos
+    receive's tenant header ``X-Scope-OrgID``), basic auth and TLS. Operator-wide: a policy sets none of it, and the
+    controller applies it only where the operator's own token may go (its ``--prometheus-url`` or an allowed URL)."""
+
+    headers: tuple[tuple[str, str], ...] = ()
+    """Sent with every query, in order."""
+    username: str | None = None
+    """Basic auth's user; sent only with a password file, and never beside a bearer token."""
+    password_file: Path | None = field(default=None)
+    """Basic auth's password, read again for every batch so a rotated Secret is picked up."""
+    ca_file: Path | None = None
+    """A PEM bundle of the CAs to trust instead of the system's."""
+    insecure_skip_verify: bool = False
+    """Do not verify Prometheus's certificate at all: an explicit opt-in, warned about."""
+
+    @property
+    def verify(self) -> bool | str:
+        """requests' ``verify``: False when skipping, the CA bundle's path, or True (the system's CAs)."""
+        if self.insecure_skip_verify:
+            return False
+        return str(self.ca_file) if self.ca_file is not None else True
+
+    @property
+    def configured(self) -> bool:
+        """Whether any of it is set: then it is the admin's Prometheus's, and goes nowhere else."""
+        return self != Connection()
+
+    def problems(self) -> list[str]:
+        """What is wrong with these settings as given; empty when they can be used."""
+        found = [problem for name, value in self.headers if (problem := header_problem(name, value))]
+        if (self.username is None) != (self.password_file is None):
+            found.append("basic auth needs both a username and a password file")
+        if self.username is not None and ":" in self.username:
+            found.append("a basic auth username may not contain ':'")
+        if self.insecure_skip_verify and self.ca_file is not None:
+            found.append("give a CA file or skip verification, not both")
+        for what, path in (("password file", self.password_file), ("CA file", self.ca_file)):
+            if path is not None and not path.is_file():
+                found.append(f"the {what} {path} is not a readable file")
+        return found
+
+
 QUERY_CONCURRENCY = 4
 """Queries of one batch in flight at once. Prometheus evaluates them side by side (its own limit is 20): a batch
 that asks fleet-wide took 50-140 ms a query after a restart over 1,000 policies, one after the other."""
@@ -297,14 +367,17 @@ class PrometheusProvider:
         bearer_token: str | None = None,
         bearer_token_file: Path | None = None,
         verify: bool | str = True,
+        connection: Connection | None = None,
         timeout: float = 10.0,
         retries: int = 1,
         labels: LabelNames | None = None,
         clock: Any = time.time,
     ) -> None:
-        """``verify``: True, False (skip TLS verification) or a CA bundle path.
+        """``verify``: True, False (skip TLS verification) or a CA bundle path; a ``connection`` decides it instead.
 
-        ``bearer_token_file`` is re-read every cycle, so a rotated service-account token is picked up.
+        ``bearer_token_file`` is re-read every cycle, so a rotated service-account token is picked up. A
+        ``connection``'s headers go with every query, and its basic auth with every query that carries no bearer
+        token (both would be the Authorization header).
         """
         self.url = url.rstrip("/")
         self.labels = labels or LabelNames()
@@ -315,6 +388,12 @@ class PrometheusProvider:
         self._token = bearer_token
         self._token_file = bearer_token_file
         self._clock = clock
+        self._connection = connection or Connection()
+        if connection is not None:
+            verify = connection.verify
+        if verify is False:
+            log.warning("TLS verification of Prometheus at %s is OFF (opted in): anyone on the path can answer", url)
+            warnings.simplefilter("ignore", InsecureRequestWarning)  # said once above, not on every query
         session = requests.Session()
         session.verify = verify
         # A redirect would take the operator's query (a tenant's URL) to an address nobody judged.
@@ -328,11 +407,20 @@ class PrometheusProvider:
         self._asking.shutdown(wait=False, cancel_futures=True)
         self._client.close()
 
-    def _headers(self) -> dict[str, str]:
+    def _authenticate(self) -> None:
+        """Set this batch's headers and basic auth on the client (files are read again: rotated Secrets)."""
         token = self._token
         if self._token_file is not None:
             token = self._token_file.read_text().strip()
-        return {"Authorization": f"Bearer {token}"} if token else {}
+        headers = dict(self._connection.headers)
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._client.headers = headers
+        conn = self._connection
+        if conn.username is not None and conn.password_file is not None and not token:
+            self._client.auth = (conn.username, conn.password_file.read_text().rstrip("\r\n"))
+        else:
+            self._client.auth = None  # type: ignore[assignment]  # requests takes None; the library annotates tuple
 
     def _query(self, expr: str, at: float) -> list[dict[str, Any]]:
         """One query's answer (the caller counts it and sets the headers: this runs in the query threads)."""
@@ -383,7 +471,7 @@ class PrometheusProvider:
         found: dict[tuple[str, str, str], _Collected] = defaultdict(_Collected)
         queries = list(queries)
         self.queries += len(queries)
-        self._client.headers = self._headers()
+        self._authenticate()
         # In order, as each answer comes; the first failure ends the batch, as it did one query at a time.
         answers = self._asking.map(lambda query: self._query(query.expr, at), queries)
         for query, answer in zip(queries, answers, strict=True):
@@ -428,8 +516,8 @@ class PrometheusProvider:
             if target.extra_matchers:
                 matcher += f", {target.extra_matchers}"
         self.queries += 1
-        self._client.headers = self._headers()
         try:
+            self._authenticate()
             names = self._client.get_label_values("__name__", params={"match[]": "{" + matcher + "}"})
         except (requests.RequestException, PrometheusApiClientException, OSError, ValueError, KeyError, TypeError):
             return frozenset()
@@ -480,13 +568,48 @@ def _workload(entry: _Collected) -> WorkloadSample:
     )
 
 
+_STATUS = re.compile(r"HTTP Status Code (\d+) \((.*)\)$", re.DOTALL)
+
+_REFUSED = {
+    401: "Prometheus refused the credentials (HTTP 401): check the token, or the basic auth username and password",
+    403: "Prometheus refused access (HTTP 403): the credentials are not allowed this tenant or these queries",
+}
+
+
+def _tls_reason(exc: BaseException) -> str | None:
+    """The certificate check's own words (``IP address mismatch, ...``, ``unable to get local issuer certificate``),
+    found down the exception's chain; None when it was no TLS failure."""
+    seen: set[int] = set()
+    todo: list[BaseException] = [exc]
+    while todo:
+        current = todo.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, ssl.SSLCertVerificationError):
+            return str(current.verify_message or current.reason or current)
+        if isinstance(current, ssl.SSLError):
+            return str(current.reason or current)
+        todo.extend(a for a in current.args if isinstance(a, BaseException))
+        todo.extend(e for e in (getattr(current, "reason", None), current.__cause__, current.__context__) if e)
+    return None
+
+
 def _describe(exc: BaseException) -> str:
     """A one-line reason, without the URL-encoded query noise of requests' messages."""
     reason = exc.args[0].reason if exc.args and isinstance(exc.args[0], MaxRetryError) else None
     if isinstance(exc, requests.Timeout) or isinstance(reason, TimeoutError | ReadTimeoutError):
         return f"Prometheus timed out: {type(reason or exc).__name__}"
+    if isinstance(exc, requests.exceptions.SSLError):
+        return (
+            f"Prometheus's TLS certificate was not accepted: {_tls_reason(exc) or 'TLS handshake failed'} "
+            "(trust its CA with a CA file; skip verification only where nobody can intercept)"
+        )
     if isinstance(exc, requests.ConnectionError):
         return "Prometheus unreachable: connection failed"
+    if isinstance(exc, PrometheusApiClientException) and (status := _STATUS.search(str(exc))):
+        code = int(status.group(1))
+        return _REFUSED.get(code, f"Prometheus answered with an error: HTTP {code}: {status.group(2)[:300]}")
     if isinstance(exc, requests.exceptions.RetryError | PrometheusApiClientException):
         return f"Prometheus answered with an error: {str(exc)[:300]}"
     if isinstance(exc, ValueError | KeyError | TypeError | IndexError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -22,8 +22,12 @@ from kvoffload.cli.common import (
     judged_as_the_cluster,
     reports_bad_input,
 )
+from kvoffload.cli.connection import prometheus_connection
 from kvoffload.cli.simulate import simulate
 from kvoffload.policy.tenancy import Tenancy
+
+if TYPE_CHECKING:
+    from kvoffload.analysis.prometheus import Connection
 
 LAB_COMMANDS = ("cluster", "demo", "emulate")
 """Commands that live in the lab (``kvoffload.lab.commands``), loaded only when asked for."""
@@ -223,8 +227,7 @@ def crd() -> None:
     help="The series labels naming the policy, the level and the config hash, as POLICY,LEVEL,CONFIG_HASH.",
 )
 @click.option("--bearer-token-file", type=click.Path(exists=True, dir_okay=False, path_type=Path), default=None)
-@click.option("--ca-bundle", type=click.Path(exists=True, dir_okay=False), default=None, help="CA bundle for TLS.")
-@click.option("--insecure-skip-tls-verify", is_flag=True, help="Do not verify Prometheus's TLS certificate.")
+@prometheus_connection(legacy_names=True)
 @click.option("--timeout", type=click.FloatRange(min=0.1), default=10.0, show_default=True, help="Seconds per query.")
 @OUTPUT
 @judged_as_the_cluster
@@ -238,8 +241,7 @@ def analyze(
     warming_up: bool,
     series_labels: str,
     bearer_token_file: Path | None,
-    ca_bundle: str | None,
-    insecure_skip_tls_verify: bool,
+    connection: Connection,
     timeout: float,
     output: str,
     tenancy: Tenancy,
@@ -288,7 +290,7 @@ def analyze(
     provider = PrometheusProvider(
         prometheus_url or spec.prometheus.url,
         bearer_token_file=bearer_token_file,
-        verify=False if insecure_skip_tls_verify else (ca_bundle or True),
+        connection=connection,
         timeout=timeout,
         labels=LabelNames(policy=labels[0], level=labels[1], config_hash=labels[2]),
     )
@@ -557,6 +559,7 @@ def status(name: str, namespace: str | None, kubeconfig: Path | None, output: st
 )
 @click.option("--webhook-key", type=click.Path(dir_okay=False), default=None, help="Its private key (PEM).")
 @MONITOR_LABELS
+@prometheus_connection()
 @click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level (kopf's and the operator's).")
 @judged_as_the_cluster
 def run(
@@ -578,6 +581,7 @@ def run(
     webhook_cert: str | None,
     webhook_key: str | None,
     monitor_labels: dict[str, str],
+    connection: Connection,
     verbose: bool,
     tenancy: Tenancy,
 ) -> None:
@@ -588,7 +592,7 @@ def run(
 
     A policy gets no more than the --allowed-* options grant (docs/security.md): no hostPath tier unless
     under --allowed-host-path, only --allowed-image images when any is given, and the operator's
-    Prometheus token only for --prometheus-url or a --prometheus-allowed-url.
+    Prometheus token, headers, basic auth and TLS settings only for --prometheus-url or a --prometheus-allowed-url.
     """
     import asyncio
 
@@ -628,8 +632,20 @@ def run(
     import kubernetes.config
 
     settings = ControllerSettings(
-        prometheus_url=prometheus_url, prometheus_token=token, tenancy=tenancy, monitor_labels=monitor_labels
+        prometheus_url=prometheus_url,
+        prometheus_token=token,
+        tenancy=tenancy,
+        monitor_labels=monitor_labels,
+        prometheus_connection=connection,
     )
+    if connection.configured and prometheus_url is None and not tenancy.prometheus_url_prefixes:
+        # They are the admin's Prometheus's: with neither, any policy could have them sent anywhere.
+        click.echo(
+            "kvoffload run: --prometheus-header, basic auth and TLS settings need --prometheus-url or at least one "
+            "--prometheus-allowed-url: they are sent nowhere else",
+            err=True,
+        )
+        sys.exit(EXIT_BAD_INPUT)
     if problems := settings.judged_tenancy.problems():
         for problem in problems:
             click.echo(f"kvoffload run: {problem}", err=True)

@@ -417,7 +417,9 @@ async def run_operator(
     # Built before kopf starts, so a missing kubeconfig fails at once instead of in a retry loop.
     gateway = KubernetesGateway(api_client_from_environment())
     hub = MeasurementHub(
-        lambda source: PrometheusProvider(source.url, bearer_token=source.bearer_token, labels=labels),
+        lambda source: PrometheusProvider(
+            source.url, bearer_token=source.bearer_token, connection=source.connection, labels=labels
+        ),
         patient_window=PATIENT_GATHER_WINDOW,
         query_counter=metrics.prometheus_queries,
     )

@@ -64,7 +64,7 @@ from pydantic import ValidationError
 from kvoffload.analysis.assess import Measurements, assess
 from kvoffload.analysis.dialects import Dialect, confirm_dialect, dialect_for, version_from_image
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
-from kvoffload.analysis.prometheus import Target
+from kvoffload.analysis.prometheus import Connection, Target
 from kvoffload.api.conventions import (
     ANNOTATION_APPLIED,
     ANNOTATION_LEVEL_INDEX,
@@ -161,6 +161,9 @@ class ControllerSettings:
     no ``spec.prometheus.bearerTokenSecret``."""
     forbidden_retry_seconds: float = 300.0
     """A token Secret the API server refused to let the operator read is asked for again only this often."""
+    prometheus_connection: Connection = field(default_factory=Connection)
+    """The admin's extra headers (``X-Scope-OrgID``), basic auth and TLS settings (``--prometheus-header``, ...).
+    Like the operator's token, they go only to ``prometheus_url`` or an allowed URL (see ``_token_may_go``)."""
     monitor_labels: Mapping[str, str] = field(default_factory=dict)
     """Labels every rendered PodMonitor carries (``--monitor-label``): what the cluster's Prometheus selects
     PodMonitors on, e.g. kube-prometheus-stack's ``release``."""
@@ -176,9 +179,9 @@ class ControllerSettings:
     @functools.cached_property
     def judged_tenancy(self) -> Tenancy:
         """:attr:`tenancy` with the operator's own Prometheus and token, as policies are judged against it."""
-        return replace(
-            self.tenancy, prometheus_url=self.prometheus_url, operator_token=self.prometheus_token is not None
-        )
+        # Headers and basic auth are credentials too (a tenant ID picks whose data is read): the token's rule holds.
+        credentials = self.prometheus_token is not None or self.prometheus_connection.configured
+        return replace(self.tenancy, prometheus_url=self.prometheus_url, operator_token=credentials)
 
 
 @dataclass(frozen=True)
@@ -615,7 +618,8 @@ class Controller:
         token, check = await self._bearer_token(spec, ref)
         if check is not None and check.problem is not None:
             return Measurements(canary=None, stable=None, error=check.message), check
-        source = PrometheusSource(self.settings.prometheus_url or spec.prometheus.url, token)
+        connection = self.settings.prometheus_connection if self._token_may_go(spec) else None
+        source = PrometheusSource(self.settings.prometheus_url or spec.prometheus.url, token, connection)
         present = await self.hub.present_names(source, now.timestamp())
         target = replace(target, dialect=confirm_dialect(target.dialect, present))
         return await self.hub.measure(target, source, patience=patience), check
