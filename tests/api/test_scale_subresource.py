@@ -83,3 +83,36 @@ def test_scaling_through_the_scale_subresource_mid_step_resizes_both_shares(kube
     assert world.st.observed_generation == after["metadata"]["generation"]
     assert "SpecChanged" not in world.reasons()
     assert all(p.variants is not None and p.variants.total_replicas <= 10 + 1 for p in world.plans)  # the GPU bound
+
+
+def test_an_autoscaler_cannot_scale_a_policy_to_zero_or_below_its_canary_through_scale(kube_crd: Kube) -> None:
+    """KEDA's scale to zero is refused: a ladder with no engine has no traffic, so no baseline or canary could ever
+    be judged, and the fleet is never meant to have none (docs/design.md, "Autoscalers"). With maxSurge 0 the
+    floor is canaryReplicas + 1, as for any other write of spec.replicas."""
+    ns = kube_crd.namespace("scale-zero")
+    manifest = chat(ns)
+    kube_crd.kubectl("apply", "-f", "-", stdin=json.dumps(manifest))
+    body = stored(kube_crd, ns)
+    scale_path = f"/apis/{API_GROUP}/{API_VERSION}/namespaces/{ns}/{PLURAL}/chat/scale"
+
+    # As KEDA and the HPA do: a write of the Scale object, not of the policy
+    scale = json.loads(kube_crd.kubectl("get", "--raw", scale_path))
+    scale["spec"]["replicas"] = 0
+    refused = kube_crd.run("replace", "--raw", scale_path, "-f", "-", stdin=json.dumps(scale))
+    assert refused.returncode != 0
+    assert "spec.replicas" in refused.stderr
+    assert "should be greater than or equal to 1" in refused.stderr
+    after = stored(kube_crd, ns)
+    assert after["metadata"]["generation"] == body["metadata"]["generation"]
+    assert after["spec"]["replicas"] == 4
+
+    # With maxSurge 0, one replica would leave no stable engine beside the canary: CEL refuses it through /scale too
+    kube_crd.kubectl(
+        "patch", "kvop", "chat", "-n", ns, "--type=merge", "-p", json.dumps({"spec": {"rollout": {"maxSurge": 0}}})
+    )
+    refused = kube_crd.run("scale", "kvop/chat", "-n", ns, "--replicas=1")
+    assert refused.returncode != 0
+    assert "canaryReplicas must be fewer than replicas when maxSurge is 0" in refused.stderr
+    assert stored(kube_crd, ns)["spec"]["replicas"] == 4
+    kube_crd.kubectl("scale", "kvop/chat", "-n", ns, "--replicas=2")  # the floor there: canaryReplicas + 1
+    assert stored(kube_crd, ns)["spec"]["replicas"] == 2
