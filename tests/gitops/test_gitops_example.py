@@ -144,3 +144,15 @@ def test_the_gitops_folder_is_not_picked_up_as_a_top_level_example() -> None:
     # tests/policy and tests/api check examples/*.yaml as single policies; this layout is checked here.
     assert not list(EXAMPLES.glob("gitops*.yaml"))
     assert all(p.parent != EXAMPLES for p in GITOPS.rglob("*.yaml"))
+
+
+def test_argo_cd_leaves_spec_replicas_to_the_autoscaler_that_scales_through_the_crds_scale_subresource() -> None:
+    """The ignored pointer is the very field /scale writes, and a sync respects it (it would reset it otherwise)."""
+    application = yaml.safe_load((GITOPS / "argocd" / "application.yaml").read_text())
+    crd = yaml.safe_load(next((ROOT / "crds").glob("*.yaml")).read_text())
+    (version,) = crd["spec"]["versions"]
+    scale_path = version["subresources"]["scale"]["specReplicasPath"]
+    (ignored,) = application["spec"]["ignoreDifferences"]
+    assert (ignored["group"], ignored["kind"]) == (crd["spec"]["group"], crd["spec"]["names"]["kind"])
+    assert ignored["jsonPointers"] == ["/" + scale_path.lstrip(".").replace(".", "/")]
+    assert "RespectIgnoreDifferences=true" in application["spec"]["syncPolicy"]["syncOptions"]
