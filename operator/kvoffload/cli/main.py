@@ -170,9 +170,7 @@ def calibrate(args: tuple[str, ...]) -> None:
 @MONITOR_LABELS
 @judged_as_the_cluster
 @reports_bad_input
-def render(
-    file: Path, level: str | None, stage: str | None, monitor_labels: dict[str, str], tenancy: Tenancy
-) -> None:
+def render(file: Path, level: str | None, stage: str | None, monitor_labels: dict[str, str], tenancy: Tenancy) -> None:
     """Print the manifests (Deployment, Service, PodMonitor) of one ladder level, for GitOps.
 
     A policy with spec.model.configMap reads the model's KV shape from a ConfigMap of that name in the
