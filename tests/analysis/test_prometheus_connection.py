@@ -333,3 +333,12 @@ def test_kvoffload_analyze_sends_the_header(recorder: tuple[str, list[dict[str, 
     assert "no measurements" not in answer["message"]
     assert seen
     assert {h.get("X-Scope-OrgID") for h in seen} == {"team-b"}
+
+
+def test_the_operator_logs_a_warning_when_verification_is_off(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level("WARNING", logger="kvoffload.analysis.prometheus"):
+        PrometheusProvider("https://mimir.example", connection=Connection()).close()
+        assert caplog.records == []
+        PrometheusProvider("https://mimir.example", connection=Connection(insecure_skip_verify=True)).close()
+    (record,) = caplog.records
+    assert "TLS verification of Prometheus at https://mimir.example is OFF" in record.getMessage()
