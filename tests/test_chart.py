@@ -527,8 +527,9 @@ def test_the_values_reach_the_operator_flags_and_the_pod(chart: helm.Chart) -> N
     assert monitor["metadata"]["labels"]["release"] == "prom"
     assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
     assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
-    # The operator's series name the policy's namespace; the target's own would push it aside.
-    assert monitor["spec"]["endpoints"][0]["honorLabels"] is True
+    # The operator's series name the policy's namespace in policy_namespace: no need to honor their labels, so a
+    # Prometheus with overrideHonorLabels reads them the same (tests/observability/test_operator_scrape.py).
+    assert "honorLabels" not in monitor["spec"]["endpoints"][0]
     assert only(objs, "PrometheusRule")["metadata"]["labels"]["release"] == "prom"
 
 

@@ -163,4 +163,5 @@ def test_the_guide_covers_the_six_failures() -> None:
         "No Prometheus selects the PodMonitor",
         "The PodMonitor label mapping is missing",
         "An LMCache server sized apart from vLLM",
+        "Alerts",  # a section per alert, each an alert's runbook_url (tests/observability/test_alerts.py)
     ]

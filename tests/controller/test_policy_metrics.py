@@ -7,7 +7,9 @@ The tier capacity it publishes is compared with what ``kvoffload plan`` prints f
 
 from __future__ import annotations
 
+import inspect
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -18,11 +20,12 @@ from click.testing import CliRunner
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.api.conventions import PAUSE
+from kvoffload.api.conventions import PAUSE, Decision
 from kvoffload.api.quantity import GIB
 from kvoffload.api.types import Phase
 from kvoffload.cli.main import main
-from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
+from kvoffload.controller import reconcile
+from kvoffload.controller.metrics import API_OPERATIONS, TARGET_LABELS, OperatorMetrics, PolicySeries, VariantSeries
 from kvoffload.controller.reconcile import Controller
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import parse_policy
@@ -99,7 +102,7 @@ async def test_the_capacity_metric_gives_each_tier_of_each_level_the_tokens_kvof
         tiers = {"cpu": level["cpuTokens"]} if level["cpuTokens"] is not None else {}
         tiers |= {t["name"]: t["tokens"] for t in level["secondaryTiers"]}
         for tier, tokens in tiers.items():
-            labels = {"namespace": NS, "policy": "chat", "level": level["name"], "tier": tier}
+            labels = {"policy_namespace": NS, "policy": "chat", "level": level["name"], "tier": tier}
             expected[tuple(sorted(labels.items()))] = float(tokens)
     assert published == expected
     # 114,688 B per Qwen3-0.6B token: the pilot's 512Mi, the 1Gi CPU tier, the 16Gi NVMe tier.
@@ -138,8 +141,8 @@ async def test_a_canary_adds_its_level_and_pinned_pool_and_the_deadline_moves_to
     metrics = controller.metrics
     assert by(metrics, "kvoffload_policy_phase", "phase", phase="Canary") == {"Canary": 1.0}
     assert set(samples(metrics, "kvoffload_variant_info", policy="chat")) == {
-        (("level", "gpu-only"), ("namespace", NS), ("policy", "chat"), ("variant", "stable")),
-        (("level", "cpu"), ("namespace", NS), ("policy", "chat"), ("variant", "canary")),
+        (("level", "gpu-only"), ("policy", "chat"), ("policy_namespace", NS), ("variant", "stable")),
+        (("level", "cpu"), ("policy", "chat"), ("policy_namespace", NS), ("variant", "canary")),
     }
     # One canary replica with the 1Gi CPU tier (overhead factor 1.0): its pool, as status.hostMemory says.
     status = status_of(kube)
@@ -215,7 +218,7 @@ async def test_an_oom_killed_canary_shows_as_degraded_for_that_reason_and_its_se
     assert by(metrics, "kvoffload_policy_phase", "phase", phase="RolledBack") == {"RolledBack": 1.0}
     degraded = samples(metrics, "kvoffload_policy_condition", policy="chat", condition="Degraded")
     assert degraded == {
-        (("condition", "Degraded"), ("namespace", NS), ("policy", "chat"), ("reason", "CanaryOOMKilled")): 1.0
+        (("condition", "Degraded"), ("policy", "chat"), ("policy_namespace", NS), ("reason", "CanaryOOMKilled")): 1.0
     }  # one series per condition: the AsExpected one is gone, not left at 0 beside it
     assert by(metrics, "kvoffload_variant_info", "variant") == {"stable": 1.0}
     assert samples(metrics, "kvoffload_policy_stage_deadline_timestamp_seconds", policy="chat") == {}
@@ -290,3 +293,45 @@ def test_the_families_are_described_even_before_any_policy() -> None:
         "kvoffload_tier_capacity_tokens",
     ):
         assert f"# TYPE {family} gauge" in text
+
+
+def test_no_series_carries_a_label_prometheus_sets_on_the_target() -> None:
+    # Scraped without honorLabels (a Prometheus with overrideHonorLabels), such a label would become exported_*.
+    metrics = OperatorMetrics()
+    metrics.publish_policy(
+        "uid-chat",
+        PolicySeries(
+            NS,
+            "chat",
+            Phase.CANARY.value,
+            conditions=(("Degraded", "AsExpected", False),),
+            stage_deadline=1.0,
+            last_decisions=(("Promoted", "cpu", 1.0),),
+            variants=(VariantSeries("canary", "cpu", 1, GIB),),
+            tier_capacity=(("cpu", "cpu", 9362),),
+        ),
+    )
+    metrics.count_decisions(["Promoted"])
+    metrics.api_errors.labels(operation="patch_status").inc()
+    metrics.workload_reads.labels(source="watch").inc()
+    metrics.cycle_seconds.observe(0.1)
+    text = generate_latest(metrics.registry).decode()
+    families = list(text_string_to_metric_families(text))
+    labels = {label for family in families for sample in family.samples for label in sample.labels}
+    assert {"policy_namespace", "policy", "variant", "tier", "operation"} <= labels  # every family had samples
+    assert labels.isdisjoint(TARGET_LABELS), labels & TARGET_LABELS
+    (deadline,) = [f for f in families if f.name == "kvoffload_policy_stage_deadline_timestamp_seconds"]
+    assert [s.labels for s in deadline.samples] == [{"policy_namespace": NS, "policy": "chat"}]
+
+
+def test_every_api_operation_and_every_decision_has_its_count_from_the_start() -> None:
+    # A dashboard's rate of API errors then reads 0 on a healthy operator instead of "no data", and increase()
+    # counts a process's first Rollback (a counter first seen at 1 would count from there).
+    source = inspect.getsource(reconcile)
+    named = set(re.findall(r'_api\(\s*"(\w+)"', source)) | set(re.findall(r'operation="(\w+)"', source))
+    assert named == set(API_OPERATIONS)
+    registry = OperatorMetrics().registry
+    for operation in API_OPERATIONS:
+        assert registry.get_sample_value("kvoffload_api_errors_total", {"operation": operation}) == 0.0
+    for decision in Decision:
+        assert registry.get_sample_value("kvoffload_decisions_total", {"decision": decision.value}) == 0.0

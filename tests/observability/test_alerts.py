@@ -162,8 +162,47 @@ def test_every_alert_names_the_policy_and_its_namespace_or_is_about_the_operator
     for rule in alert_rules(load(RULES)):
         text = rule["annotations"]["summary"] + rule["annotations"]["description"]
         if rule["alert"] != "KVOffloadOperatorDown":
-            assert "{{ $labels.namespace }}/{{ $labels.policy }}" in text, rule["alert"]
+            # policy_namespace: `namespace` on the operator's series is the operator's own.
+            assert "{{ $labels.policy_namespace }}/{{ $labels.policy }}" in text, rule["alert"]
+            assert "$labels.namespace" not in text, rule["alert"]
         assert rule["labels"]["severity"] in ("warning", "critical")
+
+
+RUNBOOKS = "https://github.com/kvoffload/kvoffload/blob/main/docs/troubleshooting.md"
+"""The runbook base written in the rules file: the repository's guide (Chart.yaml's source)."""
+
+
+def github_anchors(markdown: str) -> set[str]:
+    """The anchors GitHub gives a document's headings: lower case, punctuation but - and _ dropped, spaces to -,
+    a repeated one numbered."""
+    anchors: set[str] = set()
+    for heading in re.findall(r"^#{1,6} (.+?)\s*$", markdown, re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        anchor, n = slug, 0
+        while anchor in anchors:
+            n += 1
+            anchor = f"{slug}-{n}"
+        anchors.add(anchor)
+    return anchors
+
+
+def test_github_anchors_are_made_as_github_makes_them() -> None:
+    text = "# A\n## The external share stays at zero (no reuse)\n### /dev/shm too small\n## A\n"
+    assert github_anchors(text) == {"a", "the-external-share-stays-at-zero-no-reuse", "devshm-too-small", "a-1"}
+
+
+def test_every_alert_links_its_own_section_of_the_troubleshooting_guide() -> None:
+    guide = (paths.ROOT / "docs" / "troubleshooting.md").read_text()
+    anchors = github_anchors(guide)
+    assert (CHART / "Chart.yaml").read_text().count("https://github.com/kvoffload/kvoffload") == 1
+    for rule in alert_rules(load(RULES)):
+        url = rule["annotations"]["runbook_url"]
+        base, _, anchor = url.partition("#")
+        assert (base, anchor) == (RUNBOOKS, rule["alert"].lower()), url
+        assert anchor in anchors, f"{rule['alert']}: no heading of docs/troubleshooting.md makes #{anchor}"
+    # Each section's links within the guide land too.
+    for link in re.findall(r"\]\(#([^)]+)\)", guide):
+        assert link in anchors, link
 
 
 # --- the chart -----------------------------------------------------------------------------------
@@ -210,6 +249,15 @@ def test_the_chart_s_rules_select_the_series_labels_the_values_name(chart: helm.
     path.write_text(text)
     result = promtool("check", "rules", str(path), cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_the_chart_s_rules_link_the_runbooks_under_the_base_the_values_name(chart: helm.Chart) -> None:
+    values = {"prometheusRule": {"enabled": True, "runbookBaseUrl": "https://wiki.example.com/llm/kvoffload"}}
+    (rule,) = prometheus_rules(chart, values)
+    urls = [r["annotations"]["runbook_url"] for g in rule["spec"]["groups"] for r in g["rules"] if "alert" in r]
+    assert urls == [f"https://wiki.example.com/llm/kvoffload#{alert.lower()}" for alert in ALERTS]
+    (default,) = prometheus_rules(chart, {"prometheusRule": {"enabled": True}})
+    assert RUNBOOKS in yaml.safe_dump(default["spec"])
 
 
 def test_alerts_without_the_operator_s_metrics_are_refused(chart: helm.Chart) -> None:

@@ -43,7 +43,7 @@ def load_dashboard() -> Obj:
 
 def panel_targets(dashboard: Obj) -> Iterator[tuple[str, Obj]]:
     for panel in dashboard["panels"]:
-        for target in panel["targets"]:
+        for target in panel.get("targets", []):  # a row has none
             yield panel["title"], target
 
 
@@ -68,6 +68,11 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
         "KV cache usage",
         "Pinned memory requested",
         "Tier capacity per pod",
+        "Fleet",
+        "Policies per phase",
+        "Rollbacks per day",
+        "Reconcile cycle time",
+        "Kubernetes API errors",
     ):
         assert any(title.startswith(wanted) for title in titles), wanted
     annotations = {a["name"]: a for a in load_dashboard()["annotations"]["list"]}
@@ -77,18 +82,36 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
     assert all(a["useValueForTime"] for a in annotations.values())  # the value is the decision's time, in ms
 
 
-def test_every_query_goes_to_the_chosen_prometheus_and_the_chosen_policy() -> None:
+FLEET = ("Policies per phase", "Rollbacks per day", "Reconcile cycle time", "Kubernetes API errors")
+"""The fleet row's panels: every policy of the chosen clusters, not the chosen one."""
+PER_POLICY = ("kvoffload_policy_", "kvoffload_variant_", "kvoffload_tier_capacity_")
+"""The operator's per-policy families: labelled policy_namespace and policy (controller/metrics.py)."""
+
+
+def test_every_query_goes_to_the_chosen_prometheus_cluster_and_policy() -> None:
     dashboard = load_dashboard()
-    assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource", "namespace", "policy"]
+    assert [v["name"] for v in dashboard["templating"]["list"]] == ["datasource", "cluster", "namespace", "policy"]
+    cluster = dashboard["templating"]["list"][1]
+    # All is .*, which also matches series without a cluster label: one Prometheus per cluster works unchanged.
+    assert (cluster["includeAll"], cluster["allValue"], cluster["current"]["value"]) == (True, ".*", "$__all")
     for title, target in panel_targets(dashboard):
         assert target["datasource"] == {"type": "prometheus", "uid": "${datasource}"}, title
     for expr in every_expr(dashboard):
-        for selector in re.findall(r"(vllm:[a-z_:]+)\{([^}]*)\}", expr):
-            assert "kvoffload_io_policy" in selector[1], expr
-        for selector in re.findall(r"(kvoffload_[a-z_]+)\{([^}]*)\}", expr):
-            assert 'namespace="$namespace", policy="$policy"' in selector[1], expr
-    panels = [t["expr"] for _, t in panel_targets(dashboard)]
-    assert all('namespace="$namespace"' in e for e in panels)
+        # Metric names; kvoffload_io_* are the engines' series labels (seriesLabels), not metrics.
+        selectors = re.findall(r"(?<![\w:])((?:vllm:|kvoffload_(?!io_))[a-z_:]+)(\{[^}]*\})?", expr)
+        assert selectors, expr
+        for name, selector in selectors:
+            if expr.startswith(f"label_values({name},"):  # the cluster variable's own source
+                continue
+            assert selector.startswith('{cluster=~"$cluster"'), expr
+            if name.startswith("vllm:"):
+                assert "kvoffload_io_policy" in selector, expr
+            # The operator's own `namespace` is its target's; the policy's is policy_namespace.
+            assert not re.search(r"[{ ,]namespace=", selector) or name.startswith("vllm:"), expr
+            if name.startswith(PER_POLICY):
+                assert 'policy_namespace="$namespace", policy="$policy"' in selector, expr
+    for title, target in panel_targets(dashboard):
+        assert (title in FLEET) != ('namespace="$namespace"' in target["expr"]), title
 
 
 def test_the_engine_series_it_reads_are_vllm_0_32_s_names_in_the_dialect_table() -> None:
@@ -170,6 +193,7 @@ def grafana(expr: str, namespace: str, policy: str) -> str:
     """The expression as Grafana sends it, the dashboard's variables filled in."""
     return (
         expr.replace("$__rate_interval", RATE_INTERVAL)
+        .replace("$cluster", ".*")  # All
         .replace("$namespace", namespace)
         .replace("$policy", policy)
         .replace("${datasource}", "prometheus")
@@ -218,8 +242,10 @@ async def test_every_panel_variable_and_annotation_query_returns_data_from_the_l
     dashboard = load_dashboard()
     async with LocalCluster(tmp_path / "cluster", engine_args=["--gpu-kv-blocks", str(ENGINE_GPU_KV_BLOCKS)]) as lab:
         port = free_port()
-        # Scraped as the chart's ServiceMonitor would (honorLabels): the series keep the policy's namespace.
-        lab.prometheus.set_target("kvoffload-operator", f"127.0.0.1:{port}", {"job": "kvoffload"})
+        # Scraped as the chart's ServiceMonitor would be, without honorLabels (the lab's Prometheus honors none):
+        # the target's labels are the operator's, and a Thanos-style cluster label on top.
+        target = {"job": "kvo-kvoffload-metrics", "namespace": "kvoffload-system", "pod": "kvo-kvoffload-0"}
+        lab.prometheus.set_target("kvoffload-operator", f"127.0.0.1:{port}", target | {"cluster": "lab"})
         url = lab.prometheus.url
         async with running_operator(lab, metrics_port=port):
             await lab.apply(policy_doc("chat", lab))  # gpu-only -> cpu -> nvme, every duration in seconds
@@ -252,15 +278,15 @@ def check_capacity(lab: LocalCluster, url: str, end: float) -> str:
     assert result.exit_code == 0, result.output
     plan = {level["name"]: plan_figures(level) for level in json.loads(result.stdout)["levels"]}
     scraped: dict[str, dict[str, int]] = {}
-    for series in query(url, 'kvoffload_tier_capacity_tokens{namespace="default", policy="chat"}', end=end):
+    for series in query(url, 'kvoffload_tier_capacity_tokens{policy_namespace="default", policy="chat"}', end=end):
         labels = series["metric"]
         scraped.setdefault(labels["level"], {})[labels["tier"]] = int(float(series["value"][1]))
     assert scraped == {level: tiers for level, tiers in plan.items() if tiers}
     # The README's query for routers: the capacity of the level each variant runs (only the stable one is left).
     running = query(
         url,
-        'kvoffload_tier_capacity_tokens{namespace="default", policy="chat"}'
-        " * on (namespace, policy, level) group_left (variant) kvoffload_variant_info",
+        'kvoffload_tier_capacity_tokens{policy_namespace="default", policy="chat"}'
+        " * on (policy_namespace, policy, level) group_left (variant) kvoffload_variant_info",
         end=end,
     )
     assert {(s["metric"]["variant"], s["metric"]["tier"]): int(float(s["value"][1])) for s in running} == {
@@ -287,7 +313,7 @@ def run_every_query(url: str, dashboard: Obj, start: float, end: float) -> str:
     """Run each query of the dashboard as Grafana would; fail on an empty answer; say what came back."""
     report = []
     for panel in dashboard["panels"]:
-        for target in panel["targets"]:
+        for target in panel.get("targets", []):
             expr = grafana(target["expr"], "default", "chat")
             instant = bool(target.get("instant"))
             result = query(url, expr, end=end) if instant else query(url, expr, start=start, end=end)
@@ -305,13 +331,22 @@ def run_every_query(url: str, dashboard: Obj, start: float, end: float) -> str:
         match = re.fullmatch(r"label_values\((.+), (\w+)\)", grafana(variable["query"]["query"], "default", "chat"))
         assert match, variable["query"]["query"]
         values = label_values(url, match[1], match[2])
-        assert {"namespace": "default", "policy": "chat"}[variable["name"]] in values, (variable["name"], values)
+        assert {"cluster": "lab", "namespace": "default", "policy": "chat"}[variable["name"]] in values, (
+            variable["name"],
+            values,
+        )
         report.append(f"variable {variable['name']}: {sorted(values)}")
+    # The fleet row counts the OOM rollback (its counter starts at 0, so increase() sees it).
+    (rollbacks,) = [t["expr"] for p in dashboard["panels"] if p["title"] == "Rollbacks per day" for t in p["targets"]]
+    assert [float(s["value"][1]) > 0 for s in query(url, grafana(rollbacks, "default", "chat"), end=end)] == [True]
     # The alerts read the same operator series: the OOM alert's condition holds for chat, the rollback one's not.
     rules = yaml.safe_load((CHART / "files" / "prometheus-rules.yaml").read_text())
     exprs = {r["alert"]: r["expr"] for g in rules["groups"] for r in g["rules"] if "alert" in r}
     oom = query(url, exprs["KVOffloadCanaryOOMKilled"], end=end)
-    assert [s["metric"] for s in oom] == [{"namespace": "default", "policy": "chat"}]
+    assert [s["metric"] for s in oom] == [{"namespace": "default", "policy_namespace": "default", "policy": "chat"}]
+    operator = query(url, '{__name__=~"kvoffload_.+"}', end=end)
+    assert operator
+    assert not [s["metric"] for s in operator if any(k.startswith("exported_") for k in s["metric"])]
     assert query(url, exprs["KVOffloadPolicyRolledBack"], end=end) == []
     report.append(
         "alerts: KVOffloadCanaryOOMKilled's condition holds for default/chat, KVOffloadPolicyRolledBack's not"

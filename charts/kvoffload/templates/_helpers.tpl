@@ -108,3 +108,8 @@ kvoffload_io_level, kvoffload_io_config_hash), with seriesLabels in their place.
 {{- $labels := .root.Values.seriesLabels }}
 {{- .text | replace "kvoffload_io_policy" $labels.policy | replace "kvoffload_io_level" $labels.level | replace "kvoffload_io_config_hash" $labels.configHash }}
 {{- end }}
+
+{{/* The runbook base URL written in files/prometheus-rules.yaml (the default of prometheusRule.runbookBaseUrl). */}}
+{{- define "kvoffload.runbookBaseUrl" -}}
+https://github.com/kvoffload/kvoffload/blob/main/docs/troubleshooting.md
+{{- end }}

@@ -16,7 +16,7 @@ operator decided and how it is doing, not what the engines do (those come from v
 - ``kvoffload_policies{phase}``: policies per phase.
 - ``kvoffload_reconcile_errors_total``: reconciles that ended in an unexpected error.
 
-Per policy (labels ``namespace`` and ``policy``; alerts and the dashboard select on them):
+Per policy (labels ``policy_namespace`` and ``policy``; alerts and the dashboard select on them):
 
 - ``kvoffload_policy_phase{phase}``: 1 for the policy's phase, 0 for every other.
 - ``kvoffload_policy_condition{condition,reason}``: 1 while a condition is True, 0 while False.
@@ -36,8 +36,10 @@ type (with its current reason only), per decision (with its latest stage only), 
 (two at most), and per tier of each ladder level. Every label value comes from a fixed enum or the
 policy's own ladder; none from requests, pods or time, so rolling pods or a long life add nothing.
 
-Scrape them with ``honorLabels: true`` (the chart's ServiceMonitor does): otherwise the target's own
-``namespace`` label, the operator's, pushes the policy's aside into ``exported_namespace``.
+No label is one Prometheus sets on a target (``namespace``, ``pod``, ``job``, ``instance``, ``service``,
+``container``, ``endpoint``): the policy's namespace is ``policy_namespace``, so the series mean the same
+whether scraped with ``honorLabels`` or not (a Prometheus with ``overrideHonorLabels``, as multi-tenant setups
+run, would turn a ``namespace`` of ours into ``exported_namespace``), and ``namespace`` stays the operator's.
 """
 
 from __future__ import annotations
@@ -53,14 +55,20 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PAUSED, PROGRESSING, Reason
+from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PAUSED, PROGRESSING, Decision, Reason
 from kvoffload.api.quantity import parse_duration
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase
 from kvoffload.controller.health import Health, serve
 from kvoffload.policy.ladder import Level
 from kvoffload.policy.sizing import host_memory, progress_deadline_seconds, tier_capacity_tokens
 
-POLICY_LABELS = ("namespace", "policy")
+POLICY_LABELS = ("policy_namespace", "policy")
+"""The labels naming a policy; none is a target label, which a scrape without honorLabels would rename."""
+TARGET_LABELS = frozenset({"namespace", "pod", "job", "instance", "service", "container", "endpoint", "cluster"})
+"""Labels a Prometheus (or the Prometheus Operator's ServiceMonitor, or a Thanos/Mimir external label) sets on the
+operator's series itself: no series of ours may carry one."""
+API_OPERATIONS = ("list", "read_configmap", "read_secret", "apply", "scale", "delete", "patch_status")
+"""The ``operation`` values of ``kvoffload_api_errors_total``: the Kubernetes API calls the reconcile makes."""
 
 
 @dataclass(frozen=True)
@@ -312,6 +320,10 @@ class OperatorMetrics:
             self.policies.labels(phase=phase.value).set(0)
         for verdict in ("Pass", "Fail", "Inconclusive"):
             self.verdicts.labels(verdict=verdict)
+        for decision in Decision:  # from 0, so that increase() counts the first Rollback of a process too
+            self.decisions.labels(decision=decision.value)
+        for operation in API_OPERATIONS:  # at 0 from the start: a rate of errors reads 0, not "no data"
+            self.api_errors.labels(operation=operation)
 
     def count_decisions(self, decisions: Iterable[str]) -> None:
         for decision in decisions:
