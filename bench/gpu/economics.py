@@ -1,7 +1,9 @@
 """Issue 26, part 4: the GPU engine's cold, GPU-hit and CPU-restore TTFT beside the predictions.
 
-Reads the device run (bench/gpu/2026-12-05-h100-results.json: real vLLM 0.26.0 on one H100, a random-weight
-Qwen3-0.6B, native CPU tier of 4 GiB) and prices the same requests with
+Reads the device runs (real vLLM 0.26.0 on one H100): bench/gpu/2026-12-05-h100-results.json (a random-weight
+Qwen3-0.6B, native CPU tier of 4 GiB), and the second session's 2026-12-05-h100-s2-results.json and
+-s2-eager8b-results.json (a random-weight Qwen3-8B, CPU tier of 8 GiB, the same protocol: 520 GPU blocks).
+It prices the same requests with
 
 - the shipped profiles (operator/kvoffload/economics/profiles/): the measured H200 one the issue names, and
   the estimated H100 one (the device was an H100), each with its own eager and cuda_graph prefill curves;
@@ -27,11 +29,26 @@ from kvoffload.economics.profile import shipped_profile
 from kvoffload.lab.engine.costmodel import class_cost, price
 
 HERE = Path(__file__).resolve().parent
-RESULTS = HERE / "2026-12-05-h100-results.json"
-MODEL = "Qwen/Qwen3-0.6B"
-KV_BYTES_PER_TOKEN = 114_688
-LAYERS = 28
-RUNS = {"cuda_graph": "canary", "eager": "canary_eager"}
+DATASETS: tuple[dict[str, Any], ...] = (
+    {
+        "model": "Qwen/Qwen3-0.6B",
+        "kv_bytes_per_token": 114_688,
+        "layers": 28,
+        "runs": {
+            "cuda_graph": ("2026-12-05-h100-results.json", "canary"),
+            "eager": ("2026-12-05-h100-results.json", "canary_eager"),
+        },
+    },
+    {
+        "model": "Qwen/Qwen3-8B",
+        "kv_bytes_per_token": 147_456,
+        "layers": 36,
+        "runs": {
+            "cuda_graph": ("2026-12-05-h100-s2-results.json", "big8b_econ"),
+            "eager": ("2026-12-05-h100-s2-eager8b-results.json", "big8b_eager"),
+        },
+    },
+)
 SOURCE = "vllm:prompt_tokens_by_source_total{source=%s}"
 
 
@@ -44,36 +61,37 @@ def split(row: dict[str, Any], phase: str) -> dict[str, int]:
     }
 
 
-def profile_seconds(gpu_class: str, mode: str, s: dict[str, int]) -> float:
+def profile_seconds(gpu_class: str, mode: str, s: dict[str, int], data: dict[str, Any]) -> float:
     p = shipped_profile(gpu_class)
+    model, per_token = data["model"], data["kv_bytes_per_token"]
     cached = s["gpu_hit"] + s["cpu"]
     total = cached + s["computed"]
     if cached == 0:
-        compute = p.prefill_seconds(MODEL, total, mode)
+        compute = p.prefill_seconds(model, total, mode)
     else:
-        grow = p.prefill_seconds(MODEL, total, mode) - p.prefill_seconds(MODEL, cached, mode)
-        compute = p.prefill_seconds(MODEL, 1, mode) + max(0.0, grow)
-    page = vllm_page_bytes(KV_BYTES_PER_TOKEN, LAYERS)
-    restore = p.restore_seconds(s["cpu"] * KV_BYTES_PER_TOKEN, page) if s["cpu"] else 0.0
+        grow = p.prefill_seconds(model, total, mode) - p.prefill_seconds(model, cached, mode)
+        compute = p.prefill_seconds(model, 1, mode) + max(0.0, grow)
+    page = vllm_page_bytes(per_token, data["layers"])
+    restore = p.restore_seconds(s["cpu"] * per_token, page) if s["cpu"] else 0.0
     return compute + restore
 
 
-def emulator_seconds(gpu_class: str, s: dict[str, int]) -> float:
-    cost = class_cost(gpu_class, MODEL)
+def emulator_seconds(gpu_class: str, s: dict[str, int], data: dict[str, Any]) -> float:
+    cost = class_cost(gpu_class, data["model"])
     return price(
         cost,
         computed_tokens=s["computed"],
         cpu_restored_tokens=s["cpu"],
         disk_restored_tokens=0,
-        kv_bytes_per_token=KV_BYTES_PER_TOKEN,
+        kv_bytes_per_token=data["kv_bytes_per_token"],
         gpu_hit_tokens=s["gpu_hit"],
     ).ttft_s
 
 
 def main() -> None:
-    res = json.loads(RESULTS.read_text())
     rows_out = []
-    for mode, run in RUNS.items():
+    for data, (mode, (results, run)) in ((d, r) for d in DATASETS for r in d["runs"].items()):
+        res = json.loads((HERE / results).read_text())
         for length in ("1480", "3200"):
             econ = res["runs"][run]["econ"][length]
             rows = [r for r in econ["rows"] if r["rep"] >= 0]
@@ -84,6 +102,7 @@ def main() -> None:
                 assert all(split(r, phase) == s for r in rows), (mode, length, phase)
                 measured = xs[len(xs) // 2]
                 out: dict[str, Any] = {
+                    "model": data["model"],
                     "mode": mode,
                     "tokens": int(length),
                     "phase": phase,
@@ -93,22 +112,26 @@ def main() -> None:
                     "median_ms": measured,
                 }
                 for name, gpu_class in (("h200_profile", "nvidia-h200-141gb"), ("h100_profile", "nvidia-h100-80gb")):
-                    ms = profile_seconds(gpu_class, mode, s) * 1e3
+                    ms = profile_seconds(gpu_class, mode, s, data) * 1e3
                     out[name + "_ms"] = round(ms, 2)
                     out[name + "_error"] = round(ms / measured - 1.0, 3)
                 for name, gpu_class in (("emulator_h200", "nvidia-h200-141gb"), ("emulator_h100", "nvidia-h100-80gb")):
-                    ms = emulator_seconds(gpu_class, s) * 1e3
+                    ms = emulator_seconds(gpu_class, s, data) * 1e3
                     out[name + "_ms"] = round(ms, 2)
                     out[name + "_error"] = round(ms / measured - 1.0, 3)
                 rows_out.append(out)
     (HERE / "economics.json").write_text(json.dumps(rows_out, indent=1) + "\n")
     cols = ("h200_profile", "h100_profile", "emulator_h200", "emulator_h100")
-    print("mode        tokens phase        split(c/g/cpu)   measured  " + "  ".join(f"{c:>20}" for c in cols))
+    print(
+        "model           mode        tokens phase        split(c/g/cpu)   measured  "
+        + "  ".join(f"{c:>20}" for c in cols)
+    )
     for r in rows_out:
         s = r["split"]
         preds = "  ".join(f"{r[c + '_ms']:8.2f} ({r[c + '_error']:+6.0%})" for c in cols)
         print(
-            f"{r['mode']:<11} {r['tokens']:>6} {r['phase']:<12} {s['computed']:>4}/{s['gpu_hit']:>4}/{s['cpu']:>4}"
+            f"{r['model']:<15} {r['mode']:<11} {r['tokens']:>6} {r['phase']:<12} "
+            f"{s['computed']:>4}/{s['gpu_hit']:>4}/{s['cpu']:>4}"
             f"  {r['median_ms']:8.2f}  {preds}"
         )
 

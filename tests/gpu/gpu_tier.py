@@ -15,6 +15,11 @@ tests/gpu/prepare_local.py from `kvoffload render` output) and, step by step unt
   eager     the canary again with --enforce-eager: the same economics protocol
   exact12   level 1 with a 12 GiB tier, the rendered args verbatim: memory against the request
   big       (if time is left) a random Qwen3-8B with its 8 GiB level, verbatim: memory
+  big_econ  the economics protocol on Qwen3-8B (CUDA graphs, 520 GPU blocks); big_eager the same eager
+  boundary  held-out check of the per-layer sizing rule: 3.5 and 3.6 GiB tiers on Qwen3-0.6B, memory only
+
+ONLY=a,b runs just those steps after install/probe/smoke/build; STEPS=a,b on a machine already set up
+(the kit in /tmp/site): probe, then those steps.
 
 Every engine runs the level's rendered container command and args (`/bin/sh -c 'rm -f
 /dev/shm/vllm_offload_*; exec vllm serve "$@"'`), inside a cgroup whose memory.max is the rendered
@@ -962,14 +967,98 @@ def big() -> dict:
     return verbatim("big8b", "qwen3-8b-h100-cpu8g-level1")
 
 
+@step("big_econ")
+def big_econ() -> dict:
+    """Qwen3-8B economics (cold, GPU hit, CPU restore), CUDA graphs, with the GPU-block override of the pair."""
+    if left() < 260:
+        raise RuntimeError(f"skipped: only {left():.0f}s left")
+    build("Qwen/Qwen3-8B")
+    e = Engine(
+        "big8b_econ",
+        "qwen3-8b-h100-cpu8g-level1",
+        8000,
+        extra=["--num-gpu-blocks-override", OVERRIDE],
+    )
+    try:
+        e.start()
+        if not e.wait_up(400):
+            raise RuntimeError("not up: " + e.log_tail(20))
+        e.memory_report("idle")
+        run_econ([e], lengths=(3200, 1480), tag="8b")
+        e.memory_report("after-econ")
+    finally:
+        e.stop()
+    return {}
+
+
+@step("big_eager")
+def big_eager() -> dict:
+    """The same with --enforce-eager."""
+    build("Qwen/Qwen3-8B")
+    e = Engine(
+        "big8b_eager",
+        "qwen3-8b-h100-cpu8g-level1",
+        8000,
+        extra=["--num-gpu-blocks-override", OVERRIDE, "--enforce-eager"],
+    )
+    try:
+        e.start()
+        if not e.wait_up(300):
+            raise RuntimeError("not up: " + e.log_tail(20))
+        e.memory_report("idle")
+        run_econ([e], lengths=(3200, 1480), tag="8b-eager")
+        e.memory_report("after-econ")
+    finally:
+        e.stop()
+    return {}
+
+
+@step("boundary")
+def boundary() -> dict:
+    """Held-out check of the per-layer rule (operator/kvoffload/policy/sizing.py): tiers of 3.5 GiB
+    (28 x 128 MiB, a power of two a layer: predicted 3.5 GiB pinned) and 3.6 GiB (131.7 MiB a layer:
+    predicted 28 x 256 MiB = 7 GiB), eager to start faster; memory only."""
+    for name, size in (("tier3p5", "3.5"), ("tier3p6", "3.6")):
+        e = Engine(
+            name,
+            "qwen3-0.6b-h100-cpu4g-level1",
+            8000,
+            extra=["--enforce-eager"],
+            replace={"--kv-offloading-size": size},
+        )
+        try:
+            e.start()
+            if not e.wait_up(240):
+                raise RuntimeError("not up: " + e.log_tail(20))
+            time.sleep(2)
+            e.memory_report("idle")
+        finally:
+            e.stop()
+    return {}
+
+
+STEPS = {
+    "boundary": boundary,
+    "pair": pair,
+    "eager": eager,
+    "exact12": exact12,
+    "big": big,
+    "big_econ": big_econ,
+    "big_eager": big_eager,
+}
+
+
 def main() -> None:
     os.makedirs(WORK, exist_ok=True)
     log(f"driver start; deadline in {left():.0f}s; res {RES}")
     only = os.environ.get("STEPS")  # a local dry run against the emulator: STEPS=pair,eager
-    if only:
-        for name, fn in (("pair", pair), ("eager", eager), ("exact12", exact12)):
-            if name in only.split(","):
-                fn()
+    if only:  # on a machine already set up (or a local dry run against the emulator): no install
+        if os.path.isdir(SITE):
+            probe()
+        for name in only.split(","):
+            STEPS[name]()
+        R["outcome"] = "done"
+        save()
         return
     if not install() or not probe() or not smoke():
         R["outcome"] = "blocked"
@@ -980,7 +1069,11 @@ def main() -> None:
         save()
         return
     R["can"] = dict(CAN)
-    for name, fn in (("pair", pair), ("eager", eager), ("exact12", exact12), ("big", big)):
+    # ONLY=exact12,big,big_econ: the 2026-12-05 second session ran just what the first left unmeasured
+    chosen = os.environ.get("ONLY", "pair,eager,exact12,big").split(",")
+    R["only"] = chosen
+    for name in chosen:
+        fn = STEPS[name]
         if left() < 120:
             R["steps"][name] = {"ok": False, "error": f"skipped: {left():.0f}s left"}
             continue

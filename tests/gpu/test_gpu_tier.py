@@ -21,12 +21,16 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvoffload.analysis import dialects
-from kvoffload.api.quantity import GIB
+from kvoffload.api.quantity import GIB, MIB, quantity_bytes
+from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.lab.engine.flags import parse_argv
 from kvoffload.lab.engine.metrics import EngineMetrics
+from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.sizing import engine_pinned_bytes, per_layer_pinned_bytes
 from tests.lab.test_emulator_conformance import Shape, shapes
 from tests.support import paths
 
@@ -35,6 +39,7 @@ OFFLOAD_CAPTURE = paths.DATA / "vllm-0.26.0-gpu-offload-metrics.txt"
 GPU_CAPTURE = paths.DATA / "vllm-0.26.0-gpu-metrics.txt"
 """The stable (GPU-only level) engine's /metrics, same run."""
 MEMORY = paths.DATA / "vllm-0.26.0-gpu-memory.json"
+POLICIES = paths.TESTS / "gpu" / "policies"
 
 # Families vLLM 0.26 serves that the emulator does not: the scheduler-side offload metrics of
 # vllm/distributed/kv_transfer/kv_connector/v1/offloading/metrics.py and the CPU manager's gauges.
@@ -124,13 +129,74 @@ def _pow2(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
+def _policy(level_key: str) -> KVOffloadPolicy:
+    name = level_key.rsplit("-level", 1)[0]
+    return KVOffloadPolicy.model_validate(yaml.safe_load((POLICIES / f"{name}.yaml").read_text()))
+
+
 def test_the_rendered_request_held_the_engine_with_its_headroom() -> None:
     runs = json.loads(MEMORY.read_text())["runs"]
-    headroom = 2 * GIB  # tests/gpu/policies/qwen3-0.6b-h100-cpu4g.yaml
-    for run in runs.values():
+    assert len(runs) == 9
+    for name, run in runs.items():
+        headroom = quantity_bytes(_policy(run["level"]).spec.resources.headroom)  # 2 GiB (0.6B), 4 GiB (8B)
         assert run["limit"].startswith("cgroup v2 memory.max=")
         assert run["oom_kill"] == 0
-        assert run["cgroup_memory_peak"] <= run["memory_request_bytes"] - headroom
+        assert run["cgroup_memory_peak"] <= run["memory_request_bytes"] - headroom, name
+
+
+def test_the_second_session_ran_under_a_private_dev_shm_of_the_rendered_size() -> None:
+    runs = json.loads(MEMORY.read_text())["runs"]
+    for name in ("exact12", "big8b", "big8b_econ", "big8b_eager", "tier3p5", "tier3p6"):
+        run = runs[name]
+        assert run["shm"].startswith("private tmpfs /dev/shm"), name
+        assert run["dev_shm_size_kB_seen"] == [run["shm_bytes"] // 1024], name
+        assert run["dev_shm_used_peak_kB"] < 1024, name  # nothing of the tier in /dev/shm on 0.26
+
+
+# The engine's own pinned buffers besides the tier (cgroup shmem of the GPU-only engine with 520 GPU
+# blocks, and what every tier run showed beyond its tensors): they grow with the GPU block count.
+OWN_PINNED_MAX = 128 * MIB
+
+
+@pytest.mark.parametrize(
+    ("name", "level_cpu"),
+    [
+        ("exact12", None),  # the rendered 12 GiB level, verbatim
+        ("big8b", None),  # Qwen3-8B, the rendered 8 GiB level, verbatim
+        ("big8b_econ", None),
+        ("big8b_eager", None),
+        ("tier3p5", "3584Mi"),  # 128 MiB a layer: no rounding
+        ("tier3p6", None),  # 3.6 GiB (not a whole MiB): per_layer_pinned_bytes below
+    ],
+)
+def test_the_sizing_rule_predicts_the_pinned_tier_held_out(name: str, level_cpu: str | None) -> None:
+    """The per-layer rule (operator/kvoffload/policy/sizing.py) was written from vLLM's source before these
+    runs: each tier's pinned bytes are the rule's to the byte, plus the engine's own pinned buffers."""
+    run = json.loads(MEMORY.read_text())["runs"][name]
+    policy = _policy(run["level"])
+    spec = policy.spec
+    if level_cpu is not None:
+        spec = spec.model_copy(update={"offload": spec.offload.model_copy(update={"cpu": level_cpu})})
+    level = build_ladder(spec)[-1]
+    if name == "tier3p6":
+        predicted = per_layer_pinned_bytes(int(3.6 * GIB), run["layers"])
+    else:
+        assert level.cpu_bytes == int(run["kv_offloading_size_gib"] * GIB)
+        predicted = engine_pinned_bytes(spec, level)
+    own = run["cgroup_shmem_peak"] - predicted
+    assert 0 < own < OWN_PINNED_MAX, (name, predicted, run["cgroup_shmem_peak"])
+    assert own == (71_573_504 if run["num_gpu_blocks_override"] else 90_447_872), name
+
+
+def test_the_old_pool_was_short_by_the_rounding() -> None:
+    """pool = tier (overheadFactor 1.0) against what the engine pinned for the tier."""
+    runs = json.loads(MEMORY.read_text())["runs"]
+    short = {
+        name: per_layer_pinned_bytes(int(runs[name]["kv_offloading_size_gib"] * GIB), runs[name]["layers"])
+        - int(runs[name]["kv_offloading_size_gib"] * GIB)
+        for name in ("canary", "exact12", "big8b", "tier3p5")
+    }
+    assert short == {"canary": 3 * GIB, "exact12": 2 * GIB, "big8b": 1 * GIB, "tier3p5": 0}
 
 
 def test_vllm_026_pins_per_layer_tensors_rounded_to_a_power_of_two() -> None:
