@@ -126,7 +126,9 @@ def values_for(node: dict[str, Any]) -> st.SearchStrategy[Any]:
             options.append(st.sampled_from(["600000h", "721h", "720h", "0s", "1ns", "9" * 31 + "h"]))
     elif kind == "array":
         item = node.get("items") or {}
-        options += [st.lists(values_for(item), max_size=3), st.just([]), st.just(["x"] * (node.get("maxItems", 8) + 1))]
+        # DELETE takes a field away; inside a list it would be a value no JSON can hold.
+        items = values_for(item).filter(lambda v: v is not DELETE)
+        options += [st.lists(items, max_size=3), st.just([]), st.just(["x"] * (node.get("maxItems", 8) + 1))]
     elif kind == "object":
         options.append(st.just({}))
     return st.one_of(options)

@@ -24,7 +24,7 @@ def parse_policy(obj: Any, source: str = "", tenancy: Tenancy = DEFAULT_TENANCY)
     if not isinstance(obj, dict):
         raise PolicyError([FieldError("(object)", "expected a mapping (a YAML object)")], source)
     try:
-        policy = KVOffloadPolicy.model_validate(without_nulls(obj))
+        policy = KVOffloadPolicy.model_validate(as_the_server_reads(obj))
     except ValidationError as exc:
         raise PolicyError(errors_from(exc), source) from None
     problems = check_policy(policy) + check_tenancy(policy, tenancy)
@@ -33,13 +33,17 @@ def parse_policy(obj: Any, source: str = "", tenancy: Tenancy = DEFAULT_TENANCY)
     return policy
 
 
-def without_nulls(obj: Any) -> Any:
-    """``obj`` with every null field taken away, as kube-apiserver prunes them from a custom resource (no field
-    of the CRD is nullable) before it applies the defaults: ``plan`` then judges what the server would store."""
+def as_the_server_reads(obj: Any) -> Any:
+    """``obj`` as kube-apiserver reads a custom resource, so that ``plan`` judges what the server would store:
+    every null field taken away (no field of the CRD is nullable), and every string's UTF-16 surrogate pairs
+    joined. YAML reads a JSON escape such as ``\\ud8ae\\udf90`` as two lone surrogates where the server's JSON
+    decoder reads one character; a lone one becomes U+FFFD, as there."""
     if isinstance(obj, dict):
-        return {k: without_nulls(v) for k, v in obj.items() if v is not None}
+        return {as_the_server_reads(k): as_the_server_reads(v) for k, v in obj.items() if v is not None}
     if isinstance(obj, list):
-        return [without_nulls(v) for v in obj]
+        return [as_the_server_reads(v) for v in obj]
+    if isinstance(obj, str) and any("\ud800" <= c <= "\udfff" for c in obj):
+        return obj.encode("utf-16-le", "surrogatepass").decode("utf-16-le", "replace")
     return obj
 
 
