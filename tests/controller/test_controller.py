@@ -29,6 +29,7 @@ from kvoffload.api.conventions import (
     LABEL_CONFIG_HASH,
     LABEL_LEVEL,
     PLURAL,
+    PODS_NOT_SCRAPED,
     PROMETHEUS_TOKEN_UNREADABLE,
     RETRY,
 )
@@ -1175,3 +1176,35 @@ async def test_a_policy_past_every_bound_goes_invalid_once_and_is_never_retried_
     assert condition["message"].startswith(f"spec.offload.{field}: ")
     assert policy_body(kube)["metadata"]["resourceVersion"] == written
     assert [e.reason for e in await events(kube) if e.type == "Warning"] == ["SpecInvalid"]
+
+
+class UnscrapedProvider(CraftedProvider):
+    """A Prometheus that answers, and holds no series of any of the policy's pods."""
+
+    def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
+        self.calls.append(list(targets))
+        return {t.key: Measurements(canary=None, stable=None) for t in targets}
+
+
+async def test_pods_no_prometheus_scrapes_are_reported_naming_the_podmonitors_labels_the_operator_gave(
+    kube: EmulatedCluster, clock: Clock
+) -> None:
+    settings = ControllerSettings(monitor_labels={"release": "kvoffload-lab"})
+    controller = Controller(
+        kube.gateway(), MeasurementHub(UnscrapedProvider(), gather_window=0.0), settings=settings, clock=clock
+    )
+    await create_policy(kube)
+    await controller.reconcile(policy_body(kube))
+    await run_pods(kube, "chat-gpu-only", 4)
+
+    def reported() -> bool:
+        return any(c["type"] == PODS_NOT_SCRAPED for c in status_of(kube).get("conditions", []))
+
+    await reconcile_until(controller, kube, clock, reported)
+    (condition,) = [c for c in status_of(kube)["conditions"] if c["type"] == PODS_NOT_SCRAPED]
+    assert condition["status"] == "True"
+    assert "its PodMonitor chat (labels: " in condition["message"]
+    assert "release=kvoffload-lab" in condition["message"]  # the operator's --monitor-label, as rendered
+    monitor = kube.emulator.read_object("monitoring.coreos.com/v1", "PodMonitor", NS, "chat")
+    assert monitor is not None
+    assert monitor["metadata"]["labels"]["release"] == "kvoffload-lab"

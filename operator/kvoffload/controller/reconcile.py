@@ -61,7 +61,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from kvoffload.analysis.assess import Measurements, assess
+from kvoffload.analysis.assess import Measurements, assess, not_scraped
 from kvoffload.analysis.dialects import Dialect, confirm_dialect, dialect_for, version_from_image
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import Connection, Target
@@ -124,6 +124,7 @@ from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy, url_under
 from kvoffload.rollout.decide import (
     Observations,
     Plan,
+    PodMonitorRef,
     PodObservation,
     TokenCheck,
     VariantObservation,
@@ -403,6 +404,7 @@ class Controller:
             measurements=measurements,
             price=price,
             token=token,
+            pod_monitor=self._pod_monitor(policy) if not_scraped(measurements) else None,
         )
         decided = decide(spec, ctx.status, observations, ctx.now)
         variants = decided.variants
@@ -551,6 +553,11 @@ class Controller:
                 if self._unserved.pop(kind, None) is not None:  # served again: a later loss is told again
                     self._told_unserved = {told for told in self._told_unserved if told[1] != kind}
             self._children[child] = (key, now)
+
+    def _pod_monitor(self, policy: KVOffloadPolicy) -> PodMonitorRef:
+        """The PodMonitor as rendered, with every label it carries, for the PodsNotScraped message."""
+        metadata = render_pod_monitor(policy, self.settings.monitor_labels)["metadata"]
+        return PodMonitorRef(metadata["name"], dict(metadata.get("labels") or {}))
 
     async def _tell_unserved(self, ref: PolicyRef, kind: str) -> None:
         """Say once per policy that its PodMonitor cannot be written, and go on."""
