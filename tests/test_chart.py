@@ -183,6 +183,9 @@ INSTALLS: dict[str, Obj] = {
             "allowedImages": ["docker.io/vllm/vllm-openai", "registry.example.com/llm/*"],
             "prometheusAllowedUrls": ["https://prometheus.monitoring:9090/"],
             "prometheusAllowPrivate": False,
+            "allowedServiceAccounts": ["llm-engine"],
+            "allowedPriorityClasses": ["llm-high", "llm-low"],
+            "allowedRuntimeClasses": ["nvidia"],
         },
     },
     "webhook": {"webhook": {"enabled": True}},
@@ -555,6 +558,9 @@ def test_the_arguments_of_each_install_parse_as_kvoffload_run_options(chart: hel
     assert params["allowed_images"] == tuple(tenancy["allowedImages"])
     assert params["prometheus_allowed_urls"] == tuple(tenancy["prometheusAllowedUrls"])
     assert params["prometheus_allow_private"] is tenancy["prometheusAllowPrivate"]
+    assert params["allowed_service_accounts"] == tuple(tenancy["allowedServiceAccounts"])
+    assert params["allowed_priority_classes"] == tuple(tenancy["allowedPriorityClasses"])
+    assert params["allowed_runtime_classes"] == tuple(tenancy["allowedRuntimeClasses"])
 
 
 def test_an_operator_token_without_a_fixed_or_allowed_prometheus_is_refused_at_render(chart: helm.Chart) -> None:
