@@ -11,9 +11,8 @@ from kvoffload.analysis.dialects import (
     LEGACY_OFFLOAD,
     confirm_dialect,
     dialect_for,
-    parse_version,
-    version_from_image,
 )
+from kvoffload.api.versions import parse_version, version_from_image
 from tests.support import paths
 
 FIXTURE = paths.VLLM_CAPTURE

@@ -27,7 +27,16 @@ import yaml
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PLURAL
 from kvoffload.api.crd import crd_manifest
 from tests.api.test_bad_input import EXPECTED, INVALID, SCHEMA_MISTAKES
-from tests.api.test_cel import CASE_PARAMS, NODE_LEVEL, SPEC_LEVEL, _spec_with, rules_by_message, spec, tier
+from tests.api.test_cel import (
+    CASE_PARAMS,
+    NODE_LEVEL,
+    POD_TEMPLATE_AT,
+    SPEC_LEVEL,
+    _spec_with,
+    rules_by_message,
+    spec,
+    tier,
+)
 from tests.support import paths
 from tests.support.cel_k8s import evaluate
 from tests.support.controlplane import Kube
@@ -170,6 +179,8 @@ def whole_spec(message: str, value: Any) -> dict[str, Any]:
     """A spec that carries ``value`` where the rule that says ``message`` judges it."""
     if message in SPEC_LEVEL:
         return copy.deepcopy(value)  # type: ignore[no-any-return]
+    if message in POD_TEMPLATE_AT:
+        return spec(podTemplate=POD_TEMPLATE_AT[message](value))
     if message.startswith("set exactly one of emptyDir"):
         return spec(offload__secondaryTiers=[tier(volume=value)])
     return _spec_with(NODE_LEVEL[message], value)

@@ -57,12 +57,11 @@ unchanged, which is assumed for the older releases, not checked.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Final
 
-VersionTuple = tuple[int, ...]
+from kvoffload.api.versions import VersionTuple, parse_version
 
 # Label values of vllm:prompt_tokens_by_source_total.
 SOURCE_LOCAL_COMPUTE: Final = "local_compute"
@@ -359,38 +358,6 @@ DIALECTS: Final = _build_table()
 """(first version, dialect), oldest first."""
 
 NEWEST: Final = DIALECTS[-1][1]
-
-# v?MAJOR.MINOR[.PATCH[.POST]] then an optional suffix that starts with a letter
-# after an optional separator (rc1, .post1, -cu128, +cpu).
-_VERSION_RE = re.compile(r"^v?(\d+)\.(\d+)(?:\.(\d+))?(?:\.(\d+))?(?:[-+._]?[A-Za-z][\w.+-]*)?$", re.I)
-
-
-def parse_version(version: str) -> VersionTuple:
-    """``"0.32.0"``, ``"v0.10.1.1"``, ``"0.11.0rc2"`` -> a tuple of ints.
-
-    Pre-release and build suffixes are dropped: a 0.32.0 release candidate
-    speaks the 0.32 dialect. Raises ValueError on anything else.
-    """
-    match = _VERSION_RE.match(version.strip())
-    if match is None:
-        raise ValueError(f"not a vLLM version: {version!r} (want e.g. 0.32.0)")
-    return tuple(int(p) for p in match.groups() if p is not None)
-
-
-def version_from_image(image: str) -> str | None:
-    """The vLLM version an image reference's tag names (numeric part only), or None.
-
-    ``vllm/vllm-openai:v0.32.0`` -> ``"0.32.0"``; ``registry:5000/vllm:0.11.0-cu128@sha256:..``
-    -> ``"0.11.0"``; a bare tag ``"0.11.2"`` -> ``"0.11.2"``; ``:latest``, ``:nightly``,
-    a bare digest or no tag -> None.
-    """
-    ref = image.strip().split("@", 1)[0]
-    last = ref.rsplit("/", 1)[-1]
-    tag = last.split(":", 1)[1] if ":" in last else last
-    try:
-        return ".".join(str(p) for p in parse_version(tag))
-    except ValueError:
-        return None
 
 
 def dialect_for(version: str | None) -> Dialect:

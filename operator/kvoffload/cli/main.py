@@ -253,9 +253,10 @@ def analyze(
     from dataclasses import replace
 
     from kvoffload.analysis.assess import assess, format_metric_value, format_threshold
-    from kvoffload.analysis.dialects import confirm_dialect, dialect_for, version_from_image
+    from kvoffload.analysis.dialects import confirm_dialect, dialect_for
     from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider, Target
     from kvoffload.api.types import Verdict
+    from kvoffload.api.versions import version_from_image
     from kvoffload.policy.ladder import build_ladder, find_level
     from kvoffload.policy.loading import load_policy
     from kvoffload.policy.render import config_hash

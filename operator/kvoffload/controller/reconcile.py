@@ -62,7 +62,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvoffload.analysis.assess import Measurements, assess, not_scraped
-from kvoffload.analysis.dialects import Dialect, confirm_dialect, dialect_for, version_from_image
+from kvoffload.analysis.dialects import Dialect, confirm_dialect, dialect_for
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import Connection, Target
 from kvoffload.api.conventions import (
@@ -84,6 +84,7 @@ from kvoffload.api.types import (
     Mode,
     VariantStatus,
 )
+from kvoffload.api.versions import version_from_image
 from kvoffload.controller.bodies import plain_body, unpacked_body
 from kvoffload.controller.gateway import (
     ApiRejectedError,

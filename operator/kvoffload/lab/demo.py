@@ -542,10 +542,11 @@ async def run_demo(
 
     ``api``: ``real`` runs it on kube-apiserver (building the control plane first when its binaries are
     missing), ``emulated`` on the in-process kubeemu."""
-    from kvoffload.analysis.dialects import dialect_for, version_from_image
+    from kvoffload.analysis.dialects import dialect_for
     from kvoffload.analysis.prometheus import PrometheusProvider, Target
     from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY
     from kvoffload.api.types import KVOffloadPolicy
+    from kvoffload.api.versions import version_from_image
     from kvoffload.lab import load as loadgen
     from kvoffload.lab.capacity import Capacity
     from kvoffload.lab.cluster.kubecluster import KubeCluster

@@ -15,10 +15,10 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
-from kvoffload.analysis.dialects import parse_version, version_from_image
 from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.quantity import GIB, MIB, format_bytes, format_duration, parse_duration, quantity_bytes
 from kvoffload.api.types import Architecture, Backend, KVCacheDtype, KVOffloadPolicy, KVOffloadPolicySpec
+from kvoffload.api.versions import parse_version, version_from_image
 from kvoffload.policy.catalog import (
     MODELS,
     ConfigError,

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from kvoffload.analysis import dialects
 from kvoffload.api.quantity import GIB
+from kvoffload.api.versions import parse_version
 from kvoffload.lab.engine import sizing
 from kvoffload.lab.engine.costmodel import CostModel
 
@@ -272,7 +272,7 @@ def config_from_options(
     )
     if vllm_version is not None:
         try:
-            dialects.parse_version(vllm_version)
+            parse_version(vllm_version)
         except ValueError as exc:
             raise ConfigError(f"--vllm-version: {exc}") from exc
         cfg.vllm_version = vllm_version
