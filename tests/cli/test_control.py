@@ -22,7 +22,8 @@ from kvoffload.cli.control import VERBS, new_annotation_value
 from kvoffload.cli.main import main
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import config_hash
-from kvoffload.rollout.decide import Observations, VariantObservation, decide
+from kvoffload.rollout.decide import decide
+from kvoffload.rollout.observations import Observations, VariantObservation
 from tests.support import paths
 from tests.support.kube import EmulatedCluster
 

@@ -26,7 +26,7 @@ from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, KIND, P
 from kvoffload.controller.bodies import unpacked_body
 from kvoffload.controller.handlers import NOTICED, LoopSettings, configure_settings, register
 from kvoffload.controller.reconcile import Controller, ControllerSettings
-from kvoffload.rollout.decide import Plan
+from kvoffload.rollout.plan import Plan
 from tests.support.kube import EmulatedCluster, kvoffload_run, policy_manifest, running_kopf, wait_for
 
 pytestmark = pytest.mark.e2e

@@ -12,7 +12,7 @@ from kvoffload.controller.bodies import unpacked_body
 from kvoffload.controller.handlers import ARRIVALS_QUIET, LoopSettings, PolicyRuntime
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller
-from kvoffload.rollout.decide import Plan
+from kvoffload.rollout.plan import Plan
 from tests.support.kube import wait_for
 
 

@@ -9,7 +9,7 @@ from typing import Any, cast
 from kvoffload.controller.handlers import PolicyRuntime
 from kvoffload.controller.metrics import OperatorMetrics, SweepTimer
 from kvoffload.controller.reconcile import Controller
-from kvoffload.rollout.decide import Plan
+from kvoffload.rollout.plan import Plan
 
 
 class FakeClock:

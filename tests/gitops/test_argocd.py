@@ -21,7 +21,8 @@ from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicyStatus
 from kvoffload.cli.control import VERBS, new_annotation_value
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import config_hash
-from kvoffload.rollout.decide import Observations, VariantObservation, decide
+from kvoffload.rollout.decide import decide
+from kvoffload.rollout.observations import Observations, VariantObservation
 from tests.support import lua
 from tests.support.paths import ROOT
 from tests.support.status_fixtures import NAMES, load

@@ -23,7 +23,10 @@ from hypothesis import strategies as st
 from kvoffload.analysis.assess import Measurements, VariantSample
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase, Verdict
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.rollout.decide import Observations, Plan, PodObservation, VariantObservation, canary_replicas, decide
+from kvoffload.rollout.decide import decide
+from kvoffload.rollout.observations import Observations, PodObservation, VariantObservation
+from kvoffload.rollout.plan import Plan
+from kvoffload.rollout.replicas import canary_replicas
 from tests.rollout.test_rollout import T0, crafted, level_hashes, make_spec
 from tests.rollout.test_rollout_properties import specs
 

@@ -15,7 +15,8 @@ from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PODS_NOT_SCRAPED, R
 from kvoffload.api.types import Phase
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout import conditions as cond
-from kvoffload.rollout.decide import Observations, PodMonitorRef, decide
+from kvoffload.rollout.decide import decide
+from kvoffload.rollout.observations import Observations, PodMonitorRef
 from tests.rollout.test_rollout import HEALTHY, Traffic, World, at_stage, make_spec
 
 NOTHING = Traffic(canary=VariantSample(), stable=VariantSample())

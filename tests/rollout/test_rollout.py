@@ -38,19 +38,12 @@ from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Metr
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.sizing import progress_deadline_seconds
 from kvoffload.rollout import conditions as cond
-from kvoffload.rollout.decide import (
-    Event,
-    Observations,
-    Plan,
-    PodObservation,
-    VariantObservation,
-    analysis_subject,
-    canary_replicas,
-    decide,
-    invalid,
-    stable_replicas,
-)
+from kvoffload.rollout.decide import decide, invalid
+from kvoffload.rollout.observations import Observations, PodObservation, VariantObservation
+from kvoffload.rollout.plan import Event, Plan
 from kvoffload.rollout.preflight import RestorePrice
+from kvoffload.rollout.replicas import canary_replicas, stable_replicas
+from kvoffload.rollout.warmup import analysis_subject
 from tests.support.crd_admission import drop_nulls, openapi_schema, strict
 
 T0 = datetime(2025, 3, 1, 9, 0, tzinfo=UTC)

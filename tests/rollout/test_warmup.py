@@ -13,7 +13,8 @@ from datetime import timedelta
 
 from kvoffload.analysis.assess import Measurements, VariantSample, assess
 from kvoffload.api.types import KVOffloadPolicySpec, Phase
-from kvoffload.rollout.decide import analysis_subject, decide
+from kvoffload.rollout.decide import decide
+from kvoffload.rollout.warmup import analysis_subject
 from tests.rollout.test_rollout import World, make_spec
 
 WARM = VariantSample(requests=120, request_rate=8.0, ttft_p99=0.020, itl_p99=0.010, external_share=0.30)

@@ -61,7 +61,7 @@ from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
 from kvoffload.controller.workloads import Workloads
 from kvoffload.policy.tenancy import Tenancy
-from kvoffload.rollout.decide import Plan
+from kvoffload.rollout.plan import Plan
 
 log = logging.getLogger(__name__)
 

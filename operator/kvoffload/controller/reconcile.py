@@ -122,19 +122,11 @@ from kvoffload.policy.sizing import (
     with_architecture,
 )
 from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy, url_under
-from kvoffload.rollout.decide import (
-    Observations,
-    Plan,
-    PodMonitorRef,
-    PodObservation,
-    TokenCheck,
-    VariantObservation,
-    Variants,
-    analysis_subject,
-    decide,
-    invalid,
-)
+from kvoffload.rollout.decide import decide, invalid
+from kvoffload.rollout.observations import Observations, PodMonitorRef, PodObservation, TokenCheck, VariantObservation
+from kvoffload.rollout.plan import Plan, Variants
 from kvoffload.rollout.preflight import RestorePrice, prompt_tokens_for
+from kvoffload.rollout.warmup import analysis_subject
 
 log = logging.getLogger(__name__)
 

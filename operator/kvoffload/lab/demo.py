@@ -516,7 +516,7 @@ class DemoResult:
 
 def planned_seconds(spec: Any, ladder: Sequence[Level]) -> float:
     """How long the climb takes if every step passes on time: the baseline plus every step."""
-    from kvoffload.rollout.decide import next_step
+    from kvoffload.rollout.replicas import next_step
 
     steps = 0
     for level in ladder[1:]:
