@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
+from kvoffload.api.versions import VersionTuple
+
 # Histogram buckets exactly as vLLM 0.32 declares them (see tests/data/vllm-0.32.0-cpu-metrics.txt).
 # fmt: off
 TTFT_BUCKETS = (
@@ -43,6 +45,8 @@ class Family:
     buckets: tuple[float, ...] | None = None
     request_tokens: bool = False
     """Histogram bucketed 1-2-5 up to --max-model-len (vLLM's ``request_tokens`` family)."""
+    lazy: bool = False
+    """vLLM creates the series at its first report: none shows before it."""
 
 
 # Copied from tests/data/vllm-0.32.0-cpu-metrics.txt (docs, label names,
@@ -233,6 +237,95 @@ VLLM_FAMILIES: Final[tuple[Family, ...]] = (
         request_tokens=True,
     ),
 )
+
+# The emulator speaks two releases it was checked against: 0.32 (tests/data/vllm-0.32.0-cpu-metrics.txt and its
+# source) and 0.26 (the GPU captures, tests/data/vllm-0.26.0-gpu*-metrics.txt). Releases between were not checked,
+# so what differs between the two is dated 0.32, the first release known to have it.
+SINCE_032: Final[VersionTuple] = (0, 32)
+FAMILIES_SINCE: Final[Mapping[str, VersionTuple]] = {
+    "vllm:admission_rejections": SINCE_032,  # vLLM PR 55812
+    "vllm:request_num_preemptions": SINCE_032,
+}
+# vllm:cache_config_info is CacheConfig.__dict__: 0.32's fields that the 0.26.0 capture lacks, and the two it has
+# that 0.32 dropped (with the capture's values).
+CACHE_CONFIG_SINCE_032: Final = frozenset(
+    {
+        "cache_hit_alignment_tokens",
+        "effective_attention_block_size",
+        "enable_mamba_shared_prefix_checkpoint",
+        "hash_block_size",
+        "kv_cache_layout",
+        "prefix_cache_retention_interval",
+        "replayssm_buffer_len",
+        "swa_bounded_replay",
+        "use_kda_recoverssm",
+        "use_replayssm",
+    }
+)
+CACHE_CONFIG_BEFORE_032: Final[Mapping[str, str]] = {
+    "calculate_kv_scales": "False",
+    "user_specified_mamba_block_size": "False",
+}
+
+# The offload manager's own families, beside the transfer counters: vLLM 0.32
+# distributed/kv_transfer/kv_connector/v1/offloading/metrics.py (get_connector_metric_definitions) and
+# v1/kv_offload/cpu/spec.py (the CPU spec's gauges and allocation histogram); the 0.26.0 GPU capture has the same
+# types, buckets and (but one word, below) docs. A deferred lookup or a failed allocation never happens in the
+# emulator, so those two stay without series, as in the capture.
+CPU_USAGE_DOC: Final = (
+    "Fraction of CPU KV-cache space currently pinned by active transfers (0.0 = idle, 1.0 = saturated). "
+    "Sustained high values indicate transfers (stores or promotions) may be dropped due to insufficient capacity."
+)
+ALLOCATION_SIZE: Final = "vllm:kv_offload_cpu_allocation_size"
+LOOKUP_SYNC_DELAY: Final = "vllm:kv_offload_lookup_sync_delay_seconds"
+OFFLOAD_MANAGER_FAMILIES: Final[tuple[Family, ...]] = (
+    Family(
+        "vllm:kv_offload_cpu_cache_write_usage_perc",
+        "gauge",
+        "Fraction of CPU KV-cache space currently pinned by in-flight stores that have not yet completed "
+        "(0.0 = idle, 1.0 = saturated).",
+    ),
+    Family(
+        "vllm:kv_offload_cpu_cache_read_usage_perc",
+        "gauge",
+        "Fraction of CPU KV-cache space currently pinned by in-flight loads that have not yet completed "
+        "(0.0 = idle, 1.0 = saturated).",
+    ),
+    Family(
+        ALLOCATION_SIZE,
+        "histogram",
+        "Histogram of the number of CPU chunks requested by each KV offload prepare_store call.",
+        buckets=(1, 4, 16, 64, 256, 1024, 4096, 16384, 65536, 262144),
+        lazy=True,
+    ),
+    Family(
+        LOOKUP_SYNC_DELAY,
+        "histogram",
+        "Histogram of the time spent in a single offload lookup call, in seconds.",
+        buckets=(0.00001, 0.00005, 0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1),
+        lazy=True,
+    ),
+    Family(
+        "vllm:kv_offload_lookup_async_delay_seconds",
+        "histogram",
+        "Histogram of time between a request's offload lookup first deferring and the following lookup resolving, "
+        "or request finish, in seconds.",
+        buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10),
+        lazy=True,
+    ),
+    Family(
+        "vllm:kv_offload_allocation_failure",
+        "counter",
+        "Number of KV offload store allocation attempts that failed.",
+        lazy=True,
+    ),
+)
+# 0.26 counted CPU blocks where 0.32 counts chunks (one block each in the native spec).
+DOCS_BEFORE_032: Final[Mapping[str, str]] = {
+    ALLOCATION_SIZE: "Histogram of the number of CPU blocks requested by each KV offload prepare_store call."
+}
+LOOKUP_SECONDS: Final = 3.2e-5
+"""One synchronous offload lookup: the 0.26.0 GPU capture's mean (0.00458 s over 144 calls). Nothing reads it."""
 
 # vLLM 0.32 offloading/metrics.py: TRANSFER_SIZE_BUCKETS.
 TRANSFER_SIZE_BUCKETS: Final = (1e6, 5e6, 10e6, 20e6, 40e6, 60e6, 80e6, 100e6, 150e6, 200e6)

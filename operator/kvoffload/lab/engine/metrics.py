@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from dataclasses import replace
+from typing import Any, Final
 
 from prometheus_client import (
     CollectorRegistry,
@@ -17,20 +18,34 @@ from prometheus_client import (
 )
 
 from kvoffload.analysis import dialects
+from kvoffload.api.versions import VersionTuple, parse_version
 from kvoffload.lab.engine.config import EngineConfig
 from kvoffload.lab.engine.families import (
+    ALLOCATION_SIZE,
+    CACHE_CONFIG_BEFORE_032,
     CACHE_CONFIG_DEFAULTS,
+    CACHE_CONFIG_SINCE_032,
     CHUNK_HITS_DOC,
     CHUNK_QUERIES_DOC,
+    CPU_USAGE_DOC,
+    DOCS_BEFORE_032,
+    FAMILIES_SINCE,
+    LOOKUP_SECONDS,
+    LOOKUP_SYNC_DELAY,
     OFFLOAD_CONFIG_INFO_DOC,
+    OFFLOAD_MANAGER_FAMILIES,
     PROMOTION_LATENCY_BUCKETS,
     PROMOTION_LATENCY_DOC,
+    SINCE_032,
     TRANSFER_SIZE_BUCKETS,
     VLLM_FAMILIES,
     Family,
     build_1_2_5_buckets,
 )
 from kvoffload.lab.engine.kvengine import Admission
+
+MANAGER_SINCE: Final[VersionTuple] = (0, 26)
+"""The offload manager's lookup, allocation and read/write usage families: in the 0.26.0 capture; older not checked."""
 
 
 class EngineMetrics:
@@ -39,6 +54,7 @@ class EngineMetrics:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
         self.dialect = dialects.dialect_for(config.vllm_version)
+        self.version = parse_version(config.vllm_version)
         self.registry = CollectorRegistry(auto_describe=True)
         ProcessCollector(registry=self.registry)
         PlatformCollector(registry=self.registry)
@@ -55,6 +71,8 @@ class EngineMetrics:
     # Older dialects rename or lack some families; everything else stays as in 0.32.
     def _for_dialect(self, fam: Family) -> Family | None:
         d = self.dialect
+        if self.version < FAMILIES_SINCE.get(fam.name, ()):
+            return None
         if fam.name == "vllm:inter_token_latency_seconds":
             return Family(d.itl, fam.type, fam.doc, buckets=fam.buckets)
         if fam.name == "vllm:kv_cache_usage_perc":
@@ -73,6 +91,8 @@ class EngineMetrics:
         if fam is None:
             return
         labelnames = self._labelnames(fam)
+        if self.version < SINCE_032 and fam.name in DOCS_BEFORE_032:
+            fam = replace(fam, doc=DOCS_BEFORE_032[fam.name])
         metric: Any
         if fam.type == "counter":
             metric = Counter(fam.name, fam.doc, labelnames, registry=self.registry)
@@ -84,6 +104,8 @@ class EngineMetrics:
         else:  # pragma: no cover - the table holds only these types
             raise ValueError(fam.type)
         self.metrics[fam.name] = metric
+        if fam.lazy:
+            return
         # Pre-create the children vLLM creates, so zero series exist from the start.
         combos: list[dict[str, str]] = [{}]
         for label, values in zip(fam.labels, fam.values, strict=True):
@@ -109,6 +131,8 @@ class EngineMetrics:
             kv_offloading_size="None" if cfg.offload_size_gib is None else str(float(cfg.offload_size_gib)),
             kv_offloading_backend=cfg.offload_backend or "native",
         )
+        if self.version < SINCE_032:
+            labels = {**{k: v for k, v in labels.items() if k not in CACHE_CONFIG_SINCE_032}, **CACHE_CONFIG_BEFORE_032}
         if not self.dialect.config_offload_labels:
             labels.pop(dialects.LABEL_OFFLOADING_SIZE)
             labels.pop(dialects.LABEL_OFFLOADING_BACKEND)
@@ -187,11 +211,15 @@ class EngineMetrics:
         if self.dialect.offload_cpu_usage is not None:
             self.metrics["cpu_usage"] = Gauge(
                 self.dialect.offload_cpu_usage,
-                "Fraction of CPU KV-cache space currently pinned by active transfers (0.0 = idle, 1.0 = saturated).",
+                CPU_USAGE_DOC,
                 base,
                 registry=reg,
             )
             self.metrics["cpu_usage"].labels(self.engine, self.model).set(0)
+            # The manager's other families: seen from the 0.26.0 capture on (older releases not checked).
+            if self.version >= MANAGER_SINCE:
+                for fam in OFFLOAD_MANAGER_FAMILIES:
+                    self._register(fam)
 
         self._register_tiering()
 
@@ -300,8 +328,18 @@ class EngineMetrics:
         self._m("vllm:request_params_n").observe(1)
         self._m("vllm:iteration_tokens_total").observe(adm.computed_tokens + 1)
         if self.config.offload_backend == "native":
+            self._record_lookup(adm)
             self._record_transfers(adm)
             self._record_tiering(adm)
+
+    def _record_lookup(self, adm: Admission) -> None:
+        """The manager's lookup of the blocks past the GPU hit, and the CPU chunks (one block each) a store asks for."""
+        if LOOKUP_SYNC_DELAY not in self.metrics:
+            return
+        if adm.prompt_tokens > adm.local_hit_tokens:
+            self._m(LOOKUP_SYNC_DELAY).observe(LOOKUP_SECONDS)
+        if adm.stored_blocks:
+            self._m(ALLOCATION_SIZE).observe(adm.stored_blocks)
 
     def _record_transfers(self, adm: Admission) -> None:
         p = adm.price
@@ -351,7 +389,8 @@ class EngineMetrics:
         self._m("vllm:request_inference_time_seconds").observe(max(0.0, e2e - queued))
         self._m("vllm:request_prefill_time_seconds").observe(max(0.0, ttft - queued))
         self._m("vllm:request_decode_time_seconds").observe(decode)
-        self._m("vllm:request_num_preemptions").observe(0)
+        if "vllm:request_num_preemptions" in self.metrics:
+            self._m("vllm:request_num_preemptions").observe(0)
         self._m("vllm:request_generation_tokens").observe(generated)
         self._m("vllm:generation_tokens").inc(generated)
         self._m("vllm:request_success", finished_reason=finished_reason).inc()
