@@ -159,3 +159,12 @@ def test_simulate_runs_on_the_bundled_trace_with_the_runtime_set_alone(installed
     hit_ratios = [row["hitRatio"] for row in report["lru"]]
     assert hit_ratios == sorted(hit_ratios), "LRU hits never fall as the cache grows"
     assert 0 < hit_ratios[-1] <= report["trace"]["infiniteHitRatio"]
+
+
+def test_the_wheel_installs_the_kubectl_plugin_beside_the_command(installed: Installed) -> None:
+    # pip puts kubectl-kvoffload in the venv's bin: with that on $PATH, `kubectl kvoffload` finds it.
+    plugin = installed.kvoffload.with_name("kubectl-kvoffload")
+    assert plugin.is_file()
+    done = run(plugin, "list", "--help", cwd=installed.root)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: kubectl kvoffload list [OPTIONS]")

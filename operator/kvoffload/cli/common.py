@@ -15,6 +15,7 @@ from kvoffload.api.errors import PolicyError
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Exit codes: 0 ok / pass, 1 fail verdict, 2 bad input, 3 inconclusive.
+EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_BAD_INPUT = 2
 EXIT_INCONCLUSIVE = 3
@@ -149,6 +150,28 @@ MONITOR_LABELS = click.option(
     help="A label for every rendered PodMonitor (repeat for more), e.g. release=kube-prometheus-stack: the "
     "label your Prometheus' podMonitorSelector requires. A policy adds its own in spec.prometheus.monitorLabels.",
 )
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on
+    """A Go-style duration (``90s``, ``10m``, ``1h30m``; a bare number is seconds), as seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            from kvoffload.api.quantity import parse_duration
+
+            text = str(value).strip()
+            try:
+                seconds = float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        if seconds < 0:
+            self.fail(f"{value!r} is negative", param, ctx)
+        return seconds
+
 
 POLICY_FILE = click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
 OUTPUT = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)

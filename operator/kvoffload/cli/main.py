@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import click
 
@@ -19,6 +19,7 @@ from kvoffload.cli.common import (
     MONITOR_LABELS,
     OUTPUT,
     POLICY_FILE,
+    Duration,
     judged_as_the_cluster,
     reports_bad_input,
 )
@@ -27,6 +28,8 @@ from kvoffload.cli.simulate import simulate
 from kvoffload.policy.tenancy import Tenancy
 
 if TYPE_CHECKING:
+    from pydantic import ValidationError
+
     from kvoffload.analysis.prometheus import Connection
 
 LAB_COMMANDS = ("cluster", "demo", "emulate")
@@ -361,23 +364,30 @@ KUBECONFIG = click.option(
     envvar="KUBECONFIG",
     help="Kubeconfig file. Default: $KUBECONFIG, in-cluster, ~/.kube/config.",
 )
+CONTEXT = click.option("--context", default=None, help="The kubeconfig context to use. Default: its current context.")
 
 
-def _control(verb: str, name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+def _me() -> str:
+    """How this program was called: ``kvoffload``, or ``kubectl kvoffload`` as a kubectl plugin."""
+    called = click.get_current_context().find_root().info_name
+    return called if called and not called.startswith("-") else "kvoffload"  # `python -c` names itself -c
+
+
+def _control(verb: str, name: str, namespace: str | None, kubeconfig: Path | None, context: str | None) -> None:
     from kvoffload.cli import control
 
     try:
-        api = control.connect(kubeconfig)
-        ns = namespace or control.default_namespace(kubeconfig)
+        api = control.connect(kubeconfig, context)
+        ns = namespace or control.default_namespace(kubeconfig, context)
         with api:
             value, policy = control.request(api, ns, name, verb)
     except control.ControlError as exc:
-        click.echo(f"kvoffload {verb}: {exc}", err=True)
+        click.echo(f"{_me()} {verb}: {exc}", err=True)
         sys.exit(EXIT_FAIL)
     phase = (policy.get("status") or {}).get("phase", "not yet acted on")
     click.echo(
         f"asked {ns}/{name} to {verb} ({control.VERBS[verb]}={value}): {control.WHAT_IT_DOES[verb]}.\n"
-        f"The operator acts on it at its next cycle (phase now: {phase}); see `kvoffload status {name} -n {ns}`."
+        f"The operator acts on it at its next cycle (phase now: {phase}); see `{_me()} status {name} -n {ns}`."
     )
 
 
@@ -385,77 +395,219 @@ def _control(verb: str, name: str, namespace: str | None, kubeconfig: Path | Non
 @POLICY_NAME
 @NAMESPACE
 @KUBECONFIG
-def promote(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+@CONTEXT
+def promote(name: str, namespace: str | None, kubeconfig: Path | None, context: str | None) -> None:
     """End the current baseline or step now and move on, without waiting for evidence."""
-    _control("promote", name, namespace, kubeconfig)
+    _control("promote", name, namespace, kubeconfig, context)
 
 
 @main.command()
 @POLICY_NAME
 @NAMESPACE
 @KUBECONFIG
-def abort(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+@CONTEXT
+def abort(name: str, namespace: str | None, kubeconfig: Path | None, context: str | None) -> None:
     """Remove the canary and halt the ladder on the stable level (phase RolledBack)."""
-    _control("abort", name, namespace, kubeconfig)
+    _control("abort", name, namespace, kubeconfig, context)
 
 
 @main.command()
 @POLICY_NAME
 @NAMESPACE
 @KUBECONFIG
-def retry(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+@CONTEXT
+def retry(name: str, namespace: str | None, kubeconfig: Path | None, context: str | None) -> None:
     """Start the ladder again from the stable level, after a rollback, a pause or a preflight hold (Held)."""
-    _control("retry", name, namespace, kubeconfig)
+    _control("retry", name, namespace, kubeconfig, context)
 
 
 @main.command()
 @POLICY_NAME
 @NAMESPACE
 @KUBECONFIG
-def pause(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+@CONTEXT
+def pause(name: str, namespace: str | None, kubeconfig: Path | None, context: str | None) -> None:
     """Stop forward motion; rollbacks on hard failures or sustained breaches still apply."""
-    _control("pause", name, namespace, kubeconfig)
+    _control("pause", name, namespace, kubeconfig, context)
 
 
 @main.command()
 @POLICY_NAME
 @NAMESPACE
 @KUBECONFIG
-def resume(name: str, namespace: str | None, kubeconfig: Path | None) -> None:
+@CONTEXT
+def resume(name: str, namespace: str | None, kubeconfig: Path | None, context: str | None) -> None:
     """Go on after a pause (a person's, or too many Inconclusive verdicts); the step clock restarts."""
-    _control("resume", name, namespace, kubeconfig)
+    _control("resume", name, namespace, kubeconfig, context)
+
+
+def _unreadable(exc: ValidationError, where: str) -> NoReturn:
+    from kvoffload.api.errors import errors_from
+
+    problems = "; ".join(f"{e.path}: {e.message}" for e in errors_from(exc, ("status",)))
+    click.echo(f"{_me()} status: {where} has a status this version cannot read: {problems}", err=True)
+    sys.exit(EXIT_FAIL)
 
 
 @main.command()
 @POLICY_NAME
 @NAMESPACE
 @KUBECONFIG
+@CONTEXT
 @OUTPUT
-def status(name: str, namespace: str | None, kubeconfig: Path | None, output: str) -> None:
-    """A person's view of one policy: phase, ladder position, variants, baseline, last analysis, history."""
+@click.option(
+    "-w",
+    "--watch",
+    is_flag=True,
+    help="Follow the policy until it comes to rest: one line per change of phase, level, step or reason; "
+    "the exit status says how it ended (below).",
+)
+@click.option(
+    "--timeout",
+    type=Duration(),
+    default=None,
+    metavar="DURATION",
+    help="With --watch: give up after this long (90s, 10m, 1h30m) and exit 3. Default, or 0: wait as long as it takes.",
+)
+def status(
+    name: str,
+    namespace: str | None,
+    kubeconfig: Path | None,
+    context: str | None,
+    output: str,
+    watch: bool,
+    timeout: float | None,
+) -> None:
+    """A person's view of one policy: phase, ladder position, variants, baseline, last analysis, history.
+
+    With --watch, for a pipeline: print one line each time the phase, the level, the step or the
+    reason changes (with -o json, one JSON object per line), and end when the policy comes to rest:
+
+    \b
+      0  Stable: the top level of the ladder runs on every replica.
+      1  RolledBack (a rollback or an abort halted the ladder), Invalid (the
+         spec fails validation) or Held (the preflight found that offload
+         cannot pay): the climb is Stalled until a person acts. Also: the
+         policy cannot be read, or was deleted.
+      2  Bad input (an unknown option, a malformed --timeout).
+      3  Paused (by a person, or after too many Inconclusive analyses in a
+         row), or --timeout passed first.
+
+    A status the operator wrote for an older spec (status.observedGeneration behind
+    metadata.generation) ends no watch: after `kubectl apply`, the watch waits until the operator has
+    acted on the new spec. The watch uses the Kubernetes watch API and reconnects when a stream ends or
+    breaks. Without --watch the status is printed once, and the exit status is 0 when it could be read,
+    1 otherwise.
+    """
     import json
 
     from pydantic import ValidationError
 
     from kvoffload.cli import control, statusview
 
+    if timeout is not None and not watch:
+        click.echo(f"{_me()} status: --timeout needs --watch", err=True)
+        sys.exit(EXIT_BAD_INPUT)
     try:
-        api = control.connect(kubeconfig)
-        ns = namespace or control.default_namespace(kubeconfig)
+        api = control.connect(kubeconfig, context)
+        ns = namespace or control.default_namespace(kubeconfig, context)
         with api:
+            if watch:
+                sys.exit(_watch(api, ns, name, output, timeout))
             policy = control.read_policy(api, ns, name)
     except control.ControlError as exc:
-        click.echo(f"kvoffload status: {exc}", err=True)
+        click.echo(f"{_me()} status: {exc}", err=True)
         sys.exit(EXIT_FAIL)
     try:
         text = json.dumps(statusview.to_json(policy), indent=2) if output == "json" else statusview.render(policy)
     except ValidationError as exc:
-        from kvoffload.api.errors import errors_from
-
-        problems = "; ".join(f"{e.path}: {e.message}" for e in errors_from(exc, ("status",)))
-        click.echo(f"kvoffload status: {ns}/{name} has a status this version cannot read: {problems}", err=True)
-        sys.exit(EXIT_FAIL)
+        _unreadable(exc, f"{ns}/{name}")
     click.echo(text)
+
+
+def _watch(api: Any, namespace: str, name: str, output: str, timeout: float | None) -> int:
+    """Follow one policy until it comes to rest; print a line per change; return the exit code."""
+    import time
+    from datetime import UTC, datetime
+
+    from pydantic import ValidationError
+
+    from kvoffload.api.quantity import format_duration
+    from kvoffload.api.types import Phase
+    from kvoffload.cli import control, watch
+
+    deadline = time.monotonic() + timeout if timeout else None
+    last: tuple[Any, ...] | None = None
+    state = None
+    for obj in control.PolicyWatch(api, namespace, name, deadline=deadline):
+        try:
+            state = watch.progress(obj)
+        except ValidationError as exc:
+            _unreadable(exc, f"{namespace}/{name}")
+        if state.key() != last:
+            now = datetime.now(UTC)
+            click.echo(state.json_line(now) if output == "json" else state.line(now))
+            last = state.key()
+        if (code := watch.outcome(state)) is not None:
+            phase = Phase(state.phase)
+            then = watch.NEXT_STEP[phase].format(me=_me(), name=name, namespace=namespace)
+            click.echo(f"{_me()} status: {namespace}/{name} is {phase.value}: {then} (exit {code})", err=True)
+            return code
+    where = f" (still {state.phase})" if state is not None else ""
+    waited = format_duration(timeout or 0)
+    click.echo(
+        f"{_me()} status: timed out after {waited} waiting for {namespace}/{name} to come to rest{where} "
+        f"(exit {EXIT_INCONCLUSIVE})",
+        err=True,
+    )
+    return EXIT_INCONCLUSIVE
+
+
+@main.command("list")
+@click.option(
+    "-n", "--namespace", default=None, help="List this namespace. Default: the kubeconfig context's, else default."
+)
+@click.option(
+    "-A", "--all-namespaces", is_flag=True, help="List every namespace (the namespace given with -n is ignored)."
+)
+@click.option(
+    "-l", "--selector", default=None, metavar="SELECTOR", help="Only policies with these labels, e.g. team=llm."
+)
+@KUBECONFIG
+@CONTEXT
+@OUTPUT
+def list_policies(
+    namespace: str | None,
+    all_namespaces: bool,
+    selector: str | None,
+    kubeconfig: Path | None,
+    context: str | None,
+    output: str,
+) -> None:
+    """List the policies of a namespace, or of all (-A): phase, ladder level, step, tiers and age.
+
+    Exit status 0 when the list could be read (even empty), 1 otherwise.
+    """
+    import json
+    from datetime import UTC, datetime
+
+    from kvoffload.cli import control, statusview
+
+    try:
+        api = control.connect(kubeconfig, context)
+        ns = None if all_namespaces else namespace or control.default_namespace(kubeconfig, context)
+        with api:
+            policies = control.list_policies(api, ns, selector)
+    except control.ControlError as exc:
+        click.echo(f"{_me()} list: {exc}", err=True)
+        sys.exit(EXIT_FAIL)
+    now = datetime.now(UTC)
+    if output == "json":
+        click.echo(json.dumps([statusview.list_entry(p, now) for p in policies], indent=2, ensure_ascii=False))
+    elif not policies:
+        click.echo(f"No KVOffloadPolicies found{'' if ns is None else f' in {ns} namespace'}.", err=True)
+    else:
+        click.echo("\n".join(statusview.list_table(policies, now, namespaces=ns is None)))
 
 
 @main.command(short_help="Run the operator (kopf inside).")
@@ -671,3 +823,12 @@ def run(
 
 
 main.add_command(simulate)
+
+
+def kubectl_plugin() -> None:
+    """The ``kubectl-kvoffload`` entry point: the same commands, called as ``kubectl kvoffload ...``.
+
+    kubectl runs the first ``kubectl-kvoffload`` on $PATH with every argument after ``kubectl kvoffload``
+    (-n, --kubeconfig and --context included, which the commands take themselves).
+    """
+    main(prog_name="kubectl kvoffload")

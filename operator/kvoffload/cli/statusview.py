@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from pydantic import ValidationError
+
 from kvoffload.analysis.assess import format_metric_value, format_threshold
 from kvoffload.api.conventions import PROGRESSING, ROLLBACK_DECISIONS, Reason
 from kvoffload.api.quantity import format_duration
@@ -64,7 +66,8 @@ def _parse_time(value: Any) -> datetime | None:
         return None
 
 
-def _promotion_steps(spec: Mapping[str, Any]) -> Sequence[int]:
+def promotion_steps(spec: Mapping[str, Any]) -> Sequence[int]:
+    """The spec's promotion percentages, read leniently (the defaults when absent or malformed)."""
     steps = (spec.get("rollout") or {}).get("promotionSteps")
     if isinstance(steps, list) and all(isinstance(s, int) for s in steps):
         return steps
@@ -102,6 +105,11 @@ def position(status: KVOffloadPolicyStatus, steps: Sequence[int] = DEFAULT_PROMO
     if status.phase is Phase.PAUSED:
         where = f"{where} paused".strip()
     return where
+
+
+def step_text(status: KVOffloadPolicyStatus, steps: Sequence[int] = DEFAULT_PROMOTION_STEPS) -> str:
+    """The step within the current level, short: ``baseline``, ``canary``, ``50%``, ``✓``, ``held``, ``paused``..."""
+    return position(status, steps).replace(HELD, "held") or "-"
 
 
 def ladder_line(status: KVOffloadPolicyStatus, steps: Sequence[int] = DEFAULT_PROMOTION_STEPS) -> str:
@@ -266,7 +274,7 @@ def render(policy_obj: Mapping[str, Any], now: datetime | None = None) -> str:
     header = f"{name}  phase {status.phase.value}"
     if status.stage is not None:
         header += f"  stage {status.stage.index} {status.stage.name}"
-        where = position(status, _promotion_steps(spec))
+        where = position(status, promotion_steps(spec))
         header += f" ({where + ', ' if where else ''}for {age(status.stage.started_at, now)})"
     header += f"  age {age(created, now)}"
     lines.append(header)
@@ -274,7 +282,7 @@ def render(policy_obj: Mapping[str, Any], now: datetime | None = None) -> str:
         lines.append(f"  (spec generation {generation} not yet acted on; status is for {status.observed_generation})")
     if status.message:
         lines.append(f"  {status.message}")
-    lines += ["", f"Ladder: {ladder_line(status, _promotion_steps(spec))}"]
+    lines += ["", f"Ladder: {ladder_line(status, promotion_steps(spec))}"]
     if status.stable is not None or status.canary is not None:
         lines += ["", "Variants:", *table(_variant_rows(status))]
     lines.append("")
@@ -301,6 +309,75 @@ def render(policy_obj: Mapping[str, Any], now: datetime | None = None) -> str:
         more = f", {len(status.history) - len(shown)} older not shown" if len(shown) < len(status.history) else ""
         lines += ["", f"History (oldest first{more}):", *table(_history_rows(shown))]
     return "\n".join(lines)
+
+
+def short_age(then: datetime | None, now: datetime) -> str:
+    """An age as kubectl prints one: ``45s``, ``3m12s``, ``42m``, ``5h3m``, ``30h``, ``3d4h``, ``40d``, ``3y``."""
+    if then is None:
+        return "<unknown>"
+    seconds = max(0, int((now - then).total_seconds()))
+    minutes, hours, days = seconds // 60, seconds // 3600, seconds // 86400
+    if seconds < 120:
+        return f"{seconds}s"
+    if minutes < 10:
+        return f"{minutes}m{seconds % 60}s" if seconds % 60 else f"{minutes}m"
+    if hours < 3:
+        return f"{minutes}m"
+    if hours < 8:
+        return f"{hours}h{minutes % 60}m" if minutes % 60 else f"{hours}h"
+    if hours < 48:
+        return f"{hours}h"
+    if days < 8:
+        return f"{days}d{hours % 24}h" if hours % 24 else f"{days}d"
+    if days < 365 * 2:
+        return f"{days}d"
+    return f"{days // 365}y"
+
+
+LIST_COLUMNS = ("NAMESPACE", "NAME", "PHASE", "LEVEL", "STEP", "TIERS", "CANARY/STABLE", "P99 TTFT", "AGE")
+
+
+def list_entry(policy_obj: Mapping[str, Any], now: datetime) -> dict[str, Any]:
+    """One policy as ``kvoffload list`` shows it. Lenient: a status this version cannot read shows its raw phase."""
+    meta = policy_obj.get("metadata") or {}
+    raw = policy_obj.get("status") or {}
+    entry: dict[str, Any] = {
+        "namespace": meta.get("namespace", ""),
+        "name": meta.get("name", ""),
+        "phase": str(raw.get("phase") or Phase.PENDING.value),
+        "level": None,
+        "levelName": "",
+        "step": "-",
+        "tiers": "",
+        "canaryStable": "",
+        "ttftP99": "",
+        "age": short_age(_parse_time(meta.get("creationTimestamp")), now),
+        "generation": meta.get("generation"),
+        "observedGeneration": raw.get("observedGeneration"),
+        "message": str(raw.get("message") or ""),
+    }
+    try:
+        status = KVOffloadPolicyStatus.model_validate(raw)
+    except ValidationError:
+        entry["step"] = "?"  # written by another version of the operator
+        return entry
+    if "phase" in raw and status.stage is not None:
+        entry["level"], entry["levelName"] = status.stage.index, status.stage.name
+        entry["step"] = step_text(status, promotion_steps(policy_obj.get("spec") or {}))
+    entry.update(tiers=status.tiers_summary, canaryStable=status.canary_summary, ttftP99=status.ttft_p99)
+    return entry
+
+
+def list_table(policies: Sequence[Mapping[str, Any]], now: datetime, *, namespaces: bool) -> list[str]:
+    """``kvoffload list``'s table: kubectl's layout, the NAMESPACE column only across namespaces."""
+    rows: list[list[str]] = [list(LIST_COLUMNS if namespaces else LIST_COLUMNS[1:])]
+    for obj in policies:
+        e = list_entry(obj, now)
+        level = "-" if e["level"] is None else f"{e['level']} {e['levelName']}"
+        cells = [e["name"], e["phase"], level, e["step"], e["tiers"] or "-", e["canaryStable"] or "-"]
+        cells += [e["ttftP99"] or "-", e["age"]]
+        rows.append([e["namespace"], *cells] if namespaces else cells)
+    return table(rows, indent="")
 
 
 def to_json(policy_obj: Mapping[str, Any]) -> dict[str, Any]:
