@@ -139,7 +139,14 @@ class Kube:
     def apply_crd(self) -> None:
         """Apply crds/ and wait until the KVOffloadPolicy resource is served."""
         self.kubectl("apply", "-f", str(paths.ROOT / "crds"))
-        self.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{CRD_NAME}")
+
+        # Not `kubectl wait`: it errors out, instead of waiting, on a CRD whose status has no conditions yet.
+        def established() -> bool:
+            crd = self.get("crd", CRD_NAME)
+            conditions = crd.get("status", {}).get("conditions") or []
+            return any(c["type"] == "Established" and c["status"] == "True" for c in conditions)
+
+        wait_for(established, f"crd/{CRD_NAME} Established")
 
 
 def wait_for(check: Callable[[], T | None], what: str, timeout: float = 60.0, poll: float = 0.25) -> T:
