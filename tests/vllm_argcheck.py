@@ -42,6 +42,14 @@ except ImportError:  # 0.32
     from vllm.entrypoints.launchers.cli_args import make_arg_parser  # type: ignore[no-redef]
 
 VLLM_DIR = Path(vllm.__file__).parent
+
+# From 0.34 the CPU platform's config hook (platforms/cpu.py check_and_update_config) refuses an x86 host without
+# triton-cpu, where 0.32 and 0.33 only warned. That judges the host this checker runs on, not the command line
+# (which is for a GPU): for 0.34 on, say Triton is here so the rest of the check runs as it does for the others.
+if tuple(int(p) for p in re.findall(r"\d+", vllm.__version__)[:2]) >= (0, 34):
+    import vllm.triton_utils
+
+    vllm.triton_utils.HAS_TRITON = True
 # Where vLLM's native offloading reads kv_connector_extra_config.
 OFFLOAD_SOURCES = [
     VLLM_DIR / "v1" / "kv_offload",

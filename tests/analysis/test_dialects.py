@@ -103,14 +103,21 @@ def test_dialect_for_each_version(
 
 
 def test_unknown_version_speaks_the_newest_dialect() -> None:
-    assert dialect_for(None) == dialects.NEWEST == dialect_for("0.33.0")
+    assert dialect_for(None) == dialects.NEWEST == dialect_for("0.34.0")
+    assert dialects.NEWEST.name == "0.34"
     assert dialect_for("0.32.0") != dialects.NEWEST
     assert dialect_for("9.0.0") == dialects.NEWEST
 
 
 @pytest.mark.parametrize(
     ("version", "chunks", "config_info"),
-    [("0.31.0", False, False), ("0.32.0", True, False), ("0.33.0", True, True), ("0.33.1", True, True)],
+    [
+        ("0.31.0", False, False),
+        ("0.32.0", True, False),
+        ("0.33.0", True, True),
+        ("0.33.1", True, True),
+        ("0.34.0", True, True),
+    ],
 )
 def test_tiering_counters_from_032_and_the_allocated_config_from_033(
     version: str, chunks: bool, config_info: bool

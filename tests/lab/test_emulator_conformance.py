@@ -95,7 +95,7 @@ def sample_names(text: str) -> set[str]:
     return {s.name for f in text_string_to_metric_families(text) for s in f.samples}
 
 
-@pytest.mark.parametrize("version", ["0.12.0", "0.16.0", "0.24.0", "0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.12.0", "0.16.0", "0.24.0", "0.32.0", "0.33.0", "0.34.0"])
 def test_offload_series_match_the_dialect_table(version: str) -> None:
     present = sample_names(emulator_text("--kv-offloading-size", "0.5", "--vllm-version", version))
     dialect = dialects.dialect_for(version)
@@ -186,7 +186,7 @@ def test_the_allocation_fault_makes_the_engine_allocate_another_size() -> None:
     assert config.labels["kv_offloading_size"] == "0.5"
 
 
-@pytest.mark.parametrize("version", ["0.32.0", "0.33.0"])
+@pytest.mark.parametrize("version", ["0.32.0", "0.33.0", "0.34.0"])
 def test_under_tiering_the_chunk_counters_are_served_per_tier(version: str) -> None:
     families = families_of("--kv-transfer-config", TIERED, "--vllm-version", version)
     for family in ("vllm:kv_offload_tiering_chunk_queries", "vllm:kv_offload_tiering_chunk_hits"):

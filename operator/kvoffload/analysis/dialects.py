@@ -341,6 +341,14 @@ DIALECT_CHANGES: Final[tuple[DialectChange, ...]] = (
         "(KV_OFFLOAD_CONFIG_INFO), v1/kv_offload/cpu/common.py lines 34-45 (CPUOffloadingInfo labels), "
         "v1/kv_offload/tiering/base.py line 68 (PROMOTION_LATENCY); absent from the 0.32.0 source",
     ),
+    DialectChange(
+        (0, 34),
+        {},
+        "vllm 0.34.0 wheel: every family the analysis reads is registered as in 0.33.0 (names, labels and buckets "
+        "unchanged in v1/metrics/loggers.py, offloading/metrics.py and v1/kv_offload/); 0.34 adds only families "
+        "it does not read (vllm:kv_offload_tiering_deferred_release_chunks and _hold_seconds, "
+        "vllm:request_render_duration_seconds). tests/realvllm/test_dialect_sources.py checks the names",
+    ),
 )
 
 
