@@ -48,6 +48,15 @@ Evidence for each change (see also ``DIALECT_CHANGES``):
   (``tiering/base.py`` line 68, ``tiering/spec.py`` lines 250-259). Neither is in
   the 0.32.0 source. Nothing offload-related is renamed or removed.
 
+The error gate reads ``vllm:request_success_total{finished_reason}`` (every row: vLLM counts every finished
+request there, whatever its reason). Its reasons are ``FinishReason``'s (``v1/engine/__init__.py``): stop, length,
+abort, error and repetition in the 0.32.0, 0.33.0 and 0.34.0 sources and in the 0.26.0 and 0.32.0 captures; older
+releases lack some (error came with request-level failures such as a KV load failure, repetition later), so the
+query reads whichever exist and counts ``FAILED_REASONS`` as failed. vLLM's own words for error: "retryable
+request-level internal error (e.g., KV load failure). Invariant: always converted to 500 Internal Server Error";
+with an offload connector, ``kv_load_failure_policy`` defaults to "fail" (``config/kv_transfer.py``, 0.32-0.34), so a
+tier that cannot give back what it stored fails requests with that reason.
+
 The baseline's workload figures read ``vllm:request_prompt_tokens`` (histogram),
 ``vllm:e2e_request_latency_seconds`` (histogram), ``vllm:num_requests_running``
 (gauge) and ``vllm:num_preemptions_total`` (counter), besides the prefix-cache
@@ -82,6 +91,17 @@ CACHED_TOKEN_SOURCES: Final = (
     CACHED_SOURCE_DISK,
     CACHED_SOURCE_EXTERNAL_UNSPECIFIED,
 )
+
+# finished_reason label values of vllm:request_success_total (vLLM's FinishReason).
+FINISHED_STOP: Final = "stop"
+FINISHED_LENGTH: Final = "length"
+FINISHED_ABORT: Final = "abort"
+FINISHED_ERROR: Final = "error"
+FINISHED_REPETITION: Final = "repetition"
+LABEL_FINISHED_REASON: Final = "finished_reason"
+FAILED_REASONS: Final = (FINISHED_ABORT, FINISHED_ERROR)
+"""Reasons the error gate counts as failed. repetition is the model's output (a loop it was stopped in), not a failure
+of the engine or its tiers, so it counts as finished, like stop and length."""
 
 # transfer_type label values of the legacy offload counters.
 TRANSFER_LOAD: Final = "CPU_to_GPU"
