@@ -395,6 +395,18 @@ class EngineMetrics:
         self._m("vllm:generation_tokens").inc(generated)
         self._m("vllm:request_success", finished_reason=finished_reason).inc()
 
+    def record_failure(self, *, e2e: float, queued: float, finished_reason: str) -> None:
+        """A request that ended before its first token (a failed KV load): vLLM counts it by its reason and times it
+        like any finished request, but it has no TTFT and no ITL (``update_from_finished_request``)."""
+        self._m("vllm:e2e_request_latency_seconds").observe(e2e)
+        self._m("vllm:request_queue_time_seconds").observe(max(0.0, queued))
+        self._m("vllm:request_inference_time_seconds").observe(max(0.0, e2e - queued))
+        self._m("vllm:request_prefill_time_seconds").observe(max(0.0, e2e - queued))
+        self._m("vllm:request_decode_time_seconds").observe(0.0)
+        self._m("vllm:request_num_preemptions").observe(0)
+        self._m("vllm:request_generation_tokens").observe(0)
+        self._m("vllm:request_success", finished_reason=finished_reason).inc()
+
     def set_load(self, running: int, used_blocks: int, waiting: int = 0) -> None:
         self._m("vllm:num_requests_running").set(running)
         if "vllm:num_requests_waiting" in self.metrics:

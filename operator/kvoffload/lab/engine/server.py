@@ -210,6 +210,7 @@ class Emulator:
         self._ensure_loop()
         faults = self.faults
         ttft_factor, added, itl_factor = faults.ttft_factor(arrived), faults.added_latency_s, faults.itl_factor(arrived)
+        fails = faults.fails(arrived)
         rid = f"cmpl-{uuid.uuid4().hex}"
         response: web.StreamResponse | None = None
         sent_times: list[float] = []
@@ -223,6 +224,9 @@ class Emulator:
                 if not recorded and req.admission is not None:
                     self.metrics.record_admission(req.admission, max_tokens)
                     recorded = True
+                if fails:
+                    # Its prefill ran (where a KV load fails); the modelled engine still decodes its few tokens.
+                    break
                 i = len(sent_times)
                 # Faults act on what the client sees: the first token's delay and the gaps after it, scaled.
                 first = arrived + (req.token_times[0] - arrived) * ttft_factor + added
@@ -235,6 +239,13 @@ class Emulator:
                     await _send_chunk(response, rid, self.config.name, _word(i), None)
         finally:
             self._progress.pop(req, None)
+        if fails:
+            # As vLLM answers a request that finished with reason error (GenerationError, a 500; streamed or not,
+            # since nothing was sent yet here).
+            self.metrics.record_failure(
+                e2e=time.monotonic() - arrived, queued=(req.scheduled_at or arrived) - arrived, finished_reason="error"
+            )
+            return _error(500, "Internal server error", "InternalServerError")
         adm = req.admission
         assert adm is not None
         done = time.monotonic()
