@@ -271,6 +271,10 @@ def test_an_error_share_fails_exactly_that_share_with_a_500_and_leaves_the_other
     count, _ = ttft_histogram(engine)
     assert count == 39
     assert counter(engine, "vllm:e2e_request_latency_seconds_count") == 41
+    # The API server's count, as vLLM's instrumentator keeps it: the same two requests, as 500s.
+    completions = {"handler": "/v1/completions", "method": "POST"}
+    assert counter(engine, "http_requests_total", **completions, status="5xx") == 2
+    assert counter(engine, "http_requests_total", **completions, status="2xx") == 39
     # The requests that succeed keep their latency (the prompt is a GPU prefix hit from the second on).
     assert all(t <= plain for t in ttfts)
     assert json.loads(engine.get("/emulator/faults"))["error_share"] == 0.05

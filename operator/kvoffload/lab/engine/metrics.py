@@ -67,6 +67,14 @@ class EngineMetrics:
         self._register_cache_config()
         if config.offload_backend == "native":
             self._register_offload()
+        # vLLM's API server: prometheus-fastapi-instrumentator's counter, status grouped into 2xx/4xx/5xx
+        # (entrypoints/serve/instrumentator/metrics.py), labels in the capture's order.
+        self.http_requests = Counter(
+            "http_requests",
+            "Total number of requests by method, status and handler.",
+            ("handler", "method", "status"),
+            registry=self.registry,
+        )
 
     # Older dialects rename or lack some families; everything else stays as in 0.32.
     def _for_dialect(self, fam: Family) -> Family | None:
@@ -406,6 +414,10 @@ class EngineMetrics:
         self._m("vllm:request_num_preemptions").observe(0)
         self._m("vllm:request_generation_tokens").observe(0)
         self._m("vllm:request_success", finished_reason=finished_reason).inc()
+
+    def record_http(self, *, handler: str, method: str, status: int) -> None:
+        """One answer of the API server, as the instrumentator counts it (``5xx`` for any 500-599)."""
+        self.http_requests.labels(handler=handler, method=method, status=f"{status // 100}xx").inc()
 
     def set_load(self, running: int, used_blocks: int, waiting: int = 0) -> None:
         self._m("vllm:num_requests_running").set(running)
