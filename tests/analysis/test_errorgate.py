@@ -97,7 +97,45 @@ def test_repetition_stop_and_length_are_finished_requests_not_failed_ones() -> N
     share = failed_share({"stop": 10.0, "length": 20.0, "repetition": 10.0, "abort": 0.0, "error": 0.0})
     assert share is not None
     assert share.failed == 0
-    assert share.finished == 40
+    assert share.total == 40
+
+
+def answers(total: int, server_errors: int = 0) -> dict[str, float]:
+    """The API server's http_requests_total by status class."""
+    return {"2xx": float(total - server_errors), "4xx": 0.0, "5xx": float(server_errors)}
+
+
+def test_errors_answered_with_a_500_are_counted_once_not_by_the_engine_and_again_by_the_api_server() -> None:
+    # vLLM answers each request that finished with reason error with a 500: the same 20 requests in both counts.
+    canary = replace(CANARY, finished=finished(400, 20), http_responses=answers(400, 20))
+    stable = replace(STABLE, http_responses=answers(1200))
+    result = judge(canary, stable)
+    assert row(result, ERROR_SHARE).canary == pytest.approx(0.05)
+    assert row(result, ERROR_SHARE_INCREASE).canary == pytest.approx(0.05)
+    assert "20 of 400 finished requests failed; 20 of 400 HTTP answers were 5xx" in row(result, ERROR_SHARE).message
+
+
+def test_500s_the_engine_never_saw_fail_the_canary_through_the_api_server_s_count() -> None:
+    # The engine finished every request it got; the API server answered 24 of 424 with a 500 before reaching it.
+    canary = replace(CANARY, http_responses=answers(424, 24))
+    result = judge(canary, replace(STABLE, http_responses=answers(1200)))
+    assert result.verdict is Verdict.FAIL
+    assert row(result, ERROR_SHARE_INCREASE).canary == pytest.approx(24 / 424)
+
+
+def test_streamed_requests_that_fail_after_their_200_fail_the_canary_through_the_engine_s_count() -> None:
+    canary = replace(CANARY, finished=finished(400, 20), http_responses=answers(400))
+    result = judge(canary, replace(STABLE, http_responses=answers(1200)))
+    assert result.verdict is Verdict.FAIL
+    assert row(result, ERROR_SHARE_INCREASE).canary == pytest.approx(0.05)
+
+
+def test_a_count_with_too_few_requests_does_not_speak_for_the_side_but_the_other_count_does() -> None:
+    # 40 HTTP answers (too few to judge) all 5xx; 400 finished requests, none failed: judged on the engine's count.
+    canary = replace(CANARY, http_responses=answers(40, 40))
+    result = judge(canary, replace(STABLE, http_responses=answers(1200)))
+    assert row(result, ERROR_SHARE).passed is True
+    assert row(result, ERROR_SHARE_INCREASE).canary == pytest.approx(0.0)
 
 
 def test_a_canary_within_the_allowed_increase_over_a_failing_stable_passes() -> None:

@@ -66,6 +66,9 @@ async def test_a_canary_failing_5_percent_of_requests_with_normal_ttft_is_rolled
     share = metric(status, ERROR_SHARE)
     assert 0.02 < share["canary"] < 0.10  # about the injected 5%
     assert share["stable"] == 0.0
+    # Both counts reached it through the real scrape: the engine's reasons and the API server's 500s.
+    assert "finished requests failed" in share["message"], share["message"]
+    assert "HTTP answers were 5xx" in share["message"], share["message"]
     for latency in ("ttftP99", "itlP99"):
         assert metric(status, latency)["passed"] is True, metric(status, latency)
     warnings = [e for e in await events_of(local_cluster, "chat") if e["type"] == "Warning"]

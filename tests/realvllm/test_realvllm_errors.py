@@ -15,7 +15,7 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvoffload.analysis.dialects import LABEL_FINISHED_REASON, NEWEST
-from kvoffload.analysis.errorgate import failed_share
+from kvoffload.analysis.errorgate import failed_share, http_failed_share
 from tests.support.vllm import TINY_MODEL_NAME, http_get
 
 pytestmark = pytest.mark.realvllm
@@ -32,6 +32,16 @@ def finished_by_reason(base_url: str) -> dict[str, float]:
     return out
 
 
+def answers_by_status(base_url: str) -> dict[str, float]:
+    """``http_requests_total`` by status class, summed over handlers, as the gate's query sums it."""
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(http_get(f"{base_url}/metrics")):
+        for sample in family.samples:
+            if sample.name == NEWEST.http_requests:
+                out[sample.labels["status"]] = out.get(sample.labels["status"], 0.0) + sample.value
+    return out
+
+
 def sample_value(base_url: str, name: str) -> float:
     for family in text_string_to_metric_families(http_get(f"{base_url}/metrics")):
         for sample in family.samples:
@@ -42,6 +52,7 @@ def sample_value(base_url: str, name: str) -> float:
 
 def test_a_client_that_hangs_up_and_a_refused_request_are_not_failed_requests(live_vllm: str) -> None:
     before = finished_by_reason(live_vllm)
+    http_before = answers_by_status(live_vllm)
     ttft_before = sample_value(live_vllm, "vllm:time_to_first_token_seconds_count")
     assert {"stop", "length", "abort", "error"} <= set(before)  # the reasons the gate reads are exported
 
@@ -71,6 +82,14 @@ def test_a_client_that_hangs_up_and_a_refused_request_are_not_failed_requests(li
     share = failed_share(delta)
     assert share is not None
     assert share.failed == 0
-    assert share.finished == 1
+    assert share.total == 1
+    # The API server answered the dropped one 200 and the refused one 400: no 5xx for the gate's other count.
+    http_after = answers_by_status(live_vllm)
+    http_delta = {status: http_after[status] - http_before.get(status, 0.0) for status in http_after}
+    assert http_delta.get("5xx", 0.0) == 0, http_delta
+    assert http_delta["4xx"] == 1, http_delta
+    http = http_failed_share(http_delta)
+    assert http is not None
+    assert http.failed == 0
     # Both got a first token: the gate's denominator (finished) is not the request count (the TTFT histogram's).
     assert sample_value(live_vllm, "vllm:time_to_first_token_seconds_count") - ttft_before == 2

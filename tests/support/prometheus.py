@@ -204,6 +204,11 @@ def _series(engine: SyntheticEngine, dialect: Dialect) -> list[tuple[str, float]
     finished = {"stop": 0.0, "length": 1.0 - engine.failed_share, "abort": 0.0, "error": engine.failed_share}
     for reason, share in finished.items():
         rows.append((f'{dialect.request_success}{{{base},finished_reason="{reason}"}}', engine.requests_per_s * share))
+    # vLLM's API server answers each errored request with a 500, and one of /v1/models a second besides.
+    handler = 'handler="/v1/completions",method="POST"'
+    for status, share in (("2xx", 1.0 - engine.failed_share), ("5xx", engine.failed_share)):
+        rows.append((f'{dialect.http_requests}{{{base},{handler},status="{status}"}}', engine.requests_per_s * share))
+    rows.append((f'{dialect.http_requests}{{{base},handler="/v1/models",method="GET",status="2xx"}}', 1.0))
     rows.append((f"{dialect.prefix_cache_queries}{{{base}}}", engine.prompt_tokens_per_s))
     rows.append((f"{dialect.prefix_cache_hits}{{{base}}}", engine.prompt_tokens_per_s * engine.prefix_hit_rate))
     rows.append((f"{dialect.num_preemptions}{{{base}}}", engine.preemptions_per_s))

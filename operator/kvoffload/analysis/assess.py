@@ -128,6 +128,9 @@ class VariantSample:
     finished: Mapping[str, float] = field(default_factory=dict)
     """Requests finished in the window per ``finished_reason`` (``vllm:request_success_total``): stop, length,
     abort, error... Empty when the engine exports no such series."""
+    http_responses: Mapping[str, float] = field(default_factory=dict)
+    """Answers of vLLM's API server in the window per status class (``http_requests_total``: 2xx, 4xx, 5xx).
+    Empty where it is not exported."""
     kv_usage: float | None = None
     """GPU KV cache usage, 0..1."""
     load_bytes_per_second: float | None = None
@@ -173,6 +176,7 @@ def has_series(sample: VariantSample | None) -> bool:
             or sample.tier_chunk_hits
             or sample.offload_allocated
             or sample.finished
+            or sample.http_responses
         )
         or sample.config is not None
         or (sample.workload is not None and sample.workload != WorkloadSample())
@@ -388,8 +392,8 @@ def assess(
         _Row(row.result, row.gated)
         for row in error_rows(
             analysis.errors,
-            canary=canary.finished if canary is not None else None,
-            stable=stable.finished,
+            canary=(canary.finished, canary.http_responses) if canary is not None else None,
+            stable=(stable.finished, stable.http_responses),
             min_requests=min_requests,
             stable_side=stable_side,
         )

@@ -92,6 +92,10 @@ CACHED_TOKEN_SOURCES: Final = (
     CACHED_SOURCE_EXTERNAL_UNSPECIFIED,
 )
 
+# The status label of http_requests_total: prometheus-fastapi-instrumentator groups codes by their first digit.
+LABEL_HTTP_STATUS: Final = "status"
+HTTP_SERVER_ERROR: Final = "5xx"
+
 # finished_reason label values of vllm:request_success_total (vLLM's FinishReason).
 FINISHED_STOP: Final = "stop"
 FINISHED_LENGTH: Final = "length"
@@ -193,6 +197,10 @@ class Dialect:
     e2e: str = "vllm:e2e_request_latency_seconds"
     """Histogram base name."""
     request_success: str = "vllm:request_success_total"
+    """Counter, label ``finished_reason``: every request the engine finished, by why (the error gate)."""
+    http_requests: str = "http_requests_total"
+    """Counter of vLLM's API server (prometheus-fastapi-instrumentator), labels ``handler``, ``method``, ``status``
+    (``2xx``, ``4xx``, ``5xx``). Not the engine's: the error gate reads it where it exists, and never requires it."""
     prompt_tokens: str = "vllm:prompt_tokens_total"
     generation_tokens: str = "vllm:generation_tokens_total"
     prompt_tokens_by_source: str | None = "vllm:prompt_tokens_by_source_total"

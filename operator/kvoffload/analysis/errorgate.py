@@ -1,20 +1,26 @@
-"""The built-in error gate: the share of finished requests the engines failed, canary against stable.
+"""The built-in error gate: the share of requests the engines failed, canary against stable.
 
-vLLM counts every finished request in ``vllm:request_success_total`` by its ``finished_reason``; the gate counts
-``FAILED_REASONS`` (abort, error) as failed, over all reasons as finished, in the analysis window:
+Two counts, each a share of its own total over the analysis window:
 
-- ``errorShare``: the subject's failed share, held to ``analysis.errors.maxShare`` (an absolute budget: the canary's
-  during a step, the fleet's under the Stable guard and in the baseline);
-- ``errorShareIncrease``: the canary's share minus the stable's, held to ``maxIncrease`` while a stable side runs. A
+- the engine's: ``vllm:request_success_total`` counts every finished request by its ``finished_reason``; abort and
+  error (``FAILED_REASONS``) are failed, every reason is finished;
+- the API server's, where it is exported: ``http_requests_total`` (prometheus-fastapi-instrumentator in vLLM's API
+  server, ``entrypoints/serve/instrumentator/metrics.py``), 5xx over every answer it counted.
+
+The figure a side is judged on is the larger of the two shares, never their sum: vLLM answers every ``error`` with
+a 500 ("Invariant: always converted to 500 Internal Server Error", ``FinishReason``), so a sum would count those
+requests twice. Each count catches what the other misses: a streamed request that fails was answered 200 before it
+failed (the engine counts it), and a 500 raised before a request reaches the engine is only the API server's.
+Where the two fail disjoint requests at once, the larger share is at most half their sum too low.
+
+- ``errorShare``: the subject's figure, held to ``analysis.errors.maxShare`` (an absolute budget: the canary's during
+  a step, the fleet's under the Stable guard and in the baseline);
+- ``errorShareIncrease``: the canary's figure minus the stable's, held to ``maxIncrease`` while a stable side runs. A
   difference, not a ratio: a ratio has no bound when the stable fails nothing, which is the usual case.
 
-Each needs ``minRequests`` finished requests on each side it reads, else it is not judged (Inconclusive, never Pass).
-An engine that exports no such series at all gets the row reported, not gated. Failed requests are no cold-cache
-artefact, so the comparison is gated during the canary's warm-up too.
-
-HTTP 5xx (``http_requests_total{status="5xx"}``, from prometheus-fastapi-instrumentator in vLLM's API server) is not
-read: vLLM turns every ``error`` into a 500 (``FinishReason``'s invariant), so adding the two would count those
-requests twice, and a streamed request that fails is answered 200 before it fails, so 5xx alone misses them.
+A count is judged only with ``minRequests`` in its total, on each side it reads, else the row is not judged
+(Inconclusive, never Pass). An engine that exports neither count gets the rows reported, not gated. Failed
+requests are no cold-cache artefact, so the comparison is gated during the canary's warm-up too.
 """
 
 from __future__ import annotations
@@ -22,37 +28,74 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvoffload.analysis.dialects import FAILED_REASONS
+from kvoffload.analysis.dialects import FAILED_REASONS, HTTP_SERVER_ERROR
 from kvoffload.api.types import ErrorsSpec, MetricResult
 
 ERROR_SHARE = "errorShare"
 ERROR_SHARE_INCREASE = "errorShareIncrease"
 
+Counts = tuple[Mapping[str, float], Mapping[str, float]]
+"""One variant's (finished requests by ``finished_reason``, API server answers by status class) in the window."""
+
 
 @dataclass(frozen=True)
 class FailedShare:
-    """One variant's failed and finished requests over the window."""
+    """Failed requests out of a total, as one count sees them."""
 
     failed: float
-    finished: float
+    total: float
+    what: str
+    """How the total reads in a message: ``finished requests failed``, ``HTTP answers were 5xx``."""
 
     @property
     def share(self) -> float | None:
-        return self.failed / self.finished if self.finished > 0 else None
+        return self.failed / self.total if self.total > 0 else None
 
     def describe(self) -> str:
-        share = self.share
-        figure = "no share" if share is None else f"{share:.1%}"
-        return f"{figure} ({self.failed:.0f} of {self.finished:.0f} finished requests failed)"
+        return f"{self.failed:.0f} of {self.total:.0f} {self.what}"
 
 
 def failed_share(finished: Mapping[str, float]) -> FailedShare | None:
-    """Failed and finished requests from the per-reason counts; None when the engine exported none."""
+    """The engine's count: abort and error over every finished request; None when the engine exported none."""
     if not finished:
         return None
     total = sum(max(0.0, v) for v in finished.values())
     failed = sum(max(0.0, finished.get(reason, 0.0)) for reason in FAILED_REASONS)
-    return FailedShare(failed=failed, finished=total)
+    return FailedShare(failed=failed, total=total, what="finished requests failed")
+
+
+def http_failed_share(answers: Mapping[str, float]) -> FailedShare | None:
+    """The API server's count: 5xx over every answer; None where ``http_requests_total`` is not exported."""
+    if not answers:
+        return None
+    total = sum(max(0.0, v) for v in answers.values())
+    return FailedShare(failed=max(0.0, answers.get(HTTP_SERVER_ERROR, 0.0)), total=total, what="HTTP answers were 5xx")
+
+
+@dataclass(frozen=True)
+class _Side:
+    counts: tuple[FailedShare, ...]
+    """The counts this variant exports (none, one or both)."""
+    judged: FailedShare | None
+    """The count with the larger share among those with ``minRequests`` in their total; None if none has."""
+
+    @property
+    def share(self) -> float | None:
+        """The figure shown: the judged count's share, else the largest share seen (on too few requests)."""
+        if self.judged is not None:
+            return self.judged.share
+        shares = [c.share for c in self.counts if c.share is not None]
+        return max(shares) if shares else None
+
+    def describe(self) -> str:
+        return "; ".join(c.describe() for c in self.counts)
+
+
+def _side(counts: Counts, min_requests: int) -> _Side:
+    seen = tuple(c for c in (failed_share(counts[0]), http_failed_share(counts[1])) if c is not None)
+    enough = [c for c in seen if c.total >= min_requests and c.share is not None]
+    judged = max(enough, key=lambda c: c.share or 0.0) if enough else None
+    return _Side(seen, judged)
 
 
 @dataclass(frozen=True)
@@ -64,8 +107,8 @@ class ErrorRow:
 def error_rows(
     errors: ErrorsSpec,
     *,
-    canary: Mapping[str, float] | None,
-    stable: Mapping[str, float],
+    canary: Counts | None,
+    stable: Counts,
     min_requests: int,
     stable_side: bool,
 ) -> list[ErrorRow]:
@@ -74,77 +117,73 @@ def error_rows(
     ``stable_side=False``: no stable engine shares the window (the last step with ``maxSurge: 0``), so only the
     absolute budget applies.
     """
-    c = failed_share(canary) if canary is not None else None
-    s = failed_share(stable)
-    subject = c if canary is not None else s
-    who = "canary" if canary is not None else "stable"
-    c_value = c.share if c else None
-    s_value = s.share if s else None
+    c = _side(canary, min_requests) if canary is not None else None
+    s = _side(stable, min_requests)
+    subject = c if c is not None else s
+    who = "canary" if c is not None else "stable"
     rows: list[ErrorRow] = []
 
-    def add(name: str, threshold: float, passed: bool | None, message: str, *, gated: bool) -> None:
-        # The increase row shows the difference where the ratio rows show their ratio: in ``canary``.
-        if name == ERROR_SHARE_INCREASE:
-            difference = c_value - s_value if c_value is not None and s_value is not None else None
-            values: tuple[float | None, float | None] = (difference, None)
-        else:
-            values = (c_value, s_value)
+    def add(
+        name: str,
+        values: tuple[float | None, float | None],
+        limit: float,
+        passed: bool | None,
+        msg: str,
+        *,
+        gated: bool = True,
+    ) -> None:
         result = MetricResult(
-            name=name, canary=values[0], stable=values[1], threshold=threshold, passed=passed, message=message
+            name=name, canary=values[0], stable=values[1], threshold=limit, passed=passed, message=msg
         )
         rows.append(ErrorRow(result, gated))
 
+    shares = (c.share if c is not None else None, s.share)
     budget = errors.max_share
-    if subject is None:
-        add(ERROR_SHARE, budget, None, f"no vllm:request_success_total for the {who} (not gated)", gated=False)
-    elif subject.finished < min_requests or subject.share is None:
+    if not subject.counts:
+        # Nothing to judge, ever, where the engines export neither count.
+        add(ERROR_SHARE, shares, budget, None, f"no vllm:request_success_total for the {who} (not gated)", gated=False)
+    elif subject.judged is None:
         add(
             ERROR_SHARE,
+            shares,
             budget,
             None,
-            f"{who} finished {subject.finished:.0f} requests, fewer than minRequests {min_requests}: not judged",
-            gated=True,
+            f"{who}: {subject.describe()}, fewer than minRequests {min_requests}: not judged",
         )
     else:
-        share = subject.share
+        share = subject.judged.share or 0.0
         ok = share <= budget
+        verdict = "within" if ok else "over"
         add(
             ERROR_SHARE,
+            shares,
             budget,
             ok,
-            f"{who} failed {subject.describe()}, {'within' if ok else 'over'} maxShare {budget:.1%}",
-            gated=True,
+            f"{who} failed {share:.1%} ({subject.describe()}), {verdict} maxShare {budget:.1%}",
         )
 
-    if canary is None or not stable_side:
+    if c is None or not stable_side:
         return rows
     limit = errors.max_increase
-    if c is None or s is None:
-        add(
-            ERROR_SHARE_INCREASE,
-            limit,
-            None,
-            "canary - stable failed share needs vllm:request_success_total on both (not gated)",
-            gated=False,
+    if not c.counts or not s.counts:
+        msg = "canary - stable failed share needs vllm:request_success_total on both (not gated)"
+        add(ERROR_SHARE_INCREASE, (None, None), limit, None, msg, gated=False)
+    elif c.judged is None or s.judged is None:
+        msg = (
+            f"canary: {c.describe()}; stable: {s.describe()}: fewer than minRequests {min_requests} on a side, "
+            "not judged"
         )
-    elif c.share is None or s.share is None or c.finished < min_requests or s.finished < min_requests:
-        add(
-            ERROR_SHARE_INCREASE,
-            limit,
-            None,
-            f"canary finished {c.finished:.0f}, stable {s.finished:.0f} requests: fewer than minRequests "
-            f"{min_requests} on a side, not judged",
-            gated=True,
-        )
+        add(ERROR_SHARE_INCREASE, (None, None), limit, None, msg)
     else:
-        increase = c.share - s.share
+        c_share, s_share = c.judged.share or 0.0, s.judged.share or 0.0
+        increase = c_share - s_share
         ok = increase <= limit
         add(
             ERROR_SHARE_INCREASE,
+            (increase, None),
             limit,
             ok,
-            f"canary failed {c.share:.1%}, stable {s.share:.1%}: {increase * 100:+.1f} points, "
+            f"canary failed {c_share:.1%}, stable {s_share:.1%}: {increase * 100:+.1f} points, "
             f"{'at most' if ok else 'over'} maxIncrease {limit * 100:.1f} points",
-            gated=True,
         )
     return rows

@@ -51,6 +51,7 @@ from kvoffload.analysis.dialects import (
     LABEL_CPU_NUM_CHUNKS,
     LABEL_CPU_SIZE_BYTES,
     LABEL_FINISHED_REASON,
+    LABEL_HTTP_STATUS,
     LABEL_OFFLOADING_BACKEND,
     LABEL_OFFLOADING_SIZE,
     LABEL_TIER,
@@ -212,6 +213,7 @@ def build_queries(
     ]
     # The error gate: every finished request by its reason; assess() counts FAILED_REASONS as failed.
     queries.append(Query("finished", increase(dialect.request_success, "", f"{by}, {LABEL_FINISHED_REASON}")))
+    queries.append(Query("http_responses", increase(dialect.http_requests, "", f"{by}, {LABEL_HTTP_STATUS}")))
     if dialect.prompt_tokens_by_source:
         name = dialect.prompt_tokens_by_source
         external = increase(name, f'source="{SOURCE_EXTERNAL_KV_TRANSFER}"')
@@ -286,6 +288,7 @@ class _Collected:
     tier_chunk_queries: dict[str, float] = field(default_factory=dict)
     tier_chunk_hits: dict[str, float] = field(default_factory=dict)
     finished: dict[str, float] = field(default_factory=dict)
+    http_responses: dict[str, float] = field(default_factory=dict)
     allocated: list[dict[str, str]] = field(default_factory=list)
     config: dict[str, set[str]] = field(default_factory=dict)
     quantiles: dict[str, dict[float, float | None]] = field(default_factory=dict)
@@ -492,10 +495,11 @@ class PrometheusProvider:
                     number = _value(item)
                     if number is not None:
                         entry.tier_hits[metric.get("source", "")] = number
-                elif query.field == "finished":
+                elif query.field in ("finished", "http_responses"):
                     number = _value(item)
+                    label = LABEL_FINISHED_REASON if query.field == "finished" else LABEL_HTTP_STATUS
                     if number is not None:
-                        entry.finished[metric.get(LABEL_FINISHED_REASON, "")] = number
+                        getattr(entry, query.field)[metric.get(label, "")] = number
                 elif query.field in ("tier_chunk_queries", "tier_chunk_hits"):
                     number = _value(item)
                     if number is not None:
@@ -548,6 +552,7 @@ def _sample(entry: _Collected | None, window_s: float, workload: bool = False) -
         tier_chunk_queries=dict(entry.tier_chunk_queries),
         tier_chunk_hits=dict(entry.tier_chunk_hits),
         finished=dict(entry.finished),
+        http_responses=dict(entry.http_responses),
         offload_allocated=tuple(sorted((dict(a) for a in entry.allocated), key=lambda a: sorted(a.items()))),
         kv_usage=v.get("kv_usage"),
         load_bytes_per_second=v.get("load_bytes_per_second"),
