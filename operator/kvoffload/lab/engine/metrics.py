@@ -411,7 +411,8 @@ class EngineMetrics:
         self._m("vllm:request_inference_time_seconds").observe(max(0.0, e2e - queued))
         self._m("vllm:request_prefill_time_seconds").observe(max(0.0, e2e - queued))
         self._m("vllm:request_decode_time_seconds").observe(0.0)
-        self._m("vllm:request_num_preemptions").observe(0)
+        if "vllm:request_num_preemptions" in self.metrics:  # not in 0.26
+            self._m("vllm:request_num_preemptions").observe(0)
         self._m("vllm:request_generation_tokens").observe(0)
         self._m("vllm:request_success", finished_reason=finished_reason).inc()
 
