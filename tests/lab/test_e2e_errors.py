@@ -11,6 +11,7 @@ back to cpu, naming the gate in its history, its last analysis and its Warning E
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -50,7 +51,9 @@ async def test_a_canary_failing_5_percent_of_requests_with_normal_ttft_is_rolled
 
     async with load_on(local_cluster, "chat"):
         await eventually(lambda: canary_on(local_cluster, "chat", "nvme"), "the nvme canary", 90)
+        ready = time.monotonic()
         status = await eventually(lambda: in_phase(local_cluster, "chat", "RolledBack", "Stable"), "RolledBack", 60)
+        took = time.monotonic() - ready
 
     assert status["phase"] == "RolledBack", status.get("message")
     assert status["stable"]["configHash"] == level_hash(doc, "cpu")
@@ -74,3 +77,5 @@ async def test_a_canary_failing_5_percent_of_requests_with_normal_ttft_is_rolled
     warnings = [e for e in await events_of(local_cluster, "chat") if e["type"] == "Warning"]
     assert any("canary nvme removed" in e["message"] and "maxIncrease" in e["message"] for e in warnings), warnings
     await eventually(lambda: deployment(local_cluster, "chat-nvme") is None, "the canary gone")
+    # For the record (pytest -s): how long from a Ready canary to the rollback, and what the gate saw.
+    print(f"\nrolled back {took:.1f} s after the nvme canary was Ready: {share['message']}; {increase['message']}")
