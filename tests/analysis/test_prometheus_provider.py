@@ -58,6 +58,8 @@ def test_every_query_selects_all_policies_and_groups_by_policy_level_and_config_
         "itl_p99",
         "kv_usage",
         "config",
+        "finished",
+        "http_responses",
         "external_share",
         "tier_hits",
         "tier_chunk_queries",
@@ -139,6 +141,9 @@ def test_every_series_the_queries_read_exists_in_a_real_vllm_capture() -> None:
     for query in build_queries("2m", NEWEST, workload=True):
         for name in re.findall(r"(vllm:[a-z_:]+)\{", query.expr):
             assert name in present or name in offload, f"{name} ({query.field}) is not in the vLLM 0.32 capture"
+    # The one series of the API server's that a query reads (the error gate's HTTP count).
+    assert f"{NEWEST.http_requests}" in present
+    assert any(NEWEST.http_requests in q.expr for q in build_queries("2m", NEWEST))
 
 
 def test_a_batch_is_scoped_to_its_own_namespaces_and_policies_and_a_too_large_one_asks_fleet_wide() -> None:
@@ -320,6 +325,7 @@ CHAT_CANARY = SyntheticEngine(
     host_tokens_per_s=200,
     disk_tokens_per_s=50,
     kv_usage=0.7,
+    failed_share=0.05,
     load_bytes_per_s=1e9,
     offloading_size="32.0",
 )
@@ -394,6 +400,15 @@ def test_the_provider_reads_each_variant_of_each_policy(scraped_fleet: Prometheu
     assert set(canary.tier_hits) == {"host", "disk"}
     assert stable.tier_hits == {"host": 0.0, "disk": 0.0}
     assert canary.kv_usage == pytest.approx(0.7)
+    # The error gate's counts: every finished request by its reason, failed ones among them.
+    assert set(canary.finished) == {"stop", "length", "abort", "error"}
+    assert canary.finished["error"] == pytest.approx(100 * 0.05, rel=0.15)
+    assert canary.finished["error"] / sum(canary.finished.values()) == pytest.approx(0.05, rel=0.01)
+    assert stable.finished["error"] == 0.0
+    assert sum(stable.finished.values()) == pytest.approx(200, rel=0.15)
+    assert set(canary.http_responses) == {"2xx", "5xx"}  # summed over handlers: /v1/models' GETs are 2xx
+    assert canary.http_responses["5xx"] == pytest.approx(100 * 0.05, rel=0.15)
+    assert canary.http_responses["2xx"] == pytest.approx(100 * 0.95 + 10, rel=0.15)
     assert canary.load_bytes_per_second == pytest.approx(12.6e9, rel=0.01)
     assert stable.load_bytes_per_second is None  # no offload counters on a GPU-only engine
     assert canary.config == {"kv_offloading_size": "32.0", "kv_offloading_backend": "native"}

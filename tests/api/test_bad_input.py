@@ -73,6 +73,10 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
         {"spec.rollout.preflight.kvPressure", "spec.rollout.preflight.minPrefixReuse"},
     ),
     "preflight-prompt-too-long.yaml": ({"spec"}, {"spec.rollout.preflight"}),
+    "error-budget-out-of-range.yaml": (
+        {"spec.analysis.errors.maxShare", "spec.analysis.errors.maxIncrease"},
+        {"spec.analysis.errors.maxShare", "spec.analysis.errors.maxIncrease"},
+    ),
 }
 
 # The words each models error must contain, so the path is not right by accident.

@@ -246,6 +246,51 @@ def test_an_outage_answers_503_until_cleared(engine_factory: EngineFactory) -> N
     assert engine.complete(prompt(40, 64))["usage"]["prompt_tokens"] == 64
 
 
+def test_an_error_share_fails_exactly_that_share_with_a_500_and_leaves_the_others_latency_alone(
+    engine_factory: EngineFactory,
+) -> None:
+    (engine,) = engine_factory(1, SCENARIO)
+    plain = engine.complete(prompt(50, 64), max_tokens=2)["kvoffload"]["modelled_ttft_s"]
+    engine.set_faults(error_share=0.05)
+    codes: list[int] = []
+    kinds: set[str] = set()
+    ttfts: list[float] = []
+    for _ in range(40):
+        try:
+            ttfts.append(engine.complete(prompt(50, 64), max_tokens=2)["kvoffload"]["modelled_ttft_s"])
+            codes.append(200)
+        except urllib.error.HTTPError as exc:
+            kinds.add(json.loads(exc.read())["error"]["type"])
+            codes.append(exc.code)
+    assert kinds == {"InternalServerError"}
+    assert codes.count(500) == 2, codes  # 5% of 40, counted, not drawn: the 20th and the 40th
+    assert codes.index(500) == 19
+    # What vLLM shows for a request that finished with reason error: counted by its reason, no TTFT of its own.
+    assert counter(engine, "vllm:request_success_total", finished_reason="error") == 2
+    assert counter(engine, "vllm:request_success_total", finished_reason="length") == 39
+    count, _ = ttft_histogram(engine)
+    assert count == 39
+    assert counter(engine, "vllm:e2e_request_latency_seconds_count") == 41
+    # The API server's count, as vLLM's instrumentator keeps it: the same two requests, as 500s.
+    completions = {"handler": "/v1/completions", "method": "POST"}
+    assert counter(engine, "http_requests_total", **completions, status="5xx") == 2
+    assert counter(engine, "http_requests_total", **completions, status="2xx") == 39
+    # The requests that succeed keep their latency (the prompt is a GPU prefix hit from the second on).
+    assert all(t <= plain for t in ttfts)
+    assert json.loads(engine.get("/emulator/faults"))["error_share"] == 0.05
+    engine.set_faults(clear=True)
+    assert engine.complete(prompt(50, 64))["usage"]["prompt_tokens"] == 64
+
+
+def test_an_error_share_flag_parses_and_a_share_over_one_is_refused() -> None:
+    _, faults, _ = parse_argv([*SCENARIO, "--error-share", "0.05", "--error-share-after", "2"], start=100.0)
+    assert faults.error_share == 0.05
+    assert not faults.fails(101.0)
+    assert [faults.fails(102.0 + i) for i in range(20)].count(True) == 1
+    with pytest.raises(ValueError, match="error_share: must be at most 1"):
+        apply_faults(Faults(), {"error_share": 1.5}, 0.0)
+
+
 def test_metrics_keep_their_colons_when_the_scraper_asks_for_openmetrics(engine_factory: EngineFactory) -> None:
     (engine,) = engine_factory(1, SCENARIO)
     request = urllib.request.Request(

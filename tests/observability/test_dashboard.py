@@ -66,6 +66,7 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
         "Hits per tier",
         "Offload bandwidth",
         "KV cache usage",
+        "Failed request share",
         "Pinned memory requested",
         "Tier capacity per pod",
         "Fleet",

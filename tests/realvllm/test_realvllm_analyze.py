@@ -86,4 +86,7 @@ def test_analyze_reads_numbers_from_a_live_vllm(live_vllm: str, prometheus: Prom
     assert 0 < metrics["itlP99"]["stable"] < 10
     assert metrics["kvUsage"]["stable"] is not None
     assert "matches" in metrics["liveConfig"]["message"]  # cache_config_info: no offloading, as level 0
+    # The error gate reads vllm:request_success_total: every request of the load finished, none failed.
+    assert metrics["errorShare"]["stable"] == 0.0
+    assert metrics["errorShare"]["passed"] is True
     assert doc["verdict"] == "Pass"

@@ -126,6 +126,8 @@ class SyntheticEngine:
     host_tokens_per_s: float = 0.0
     disk_tokens_per_s: float = 0.0
     kv_usage: float = 0.5
+    failed_share: float = 0.0
+    """Share of the finished requests that end with finished_reason ``error`` (the rest: ``length``)."""
     load_bytes_per_s: float = 0.0
     load_throughput: float = 12.6e9
     """Bytes per transfer second; the load time counter grows by bytes / this."""
@@ -199,6 +201,14 @@ def _series(engine: SyntheticEngine, dialect: Dialect) -> list[tuple[str, float]
             rows.append((f'{name}_bucket{{{base},le="{le}"}}', engine.requests_per_s * below))
         rows.append((f"{name}_count{{{base}}}", engine.requests_per_s))
         rows.append((f"{name}_sum{{{base}}}", engine.requests_per_s * sum(v * share for v, share in shares)))
+    finished = {"stop": 0.0, "length": 1.0 - engine.failed_share, "abort": 0.0, "error": engine.failed_share}
+    for reason, share in finished.items():
+        rows.append((f'{dialect.request_success}{{{base},finished_reason="{reason}"}}', engine.requests_per_s * share))
+    # vLLM's API server answers each errored request with a 500, and one of /v1/models a second besides.
+    handler = 'handler="/v1/completions",method="POST"'
+    for status, share in (("2xx", 1.0 - engine.failed_share), ("5xx", engine.failed_share)):
+        rows.append((f'{dialect.http_requests}{{{base},{handler},status="{status}"}}', engine.requests_per_s * share))
+    rows.append((f'{dialect.http_requests}{{{base},handler="/v1/models",method="GET",status="2xx"}}', 1.0))
     rows.append((f"{dialect.prefix_cache_queries}{{{base}}}", engine.prompt_tokens_per_s))
     rows.append((f"{dialect.prefix_cache_hits}{{{base}}}", engine.prompt_tokens_per_s * engine.prefix_hit_rate))
     rows.append((f"{dialect.num_preemptions}{{{base}}}", engine.preemptions_per_s))

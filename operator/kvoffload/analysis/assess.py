@@ -26,6 +26,7 @@ from kvoffload.analysis.dialects import (
     TIER_PRIMARY,
     secondary_tier_label,
 )
+from kvoffload.analysis.errorgate import ERROR_SHARE, ERROR_SHARE_INCREASE, error_rows
 from kvoffload.api.quantity import GIB, parse_duration
 from kvoffload.api.types import (
     AnalysisSpec,
@@ -124,6 +125,12 @@ class VariantSample:
     offload_allocated: tuple[Mapping[str, str], ...] = ()
     """One label set per series of ``vllm:kv_offload_config_info`` now (vLLM 0.33 on): ``pod``, ``tier``,
     ``cpu_kv_cache_size_bytes``, ``cpu_num_chunks``. Empty where the engine does not export it."""
+    finished: Mapping[str, float] = field(default_factory=dict)
+    """Requests finished in the window per ``finished_reason`` (``vllm:request_success_total``): stop, length,
+    abort, error... Empty when the engine exports no such series."""
+    http_responses: Mapping[str, float] = field(default_factory=dict)
+    """Answers of vLLM's API server in the window per status class (``http_requests_total``: 2xx, 4xx, 5xx).
+    Empty where it is not exported."""
     kv_usage: float | None = None
     """GPU KV cache usage, 0..1."""
     load_bytes_per_second: float | None = None
@@ -163,7 +170,14 @@ def has_series(sample: VariantSample | None) -> bool:
     )
     return (
         any(value is not None for value in figures)
-        or bool(sample.tier_hits or sample.tier_chunk_queries or sample.tier_chunk_hits or sample.offload_allocated)
+        or bool(
+            sample.tier_hits
+            or sample.tier_chunk_queries
+            or sample.tier_chunk_hits
+            or sample.offload_allocated
+            or sample.finished
+            or sample.http_responses
+        )
         or sample.config is not None
         or (sample.workload is not None and sample.workload != WorkloadSample())
     )
@@ -230,7 +244,8 @@ def assess(
       never Fail (a breach seen on too few requests is reported but does not count).
     - Fail when any gated metric breached: p99 TTFT or ITL over budget; canary/stable p99 over
       ``maxRegression``; external share under ``minExternalShare`` (levels with offload, after
-      warm-up); a secondary tier that served no tokens (after warm-up).
+      warm-up); a secondary tier that served no tokens (after warm-up); a failed-request share over
+      ``errors.maxShare``, or the canary's more than ``errors.maxIncrease`` over the stable's.
     - Pass when every gated metric passed; Inconclusive when one could not be judged.
     - Offload throughput, KV usage, the live config and the baseline ratios are reported only.
     - ``stable_side=False``: the canary runs every replica (the last promotion step with
@@ -371,6 +386,18 @@ def assess(
                 "no data" if ratio is None else f"{who}/baseline p99 = {ratio:.2f} (reported, not gated)",
                 gated=False,
             )
+
+    # Failed requests: a canary that fails requests while its latency looks fine (analysis/errorgate.py).
+    rows += (
+        _Row(row.result, row.gated)
+        for row in error_rows(
+            analysis.errors,
+            canary=(canary.finished, canary.http_responses) if canary is not None else None,
+            stable=(stable.finished, stable.http_responses),
+            min_requests=min_requests,
+            stable_side=stable_side,
+        )
+    )
 
     # External share: only offload can load tokens from outside the GPU, and only once the tiers are warm.
     share = _num(subject.external_share)
@@ -634,8 +661,10 @@ def format_metric_value(name: str, value: float | None) -> str:
         return f"{value * 1000:.1f}ms"
     if name in (TTFT_RATIO, ITL_RATIO, TTFT_VS_BASELINE, ITL_VS_BASELINE):
         return f"{value:.2f}x"
-    if name in (EXTERNAL_SHARE, KV_USAGE) or name.startswith(TIER_HIT_SHARE):
+    if name in (EXTERNAL_SHARE, KV_USAGE, ERROR_SHARE) or name.startswith(TIER_HIT_SHARE):
         return f"{value:.1%}"
+    if name == ERROR_SHARE_INCREASE:
+        return f"{value * 100:+.1f} pts"
     if name == LOAD_THROUGHPUT:
         return f"{value / 1e9:.1f} GB/s"
     return f"{value:.0f}"

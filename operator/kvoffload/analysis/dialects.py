@@ -48,6 +48,15 @@ Evidence for each change (see also ``DIALECT_CHANGES``):
   (``tiering/base.py`` line 68, ``tiering/spec.py`` lines 250-259). Neither is in
   the 0.32.0 source. Nothing offload-related is renamed or removed.
 
+The error gate reads ``vllm:request_success_total{finished_reason}`` (every row: vLLM counts every finished
+request there, whatever its reason). Its reasons are ``FinishReason``'s (``v1/engine/__init__.py``): stop, length,
+abort, error and repetition in the 0.32.0, 0.33.0 and 0.34.0 sources and in the 0.26.0 and 0.32.0 captures; older
+releases lack some (error came with request-level failures such as a KV load failure, repetition later), so the
+query reads whichever exist and counts ``FAILED_REASONS`` as failed. vLLM's own words for error: "retryable
+request-level internal error (e.g., KV load failure). Invariant: always converted to 500 Internal Server Error";
+with an offload connector, ``kv_load_failure_policy`` defaults to "fail" (``config/kv_transfer.py``, 0.32-0.34), so a
+tier that cannot give back what it stored fails requests with that reason.
+
 The baseline's workload figures read ``vllm:request_prompt_tokens`` (histogram),
 ``vllm:e2e_request_latency_seconds`` (histogram), ``vllm:num_requests_running``
 (gauge) and ``vllm:num_preemptions_total`` (counter), besides the prefix-cache
@@ -82,6 +91,21 @@ CACHED_TOKEN_SOURCES: Final = (
     CACHED_SOURCE_DISK,
     CACHED_SOURCE_EXTERNAL_UNSPECIFIED,
 )
+
+# The status label of http_requests_total: prometheus-fastapi-instrumentator groups codes by their first digit.
+LABEL_HTTP_STATUS: Final = "status"
+HTTP_SERVER_ERROR: Final = "5xx"
+
+# finished_reason label values of vllm:request_success_total (vLLM's FinishReason).
+FINISHED_STOP: Final = "stop"
+FINISHED_LENGTH: Final = "length"
+FINISHED_ABORT: Final = "abort"
+FINISHED_ERROR: Final = "error"
+FINISHED_REPETITION: Final = "repetition"
+LABEL_FINISHED_REASON: Final = "finished_reason"
+FAILED_REASONS: Final = (FINISHED_ABORT, FINISHED_ERROR)
+"""Reasons the error gate counts as failed. repetition is the model's output (a loop it was stopped in), not a failure
+of the engine or its tiers, so it counts as finished, like stop and length."""
 
 # transfer_type label values of the legacy offload counters.
 TRANSFER_LOAD: Final = "CPU_to_GPU"
@@ -173,6 +197,10 @@ class Dialect:
     e2e: str = "vllm:e2e_request_latency_seconds"
     """Histogram base name."""
     request_success: str = "vllm:request_success_total"
+    """Counter, label ``finished_reason``: every request the engine finished, by why (the error gate)."""
+    http_requests: str = "http_requests_total"
+    """Counter of vLLM's API server (prometheus-fastapi-instrumentator), labels ``handler``, ``method``, ``status``
+    (``2xx``, ``4xx``, ``5xx``). Not the engine's: the error gate reads it where it exists, and never requires it."""
     prompt_tokens: str = "vllm:prompt_tokens_total"
     generation_tokens: str = "vllm:generation_tokens_total"
     prompt_tokens_by_source: str | None = "vllm:prompt_tokens_by_source_total"

@@ -50,6 +50,8 @@ from kvoffload.analysis.dialects import (
     CACHED_SOURCE_HOST,
     LABEL_CPU_NUM_CHUNKS,
     LABEL_CPU_SIZE_BYTES,
+    LABEL_FINISHED_REASON,
+    LABEL_HTTP_STATUS,
     LABEL_OFFLOADING_BACKEND,
     LABEL_OFFLOADING_SIZE,
     LABEL_TIER,
@@ -209,6 +211,9 @@ def build_queries(
             f"(last_over_time({dialect.cache_config_info}{s()}[{w}]))",
         ),
     ]
+    # The error gate: every finished request by its reason; assess() counts FAILED_REASONS as failed.
+    queries.append(Query("finished", increase(dialect.request_success, "", f"{by}, {LABEL_FINISHED_REASON}")))
+    queries.append(Query("http_responses", increase(dialect.http_requests, "", f"{by}, {LABEL_HTTP_STATUS}")))
     if dialect.prompt_tokens_by_source:
         name = dialect.prompt_tokens_by_source
         external = increase(name, f'source="{SOURCE_EXTERNAL_KV_TRANSFER}"')
@@ -282,6 +287,8 @@ class _Collected:
     tier_hits: dict[str, float] = field(default_factory=dict)
     tier_chunk_queries: dict[str, float] = field(default_factory=dict)
     tier_chunk_hits: dict[str, float] = field(default_factory=dict)
+    finished: dict[str, float] = field(default_factory=dict)
+    http_responses: dict[str, float] = field(default_factory=dict)
     allocated: list[dict[str, str]] = field(default_factory=list)
     config: dict[str, set[str]] = field(default_factory=dict)
     quantiles: dict[str, dict[float, float | None]] = field(default_factory=dict)
@@ -488,6 +495,11 @@ class PrometheusProvider:
                     number = _value(item)
                     if number is not None:
                         entry.tier_hits[metric.get("source", "")] = number
+                elif query.field in ("finished", "http_responses"):
+                    number = _value(item)
+                    label = LABEL_FINISHED_REASON if query.field == "finished" else LABEL_HTTP_STATUS
+                    if number is not None:
+                        getattr(entry, query.field)[metric.get(label, "")] = number
                 elif query.field in ("tier_chunk_queries", "tier_chunk_hits"):
                     number = _value(item)
                     if number is not None:
@@ -539,6 +551,8 @@ def _sample(entry: _Collected | None, window_s: float, workload: bool = False) -
         tier_hits=dict(entry.tier_hits),
         tier_chunk_queries=dict(entry.tier_chunk_queries),
         tier_chunk_hits=dict(entry.tier_chunk_hits),
+        finished=dict(entry.finished),
+        http_responses=dict(entry.http_responses),
         offload_allocated=tuple(sorted((dict(a) for a in entry.allocated), key=lambda a: sorted(a.items()))),
         kv_usage=v.get("kv_usage"),
         load_bytes_per_second=v.get("load_bytes_per_second"),

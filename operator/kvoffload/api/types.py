@@ -360,6 +360,27 @@ class WarmupSpec(Model):
     )
 
 
+class ErrorsSpec(Model):
+    """The built-in error gate: the share of finished requests the engine failed (vLLM's
+    ``vllm:request_success_total`` with ``finished_reason`` abort or error), held to an absolute budget and,
+    while a stable side runs, compared with the stable engines' share in the same window."""
+
+    max_share: float = Field(
+        default=0.05,
+        ge=0.0,
+        le=1.0,
+        description="Absolute budget: the most failed / finished requests of the canary (and of the fleet at the "
+        "top, under the Stable guard), 0..1.",
+    )
+    max_increase: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=1.0,
+        description="The most the canary's failed share may exceed the stable's, in share points (0.02: two "
+        "percentage points): a difference, so a stable that fails nothing still gives a bound.",
+    )
+
+
 class AnalysisSpec(Model):
     """What Prometheus must show for a level to advance."""
 
@@ -374,6 +395,10 @@ class AnalysisSpec(Model):
     sustained_for: Duration = Field(default="2m", description="How long a breach must last to roll back.")
     min_requests: int = Field(default=50, ge=1, le=10_000_000, description="Fewer in the window: inconclusive.")
     max_inconclusive: int = Field(default=10, ge=1, le=10_000, description="Inconclusive verdicts in a row that pause.")
+    errors: ErrorsSpec = Field(
+        default_factory=ErrorsSpec,
+        description="The error gate: failed requests (aborted or errored) against an absolute budget and the stable's.",
+    )
     warmup: WarmupSpec = Field(
         default_factory=WarmupSpec,
         description="Before it ends, canary/stable ratios and offload hit checks are reported, not gated; "

@@ -1,4 +1,5 @@
-"""Injected faults: added latency, TTFT and ITL multipliers from a given time on, an outage (503 everywhere).
+"""Injected faults: added latency, TTFT and ITL multipliers from a given time on, an outage (503 everywhere), and a
+share of requests that fail (finished_reason ``error``, HTTP 500) while the others keep their latency.
 
 Set by flags (or ``KVOFFLOAD_EMULATE_*`` variables), or at runtime with ``POST /emulator/faults``.
 """
@@ -21,6 +22,19 @@ class Faults:
     itl_multiplier_from: float | None = None
     outage_from: float | None = None
     outage_until: float | None = None
+    error_share: float = 0.0
+    """Share of the requests that fail, as vLLM fails a request whose KV load failed (``kv_load_failure_policy``
+    "fail", its default): ``finished_reason="error"`` and HTTP 500."""
+    error_share_from: float | None = None
+    _arrivals: int = 0
+    """Requests that arrived while ``error_share`` held: which fail is counted, not drawn, so the share is exact."""
+
+    def fails(self, now: float) -> bool:
+        """Whether the request arriving at ``now`` fails: the n-th fails when floor(n x share) steps up."""
+        if self.error_share <= 0 or self.error_share_from is None or now < self.error_share_from:
+            return False
+        self._arrivals += 1
+        return int(self._arrivals * self.error_share) > int((self._arrivals - 1) * self.error_share)
 
     def ttft_factor(self, now: float) -> float:
         if self.ttft_multiplier_from is not None and now >= self.ttft_multiplier_from:
@@ -50,6 +64,8 @@ class Faults:
             "outage_in": rel(self.outage_from),
             "outage_ends_in": rel(self.outage_until),
             "in_outage": self.in_outage(now),
+            "error_share": self.error_share,
+            "error_share_in": rel(self.error_share_from),
         }
 
 
@@ -75,6 +91,8 @@ def apply_faults(faults: Faults, body: Mapping[str, Any], now: float) -> None:
         "itl_multiplier_after",
         "outage_after",
         "outage_for",
+        "error_share",
+        "error_share_after",
     }
     unknown = sorted(set(body) - known)
     if unknown:
@@ -91,6 +109,12 @@ def apply_faults(faults: Faults, body: Mapping[str, Any], now: float) -> None:
     if (v := num("itl_multiplier")) is not None:
         faults.itl_multiplier = v
         faults.itl_multiplier_from = now + (num("itl_multiplier_after") or 0.0)
+    if (v := num("error_share")) is not None:
+        if v > 1:
+            raise ValueError("error_share: must be at most 1")
+        faults.error_share = v
+        faults.error_share_from = now + (num("error_share_after") or 0.0)
+        faults._arrivals = 0
     if (v := num("outage_after")) is not None or "outage_for" in body:
         start = now + (v or 0.0)
         duration = num("outage_for")
@@ -107,6 +131,8 @@ def faults_from_options(
     itl_multiplier_after: float | None = None,
     outage_after: float | None = None,
     outage_for: float | None = None,
+    error_share: float = 0.0,
+    error_share_after: float | None = None,
     start: float,
 ) -> Faults:
     """Faults from command-line options, whose times count from engine start."""
@@ -115,6 +141,9 @@ def faults_from_options(
         f.ttft_multiplier_from = start + (ttft_multiplier_after or 0.0)
     if itl_multiplier != 1.0:
         f.itl_multiplier_from = start + (itl_multiplier_after or 0.0)
+    if error_share > 0:
+        f.error_share = error_share
+        f.error_share_from = start + (error_share_after or 0.0)
     if outage_after is not None:
         f.outage_from = start + outage_after
         f.outage_until = None if outage_for is None else f.outage_from + outage_for

@@ -120,6 +120,20 @@ OPTIONS: Final[tuple[Callable[[Any], Any], ...]] = (
         envvar=_env("OUTAGE_FOR"),
         help="How long the outage lasts (default: for good).",
     ),
+    click.option(
+        "--error-share",
+        type=click.FloatRange(0.0, 1.0),
+        default=0.0,
+        envvar=_env("ERROR_SHARE"),
+        help="Share of requests that fail (finished_reason error, HTTP 500), as a failed KV load fails them.",
+    ),
+    click.option(
+        "--error-share-after",
+        type=float,
+        default=None,
+        envvar=_env("ERROR_SHARE_AFTER"),
+        help="Seconds from start before --error-share applies.",
+    ),
 )
 """The engine's options, in the order ``--help`` lists them."""
 
@@ -145,6 +159,8 @@ FAULT_OPTIONS: Final = (
     "itl_multiplier_after",
     "outage_after",
     "outage_for",
+    "error_share",
+    "error_share_after",
 )
 
 

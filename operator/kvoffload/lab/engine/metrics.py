@@ -67,6 +67,14 @@ class EngineMetrics:
         self._register_cache_config()
         if config.offload_backend == "native":
             self._register_offload()
+        # vLLM's API server: prometheus-fastapi-instrumentator's counter, status grouped into 2xx/4xx/5xx
+        # (entrypoints/serve/instrumentator/metrics.py), labels in the capture's order.
+        self.http_requests = Counter(
+            "http_requests",
+            "Total number of requests by method, status and handler.",
+            ("handler", "method", "status"),
+            registry=self.registry,
+        )
 
     # Older dialects rename or lack some families; everything else stays as in 0.32.
     def _for_dialect(self, fam: Family) -> Family | None:
@@ -394,6 +402,23 @@ class EngineMetrics:
         self._m("vllm:request_generation_tokens").observe(generated)
         self._m("vllm:generation_tokens").inc(generated)
         self._m("vllm:request_success", finished_reason=finished_reason).inc()
+
+    def record_failure(self, *, e2e: float, queued: float, finished_reason: str) -> None:
+        """A request that ended before its first token (a failed KV load): vLLM counts it by its reason and times it
+        like any finished request, but it has no TTFT and no ITL (``update_from_finished_request``)."""
+        self._m("vllm:e2e_request_latency_seconds").observe(e2e)
+        self._m("vllm:request_queue_time_seconds").observe(max(0.0, queued))
+        self._m("vllm:request_inference_time_seconds").observe(max(0.0, e2e - queued))
+        self._m("vllm:request_prefill_time_seconds").observe(max(0.0, e2e - queued))
+        self._m("vllm:request_decode_time_seconds").observe(0.0)
+        if "vllm:request_num_preemptions" in self.metrics:  # not in 0.26
+            self._m("vllm:request_num_preemptions").observe(0)
+        self._m("vllm:request_generation_tokens").observe(0)
+        self._m("vllm:request_success", finished_reason=finished_reason).inc()
+
+    def record_http(self, *, handler: str, method: str, status: int) -> None:
+        """One answer of the API server, as the instrumentator counts it (``5xx`` for any 500-599)."""
+        self.http_requests.labels(handler=handler, method=method, status=f"{status // 100}xx").inc()
 
     def set_load(self, running: int, used_blocks: int, waiting: int = 0) -> None:
         self._m("vllm:num_requests_running").set(running)

@@ -26,6 +26,10 @@ log = logging.getLogger("kvoffload.emulate")
 CONTENT_TYPE_CLASSIC: Final = "text/plain; version=0.0.4; charset=utf-8"
 
 
+UNCOUNTED_HANDLERS: Final = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
+"""The handlers vLLM's instrumentator excludes (``excluded_handlers``, entrypoints/serve/instrumentator/metrics.py)."""
+
+
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
     return web.json_response({"error": {"message": message, "type": kind, "code": status}}, status=status)
 
@@ -98,7 +102,7 @@ class Emulator:
         self.metrics.set_load(len(sched.running), sched.blocks_used, waiting=len(sched.waiting))
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._outage])
+        app = web.Application(middlewares=[self._count_http, self._outage])
         app.router.add_get("/health", self.health)
         app.router.add_get("/metrics", self.metrics_handler)
         app.router.add_get("/v1/models", self.models)
@@ -107,6 +111,23 @@ class Emulator:
         app.router.add_post("/emulator/faults", self.set_faults)
         app.router.add_get("/emulator/state", self.state)
         return app
+
+    @web.middleware
+    async def _count_http(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        """``http_requests_total`` as vLLM's API server counts: by route, method and status class; its probes and
+        /metrics are left out as vLLM leaves them out, and so is the emulator's own control API."""
+        route = request.match_info.route.resource
+        path = route.canonical if route is not None else "none"
+        counted = path not in UNCOUNTED_HANDLERS and not path.startswith("/emulator/")
+        try:
+            response: web.StreamResponse = await handler(request)
+        except web.HTTPException as exc:
+            if counted:
+                self.metrics.record_http(handler=path, method=request.method, status=exc.status)
+            raise
+        if counted:
+            self.metrics.record_http(handler=path, method=request.method, status=response.status)
+        return response
 
     @web.middleware
     async def _outage(self, request: web.Request, handler: Any) -> web.StreamResponse:
@@ -210,6 +231,7 @@ class Emulator:
         self._ensure_loop()
         faults = self.faults
         ttft_factor, added, itl_factor = faults.ttft_factor(arrived), faults.added_latency_s, faults.itl_factor(arrived)
+        fails = faults.fails(arrived)
         rid = f"cmpl-{uuid.uuid4().hex}"
         response: web.StreamResponse | None = None
         sent_times: list[float] = []
@@ -223,6 +245,9 @@ class Emulator:
                 if not recorded and req.admission is not None:
                     self.metrics.record_admission(req.admission, max_tokens)
                     recorded = True
+                if fails:
+                    # Its prefill ran (where a KV load fails); the modelled engine still decodes its few tokens.
+                    break
                 i = len(sent_times)
                 # Faults act on what the client sees: the first token's delay and the gaps after it, scaled.
                 first = arrived + (req.token_times[0] - arrived) * ttft_factor + added
@@ -235,6 +260,13 @@ class Emulator:
                     await _send_chunk(response, rid, self.config.name, _word(i), None)
         finally:
             self._progress.pop(req, None)
+        if fails:
+            # As vLLM answers a request that finished with reason error (GenerationError, a 500; streamed or not,
+            # since nothing was sent yet here).
+            self.metrics.record_failure(
+                e2e=time.monotonic() - arrived, queued=(req.scheduled_at or arrived) - arrived, finished_reason="error"
+            )
+            return _error(500, "Internal server error", "InternalServerError")
         adm = req.admission
         assert adm is not None
         done = time.monotonic()
