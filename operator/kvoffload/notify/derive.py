@@ -15,7 +15,7 @@ from datetime import datetime
 
 from kvoffload.api.conventions import PROGRESSING, Decision, Reason
 from kvoffload.api.notifications import NotificationEvent
-from kvoffload.api.types import HistoryEntry, KVOffloadPolicyStatus
+from kvoffload.api.types import HistoryEntry, KVOffloadPolicyStatus, Mode
 
 EVENT_OF_DECISION: dict[str, NotificationEvent] = {
     Decision.PROMOTED: NotificationEvent.PROMOTED,
@@ -47,7 +47,7 @@ class Notice:
     level: str
     """The ladder level the decision led to (the history entry's stage)."""
     step: int | None
-    """The stage's step there (0 the canary, n promotion step n); None when the stage is elsewhere."""
+    """The stage's step there (0 the canary, n promotion step n); None outside a step (at rest, in a baseline)."""
     stable: str | None
     canary: str | None
 
@@ -100,7 +100,7 @@ def _of_entry(namespace: str, name: str, after: KVOffloadPolicyStatus, entry: Hi
         message=entry.message,
         phase=after.phase.value,
         level=entry.stage,
-        step=stage.step if stage is not None and stage.name == entry.stage else None,
+        step=stage.step if stage is not None and stage.name == entry.stage and after.mode is Mode.STEP else None,
         **_roles(after),
     )
 
