@@ -711,7 +711,7 @@ def list_policies(
 @click.option("--webhook-key", type=click.Path(dir_okay=False), default=None, help="Its private key (PEM).")
 @click.option(
     "--notifications-config",
-    type=click.Path(dir_okay=False, exists=True),
+    type=click.Path(dir_okay=False),
     default=None,
     help="The notification sinks policies may name in spec.notifications.sinks (YAML: sinks with a name, a url "
     "or urlFile, a format json|slack; docs/notifications.md). None given: no policy may ask for notifications.",
