@@ -108,3 +108,14 @@ def test_the_operator_tells_a_real_pause_and_an_invalid_spec_to_a_real_receiver(
     assert (invalid["event"], invalid["policy"]["name"], invalid["phase"]) == ("Invalid", "broken", "Invalid")
     assert "spec.gpu.class" in invalid["message"]
     assert len(receiver.bodies) == 2  # the operator ran on, and told neither again
+
+
+def test_the_real_api_server_refuses_a_repeated_sink(real_cluster: ControlPlane) -> None:
+    # x-kubernetes-list-type: set, the schema's twin of the model's check.
+    spec = {**quick_spec(), "notifications": {"sinks": ["team", "team"]}}
+    with kubernetes.config.new_client_from_config(config_file=str(real_cluster.kubeconfig)) as api:
+        custom = kubernetes.client.CustomObjectsApi(api)
+        with pytest.raises(kubernetes.client.ApiException) as refused:
+            custom.create_namespaced_custom_object(API_GROUP, API_VERSION, NS, PLURAL, policy("twice", spec))
+    assert refused.value.status == 422
+    assert "spec.notifications.sinks[1]: Duplicate value" in str(refused.value.body)
