@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
@@ -231,3 +232,17 @@ def test_a_redirect_is_not_followed() -> None:
         tally.wait("team", Result.FAILED)
         team.close(1.0)
     assert receiver.arrived == 1
+
+
+def test_a_stopping_notifier_gives_all_its_sinks_one_grace_together(tally: Tally) -> None:
+    down = {"url": f"http://127.0.0.1:{free_port()}/hook", "maxAttempts": 20, "backoffSeconds": 0.05}
+    config = NotificationsConfig.model_validate({"sinks": [{"name": f"s{i}", **down} for i in range(4)]})
+    notifier = Notifier(config, tally.result, tally.retry)
+    notifier.start()
+    notifier.send(NotificationsSpec(sinks=[f"s{i}" for i in range(4)]), [notice(NotificationEvent.PAUSED)])
+    started = time.monotonic()
+    notifier.close(grace=1.0)
+    took = time.monotonic() - started
+    # One grace each, one after the other, would take 4 s: the bound tells the two apart, not a speed.
+    assert took < 2.5, f"the sinks were waited for one grace each: {took:.1f}s"
+    assert sum(tally.results[(f"s{i}", Result.DROPPED)] for i in range(4)) == 4

@@ -26,6 +26,8 @@ from kvoffload.notify.config import SinkConfig
 
 log = logging.getLogger(__name__)
 
+JOIN_SECONDS = 1.0
+"""How long a stopping sink waits for its worker to notice, past the grace."""
 _TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 """Answers worth another attempt; any other 4xx (a wrong URL, a revoked webhook) will not change by itself."""
 
@@ -125,8 +127,8 @@ class WebhookSink:
         self._stop.set()
         with self._lock:
             self._lock.notify_all()
-        if self._thread is not None:
-            self._thread.join(timeout=self.config.timeout_seconds + 1)
+        if self._thread is not None:  # a POST under way is not cut short; its result is counted when it ends
+            self._thread.join(timeout=JOIN_SECONDS)
         with self._lock:
             left_over, self._queue = len(self._queue), collections.deque()
         for _ in range(left_over):
