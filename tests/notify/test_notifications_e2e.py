@@ -96,8 +96,11 @@ def test_the_operator_tells_a_real_pause_and_an_invalid_spec_to_a_real_receiver(
             broken = {**spec, "gpu": {"class": "nvidia-nonexistent"}}  # the schema takes it; the catalog does not
             custom.create_namespaced_custom_object(API_GROUP, API_VERSION, NS, PLURAL, policy("broken", broken))
             _, invalid = receiver.wait_for(2, timeout=60)
-            wait_until(lambda: status("chat").get("phase") == "Paused", "Paused phase")
+            for _ in range(3):  # three more analyses of the paused policy, each written: nothing more to tell
+                seen = status("chat")["lastAnalysis"]["time"]
+                wait_until(lambda seen=seen: status("chat")["lastAnalysis"]["time"] != seen, "another analysis")
             history = status("chat")["history"]
+            assert status("chat")["phase"] == "Paused"
 
     assert (paused["event"], paused["policy"], paused["reason"]) == (
         "Paused",
