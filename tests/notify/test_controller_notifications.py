@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from kvoffload.analysis.hub import MeasurementHub
-from kvoffload.api.conventions import KIND, PAUSE
+from kvoffload.api.conventions import KIND, PAUSE, PROMOTE
 from kvoffload.controller.gateway import ApiRejectedError
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
@@ -24,7 +24,10 @@ from tests.controller.test_controller import (
     CraftedProvider,
     chat_spec,
     create_policy,
+    deployment,
     policy_body,
+    reconcile_until,
+    run_pods,
     status_of,
 )
 from tests.support.kube import EmulatedCluster
@@ -149,3 +152,36 @@ async def test_an_invalid_spec_is_told_and_an_unknown_sink_is_one_of_its_faults(
     assert (
         "spec.notifications.sinks[1]: nowhere is not a notification sink this operator has (team)" in invalid["message"]
     )
+
+
+def awaiting_promotion(kube: EmulatedCluster) -> bool:
+    conditions = status_of(kube).get("conditions") or []
+    return any(c["type"] == "Progressing" and c["reason"] == "AwaitingPromotion" for c in conditions)
+
+
+async def test_a_step_awaiting_a_person_and_its_promotion_are_told_through_the_cycle(kube: EmulatedCluster) -> None:
+    clock = Clock()
+    spec = told_spec()
+    spec["rollout"] = {**spec["rollout"], "autoPromote": False}
+    with Receiver() as receiver:
+        controller, notifier = operator(kube, receiver.url, clock)
+        await create_policy(kube, spec=spec)
+        await cycles(controller, kube, clock, 1)
+        await run_pods(kube, "chat-gpu-only", 4)
+        await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-cpu") is not None)
+        await run_pods(kube, "chat-cpu", 1)
+        await reconcile_until(controller, kube, clock, lambda: awaiting_promotion(kube), limit=120)
+        receiver.wait_for(1)
+        await cycles(controller, kube, clock, 10)  # it waits, cycle after cycle
+        await kube.emulator.patch_object(POLICY_API, KIND, NS, "chat", {"metadata": {"annotations": {PROMOTE: "1"}}})
+        await cycles(controller, kube, clock, 2)
+        notifier.close()
+    awaiting, promoted = receiver.bodies
+    assert (awaiting["event"], awaiting["level"], awaiting["step"], awaiting["canary"]) == (
+        "AwaitingPromotion",
+        "cpu",
+        0,
+        "cpu",
+    )
+    assert PROMOTE in awaiting["message"]
+    assert (promoted["event"], promoted["decision"], promoted["level"]) == ("Promoted", "ManualPromote", "cpu")
