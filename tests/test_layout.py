@@ -26,10 +26,12 @@ ALLOWED: dict[str, set[str]] = {
     "analysis": {"api", "policy"},
     "rollout": {"api", "policy", "analysis"},
     "economics": {"api", "policy"},
+    # notify: derives notifications from the status (api) and delivers them; the controller calls it.
+    "notify": {"api"},
     # economics: the preflight's restore-vs-recompute price on the GPU class's shipped profile (the judgment
     # itself is pure, in rollout/preflight.py, which may not import economics).
-    "controller": {"api", "policy", "analysis", "rollout", "economics"},
-    "cli": {"api", "policy", "analysis", "rollout", "economics", "controller"},
+    "controller": {"api", "policy", "analysis", "rollout", "economics", "notify"},
+    "cli": {"api", "policy", "analysis", "rollout", "economics", "controller", "notify"},
     "lab": {"api", "policy", "analysis", "rollout", "economics", "cli"},
 }
 

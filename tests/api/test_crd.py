@@ -46,6 +46,7 @@ ALLOWED_KEYS = {
     "maxProperties",
     "anyOf",
     "x-kubernetes-int-or-string",
+    "x-kubernetes-list-type",  # set: the server refuses a repeated item (spec.notifications)
     "x-kubernetes-validations",
 }
 

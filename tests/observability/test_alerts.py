@@ -114,6 +114,7 @@ def test_the_issue_s_six_alerts_are_there() -> None:
         "KVOffloadPolicyRolledBack",
         "KVOffloadPolicyPausedInconclusive",
         "KVOffloadPolicyStuck",
+        "KVOffloadPolicyAwaitingPromotion",  # issue 24: nothing else fires while a step waits for a person
         "KVOffloadCanaryOOMKilled",
         "KVOffloadExternalShareCollapsed",
         "KVOffloadOperatorDown",

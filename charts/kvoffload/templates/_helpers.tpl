@@ -113,3 +113,12 @@ kvoffload_io_level, kvoffload_io_config_hash), with seriesLabels in their place.
 {{- define "kvoffload.runbookBaseUrl" -}}
 https://github.com/kvoffload/kvoffload/blob/main/docs/troubleshooting.md
 {{- end }}
+
+{{/* Where the operator reads its notification sinks (a ConfigMap), and each urlSecret's key (by the sink's index). */}}
+{{- define "kvoffload.notificationsConfigDir" -}}
+/etc/kvoffload/notifications/config
+{{- end }}
+
+{{- define "kvoffload.notificationsUrlDir" -}}
+/etc/kvoffload/notifications/sink-{{ . }}
+{{- end }}

@@ -33,6 +33,7 @@ from kvoffload.api.fields import (
     cel_list,
     cel_rules,
 )
+from kvoffload.api.notifications import NotificationsSpec
 from kvoffload.api.podspec import EmptyDirSource, EnvVar, HostPathSource, PodTemplate, PVCSource, Toleration
 from kvoffload.api.quantity import parse_duration, parse_quantity
 from kvoffload.api.vllmflags import cel_managed_pattern, judge_extra_args
@@ -489,6 +490,12 @@ class KVOffloadPolicySpec(Model):
         default=None,
         description="What to add to the engine pods (Secrets as variables, volumes, scheduling, labels), merged "
         "under what the operator manages.",
+    )
+    notifications: NotificationsSpec | None = Field(
+        default=None,
+        description="Tell the cluster admin's webhook sinks, by name, of promotions, rollbacks, pauses, a step "
+        "awaiting kvoffload.io/promote and an invalid spec (absent: no notification). Changing it starts no "
+        "new ladder.",
     )
 
     @model_validator(mode="after")

@@ -709,6 +709,13 @@ def list_policies(
     help="The webhook's TLS certificate (PEM); re-read when it changes.",
 )
 @click.option("--webhook-key", type=click.Path(dir_okay=False), default=None, help="Its private key (PEM).")
+@click.option(
+    "--notifications-config",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="The notification sinks policies may name in spec.notifications.sinks (YAML: sinks with a name, a url "
+    "or urlFile, a format json|slack; docs/notifications.md). None given: no policy may ask for notifications.",
+)
 @MONITOR_LABELS
 @prometheus_connection()
 @click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level (kopf's and the operator's).")
@@ -731,6 +738,7 @@ def run(
     webhook_address: str,
     webhook_cert: str | None,
     webhook_key: str | None,
+    notifications_config: str | None,
     monitor_labels: dict[str, str],
     connection: Connection,
     verbose: bool,
@@ -746,13 +754,24 @@ def run(
     Prometheus token, headers, basic auth and TLS settings only for --prometheus-url or a --prometheus-allowed-url.
     """
     import asyncio
+    from dataclasses import replace
 
     import kopf
 
     from kvoffload.controller.handlers import WebhookSettings, run_operator
     from kvoffload.controller.leadership import LEASE_NAME, LeaseSettings, own_namespace, quiet_library_logs
     from kvoffload.controller.reconcile import ControllerSettings, SecretLocation
+    from kvoffload.notify.config import ConfigError, load_config
 
+    notifications = None
+    if notifications_config is not None:
+        try:
+            notifications = load_config(Path(notifications_config))
+        except ConfigError as exc:
+            click.echo(f"kvoffload run: --notifications-config {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+    # The sinks the operator has are the only ones a policy may name (none without a configuration).
+    tenancy = replace(tenancy, notification_sinks=notifications.names if notifications is not None else ())
     token = None
     if prometheus_token_secret is not None:
         secret_namespace, _, secret_name = prometheus_token_secret.partition("/")
@@ -815,6 +834,7 @@ def run(
                 config_hash_label=config_hash_label,
                 webhook=webhook,
                 lease=election,
+                notifications=notifications,
             )
         )
     except kubernetes.config.ConfigException as exc:

@@ -60,6 +60,8 @@ from kvoffload.controller.leadership import Leadership, LeaseSettings
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
 from kvoffload.controller.workloads import Workloads
+from kvoffload.notify.config import NotificationsConfig
+from kvoffload.notify.notifier import Notifier
 from kvoffload.policy.tenancy import Tenancy
 from kvoffload.rollout.plan import Plan
 
@@ -396,6 +398,7 @@ async def run_operator(
     ready_flag: Any = None,
     webhook: WebhookSettings | None = None,
     lease: LeaseSettings | None = None,
+    notifications: NotificationsConfig | None = None,
 ) -> None:
     """Run the operator until stopped (SIGINT/SIGTERM, or ``stop_flag``): kopf, the Controller built
     from the in-cluster service account or $KUBECONFIG, the metrics and probe endpoint (0: none), and,
@@ -405,6 +408,9 @@ async def run_operator(
     it reconciles only while it holds the Lease, and until then stands by, serving the webhook if any.
     A leader that loses the Lease exits the process at once (status 1), so it never writes beside the
     next one.
+
+    With ``notifications``, the transitions each status write records are told to the sinks the policy
+    chose (``notify``), each sink from its own thread, started once this replica leads.
 
     Raises ``kubernetes.config.ConfigException`` when there is no cluster configuration.
     """
@@ -424,7 +430,11 @@ async def run_operator(
         query_counter=metrics.prometheus_queries,
     )
     workloads = Workloads(gateway, metrics)
-    controller = Controller(gateway, hub, controller_settings, metrics=metrics, workloads=workloads)
+    notifier = None
+    if notifications is not None and notifications.sinks:
+        metrics.watch_sinks(notifications.names)
+        notifier = Notifier(notifications, metrics.count_notification, metrics.count_notification_retry)
+    controller = Controller(gateway, hub, controller_settings, metrics=metrics, workloads=workloads, notifier=notifier)
 
     registry = kopf.OperatorRegistry()
     # Where kopf peering is on, kopf daemons run the loops: its pause for a peer of higher priority reaches them.
@@ -462,6 +472,8 @@ async def run_operator(
         metrics.leader.set(1)
         # Its own client: the watches hold their connections for minutes at a time.
         workloads.watch(api_client_from_environment(), None if clusterwide else list(namespaces))
+        if notifier is not None:
+            notifier.start()
         with full_collections_on_schedule():  # what is made so far lives as long as the process
             await kopf.operator(
                 registry=registry,
@@ -473,6 +485,8 @@ async def run_operator(
             )
     finally:
         workloads.stop()
+        if notifier is not None:  # what is queued gets a few seconds to go out
+            await asyncio.to_thread(notifier.close)
         for task in (readying, beating, tending):
             task.cancel()
         metrics.leader.set(0)

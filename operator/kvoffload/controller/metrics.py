@@ -15,6 +15,9 @@ operator decided and how it is doing, not what the engines do (those come from v
   operator's watch of them, ``list`` by two API calls (no watch yet, or one behind the operator's own write).
 - ``kvoffload_policies{phase}``: policies per phase.
 - ``kvoffload_reconcile_errors_total``: reconciles that ended in an unexpected error.
+- ``kvoffload_notifications_total{sink,result}``: notifications by what became of them: ``delivered``,
+  ``failed`` (refused, or out of attempts) or ``dropped`` (pushed out of a full queue, or queued at shutdown).
+- ``kvoffload_notification_retries_total{sink}``: failed delivery attempts that were tried again.
 
 Per policy (labels ``policy_namespace`` and ``policy``; alerts and the dashboard select on them):
 
@@ -59,6 +62,7 @@ from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PAUSED, PROGRESSING
 from kvoffload.api.quantity import parse_duration
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase
 from kvoffload.controller.health import Health, serve
+from kvoffload.notify.sink import Result
 from kvoffload.policy.ladder import Level
 from kvoffload.policy.sizing import host_memory, progress_deadline_seconds, tier_capacity_tokens
 
@@ -300,6 +304,18 @@ class OperatorMetrics:
             "kvoffload_reconcile_errors", "Reconciles that ended in an unexpected error.", registry=r
         )
         self.policies = Gauge("kvoffload_policies", "Policies per phase.", ["phase"], registry=r)
+        self.notifications = Counter(
+            "kvoffload_notifications",
+            "Notifications by sink and by what became of them (delivered, failed, dropped).",
+            ["sink", "result"],
+            registry=r,
+        )
+        self.notification_retries = Counter(
+            "kvoffload_notification_retries",
+            "Failed notification delivery attempts that were tried again, by sink.",
+            ["sink"],
+            registry=r,
+        )
         self.leader = Gauge(
             "kvoffload_leader", "1 while this replica holds the leader Lease (or runs without election).", registry=r
         )
@@ -324,6 +340,19 @@ class OperatorMetrics:
             self.decisions.labels(decision=decision.value)
         for operation in API_OPERATIONS:  # at 0 from the start: a rate of errors reads 0, not "no data"
             self.api_errors.labels(operation=operation)
+
+    def watch_sinks(self, sinks: Iterable[str]) -> None:
+        """Start each sink's series at 0, so that a rate of failures reads 0 rather than "no data"."""
+        for sink in sinks:
+            for result in Result:
+                self.notifications.labels(sink=sink, result=result.value)
+            self.notification_retries.labels(sink=sink)
+
+    def count_notification(self, sink: str, result: str) -> None:
+        self.notifications.labels(sink=sink, result=result).inc()
+
+    def count_notification_retry(self, sink: str) -> None:
+        self.notification_retries.labels(sink=sink).inc()
 
     def count_decisions(self, decisions: Iterable[str]) -> None:
         for decision in decisions:

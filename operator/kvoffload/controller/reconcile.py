@@ -75,6 +75,7 @@ from kvoffload.api.conventions import (
     Reason,
 )
 from kvoffload.api.errors import FieldError, PolicyError
+from kvoffload.api.notifications import NotificationsSpec
 from kvoffload.api.quantity import parse_duration, to_quantity
 from kvoffload.api.types import (
     HostMemoryStatus,
@@ -102,6 +103,8 @@ from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
 from kvoffload.controller.workloads import Workloads
 from kvoffload.economics.breakeven import breakeven
 from kvoffload.economics.profile import Profile, ProfileError, shipped_profile
+from kvoffload.notify.derive import notices
+from kvoffload.notify.notifier import Notifier
 from kvoffload.policy.catalog import ConfigError, architecture_from_configmap_data
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.loading import parse_policy
@@ -229,6 +232,8 @@ class _Reconcile:
     spec: KVOffloadPolicySpec | None = None
     """The parsed spec (model shape resolved), once it parsed."""
     ladder: list[Level] = field(default_factory=list)
+    notifications: NotificationsSpec | None = None
+    """The sinks the policy chose (read on its own from an invalid spec, so that Invalid is told too)."""
 
 
 class Controller:
@@ -244,8 +249,11 @@ class Controller:
         metrics: OperatorMetrics | None = None,
         monotonic: Callable[[], float] = time.monotonic,
         workloads: Workloads | None = None,
+        notifier: Notifier | None = None,
     ) -> None:
         self.gateway = gateway
+        self.notifier = notifier
+        """Where the transitions a status write records are told (``notify``); None: nowhere."""
         self.hub = hub
         self.settings = settings or ControllerSettings()
         self.clock = clock
@@ -339,6 +347,7 @@ class Controller:
             policy, judged = await self._parse(ctx)
         except PolicyError as exc:
             plan = invalid(ctx.status, [str(e) for e in exc.errors], generation, ctx.now)
+            ctx.notifications = _chosen_sinks(ctx.body)
             await self._finish(ctx, plan)
             return plan
 
@@ -346,7 +355,7 @@ class Controller:
         ctx.body = {"metadata": meta}
         spec = policy.spec
         ladder = build_ladder(spec)
-        ctx.spec, ctx.ladder = spec, ladder
+        ctx.spec, ctx.ladder, ctx.notifications = spec, ladder, spec.notifications
         level_hashes, dialect = judged.level_hashes, judged.dialect
         owned = await self._api("list", self.workloads.owned(ctx.ref), ctx.ref)
         stable_seen, canary_seen, retiring_seen = _observe_roles(owned, ctx.ref.name, ctx.status)
@@ -587,10 +596,22 @@ class Controller:
             version = resource_version(stored) if isinstance(stored, Mapping) else None
             if version is not None:
                 self._written[ctx.ref.uid] = (plan.status.model_dump_json(by_alias=True), version)
+            self._notify(ctx, plan.status)
         before = ctx.status.history if ctx.status is not None else []
         self.metrics.count_decisions(e.decision for e in plan.status.history if e not in before)
         for event in plan.events:
             await self.gateway.emit_event(ctx.ref, event.type, event.reason, event.message)
+
+    def _notify(self, ctx: _Reconcile, written: KVOffloadPolicyStatus) -> None:
+        """Queue what the status just written decided for the policy's sinks: only once the write is stored, so a
+        failed write tells nothing (the next cycle decides again), and never in the cycle's way."""
+        if self.notifier is None or ctx.notifications is None:
+            return
+        try:
+            found = notices(ctx.ref.namespace, ctx.ref.name, ctx.status, written, ctx.now)
+            self.notifier.send(ctx.notifications, found)
+        except Exception:  # a bug in telling must never cost a decision
+            log.exception("%s: notifications could not be queued", ctx.ref)
 
     def _worth_writing(
         self,
@@ -873,6 +894,18 @@ def _host_memory(policy: KVOffloadPolicy, ladder: list[Level], variants: Variant
         request=to_quantity(biggest.request),
         limit=to_quantity(biggest.limit),
     )
+
+
+def _chosen_sinks(body: Mapping[str, Any]) -> NotificationsSpec | None:
+    """``spec.notifications`` of a policy whose spec as a whole is invalid, if that part alone is valid."""
+    spec = body.get("spec")
+    raw = spec.get("notifications") if isinstance(spec, Mapping) else None
+    if raw is None:
+        return None
+    try:
+        return NotificationsSpec.model_validate(raw)
+    except ValidationError:
+        return None
 
 
 def _stored_status(body: Mapping[str, Any]) -> KVOffloadPolicyStatus | None:

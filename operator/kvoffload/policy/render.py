@@ -772,9 +772,11 @@ def renderer_version() -> str:
 
 
 def render_input(policy: KVOffloadPolicy) -> str:
-    """A digest of everything a render reads: the policy's name, namespace and resolved spec, and the renderer."""
+    """A digest of everything a render reads: the policy's name, namespace and resolved spec (but its
+    ``notifications``, which no render reads), and the renderer."""
     meta = policy.metadata
-    text = f"{renderer_version()}\0{meta.namespace}/{meta.name}\0{policy.spec.model_dump_json(by_alias=True)}"
+    spec = policy.spec.model_dump_json(by_alias=True, exclude={"notifications"})
+    text = f"{renderer_version()}\0{meta.namespace}/{meta.name}\0{spec}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

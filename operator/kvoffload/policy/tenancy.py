@@ -54,6 +54,9 @@ class Tenancy:
     """PriorityClasses a policy may name: a high one preempts other teams' pods off scarce GPUs."""
     runtime_classes: tuple[str, ...] = ()
     """RuntimeClasses a policy may name: the runtime decides the pod's isolation."""
+    notification_sinks: tuple[str, ...] | None = None
+    """The notification sinks the operator has (``--notifications-config``), which a policy's
+    spec.notifications.sinks may name; None where they are not known (``kvoffload plan``): not judged."""
 
     def problems(self) -> list[str]:
         """What makes these settings unsafe to run with; empty when they are sound."""
@@ -101,6 +104,7 @@ def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -
     )
     if problem:
         errors.append(FieldError("spec.prometheus.url", problem))
+    errors += notification_sink_problems(policy, tenancy)
     overlay = spec.pod_template
     if overlay is not None:
         for i, volume in enumerate(overlay.volumes):
@@ -124,6 +128,25 @@ def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -
                 )
             )
     return errors
+
+
+def notification_sink_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[FieldError]:
+    """Each sink the policy names that the operator does not have: a policy only ever names the admin's sinks,
+    never a URL, so it cannot have the operator POST where it likes."""
+    chosen = policy.spec.notifications
+    if chosen is None or tenancy.notification_sinks is None:
+        return []
+    known = tenancy.notification_sinks
+    listed = f"({', '.join(known)})" if known else "(none is)"
+    return [
+        FieldError(
+            f"spec.notifications.sinks[{i}]",
+            f"{name} is not a notification sink this operator has {listed}; a cluster admin adds sinks with the "
+            "chart's notifications.sinks values",
+        )
+        for i, name in enumerate(chosen.sinks)
+        if name not in known
+    ]
 
 
 # --- images ----------------------------------------------------------------------------
@@ -248,6 +271,7 @@ __all__ = [
     "check_tenancy",
     "host_path_problem",
     "image_allowed",
+    "notification_sink_problems",
     "private_host",
     "prometheus_url_problem",
     "repository",

@@ -103,8 +103,11 @@ class Outcome:
 
 
 def spec_digest(spec: KVOffloadPolicySpec) -> str:
-    """A digest of everything in the spec but ``replicas`` (what /scale changes)."""
-    text = json.dumps(spec.model_dump(mode="json", by_alias=True, exclude={"replicas"}), sort_keys=True)
+    """A digest of everything in the spec but ``replicas`` (what /scale changes) and ``notifications`` (who is
+    told, which changes no engine: a new sink must not start a new ladder)."""
+    text = json.dumps(
+        spec.model_dump(mode="json", by_alias=True, exclude={"replicas", "notifications"}), sort_keys=True
+    )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

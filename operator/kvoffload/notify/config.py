@@ -1,0 +1,102 @@
+"""The cluster admin's notification sinks: ``kvoffload run --notifications-config FILE`` (the chart's
+``notifications`` values, rendered into a ConfigMap).
+
+A sink's URL is either in the file (``url``: an in-cluster receiver, say) or in a file of its own
+(``urlFile``: a Secret's key mounted into the pod, as a Slack webhook URL must be, since the URL is the
+credential). A ``urlFile`` is read at every delivery, so a rotated Secret takes effect without a restart.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic.alias_generators import to_camel
+
+from kvoffload.api.errors import FieldError, errors_from
+from kvoffload.api.fields import DnsLabel
+
+
+class SinkFormat(StrEnum):
+    JSON = "json"
+    """The generic payload (docs/notifications.md)."""
+    SLACK = "slack"
+    """A Slack incoming-webhook message: ``text`` and ``blocks`` (Mattermost and others take it too)."""
+
+
+class _Config(BaseModel):
+    model_config = ConfigDict(alias_generator=to_camel, populate_by_name=True, extra="forbid", frozen=True)
+
+
+class SinkConfig(_Config):
+    """One webhook the operator may POST to."""
+
+    name: DnsLabel = Field(description="What policies call it in spec.notifications.sinks.")
+    url: str | None = Field(default=None, pattern=r"^https?://[^\s]+$", max_length=2048, description="Its URL.")
+    url_file: Path | None = Field(default=None, description="A file holding its URL (a mounted Secret key).")
+    format: SinkFormat = Field(default=SinkFormat.JSON, description="json or slack.")
+    timeout_seconds: float = Field(default=5.0, gt=0, le=60, description="Each attempt's limit.")
+    max_attempts: int = Field(default=5, ge=1, le=20, description="Attempts before a notification is given up.")
+    backoff_seconds: float = Field(default=1.0, gt=0, le=300, description="The wait after the first failure.")
+    max_backoff_seconds: float = Field(default=60.0, gt=0, le=3600, description="The longest wait; doubling stops.")
+    queue_size: int = Field(default=100, ge=1, le=10_000, description="Notifications waiting; the oldest go first.")
+
+    @model_validator(mode="after")
+    def _one_url(self) -> SinkConfig:
+        if (self.url is None) == (self.url_file is None):
+            raise ValueError("give url or urlFile, not both and not neither")
+        return self
+
+
+class NotificationsConfig(_Config):
+    """Every sink, and the link each notification carries."""
+
+    sinks: list[SinkConfig] = Field(default_factory=list, max_length=64)
+    link: str | None = Field(
+        default=None,
+        max_length=2048,
+        description="A URL for each notification, with {namespace} and {name} put in, e.g. a dashboard's.",
+    )
+
+    @model_validator(mode="after")
+    def _unique(self) -> NotificationsConfig:
+        names = [s.name for s in self.sinks]
+        if len(set(names)) != len(names):
+            raise ValueError("sink names must be unique")
+        return self
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.sinks)
+
+    def link_for(self, namespace: str, name: str) -> str | None:
+        if self.link is None:
+            return None
+        return self.link.replace("{namespace}", namespace).replace("{name}", name)
+
+
+class ConfigError(ValueError):
+    """A notifications configuration that cannot be used, with every offending field."""
+
+    def __init__(self, path: Path, errors: list[FieldError]) -> None:
+        self.errors = errors
+        super().__init__(f"{path}: " + "; ".join(str(e) for e in errors))
+
+
+def load_config(path: Path) -> NotificationsConfig:
+    """The sinks in a YAML (or JSON) file; ConfigError naming every bad field."""
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except OSError as exc:
+        raise ConfigError(path, [FieldError("(file)", exc.strerror or str(exc))]) from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, [FieldError("(file)", f"not valid YAML: {exc}")]) from None
+    try:
+        return NotificationsConfig.model_validate(raw if raw is not None else {})
+    except ValidationError as exc:
+        raise ConfigError(path, errors_from(exc)) from None
+
+
+__all__ = ["ConfigError", "NotificationsConfig", "SinkConfig", "SinkFormat", "load_config"]

@@ -1,0 +1,83 @@
+"""What a sink receives: the generic JSON payload, or a Slack message (``text`` and ``blocks``).
+
+Both are documented, with examples, in docs/notifications.md; a test holds the examples to this code.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from kvoffload.api.notifications import NotificationEvent
+from kvoffload.notify.config import SinkFormat
+from kvoffload.notify.derive import Notice
+
+PAYLOAD_VERSION = "kvoffload.io/notification/v1"
+"""The generic payload's ``version``: a receiver can tell a later, changed layout."""
+
+_EMOJI = {
+    NotificationEvent.PROMOTED: ":arrow_up:",
+    NotificationEvent.ROLLED_BACK: ":rotating_light:",
+    NotificationEvent.PAUSED: ":double_vertical_bar:",
+    NotificationEvent.AWAITING_PROMOTION: ":raising_hand:",
+    NotificationEvent.INVALID: ":x:",
+}
+_HEADLINE = {
+    NotificationEvent.PROMOTED: "promoted",
+    NotificationEvent.ROLLED_BACK: "rolled back",
+    NotificationEvent.PAUSED: "paused",
+    NotificationEvent.AWAITING_PROMOTION: "awaits promotion",
+    NotificationEvent.INVALID: "has an invalid spec",
+}
+
+
+def generic(notice: Notice, link: str | None = None) -> dict[str, Any]:
+    """The generic JSON payload."""
+    body: dict[str, Any] = {
+        "version": PAYLOAD_VERSION,
+        "id": notice.id,
+        "event": notice.event.value,
+        "time": notice.time.isoformat().replace("+00:00", "Z"),
+        "policy": {"namespace": notice.namespace, "name": notice.name},
+        "phase": notice.phase,
+        "level": notice.level,
+        "step": notice.step,
+        "stable": notice.stable,
+        "canary": notice.canary,
+        "decision": notice.decision,
+        "reason": notice.reason,
+        "message": notice.message,
+    }
+    if link is not None:
+        body["link"] = link
+    return body
+
+
+def slack(notice: Notice, link: str | None = None) -> dict[str, Any]:
+    """A Slack incoming-webhook message: ``text`` (the notification's fallback) and Block Kit ``blocks``."""
+    who = f"{notice.namespace}/{notice.name}"
+    where = notice.level + (f" step {notice.step}" if notice.step else "")
+    text = f"{_EMOJI[notice.event]} KVOffloadPolicy {who} {_HEADLINE[notice.event]} at {where} ({notice.reason})"
+    headline = f"*{_EMOJI[notice.event]} KVOffloadPolicy `{who}` {_HEADLINE[notice.event]}* at `{where}`"
+    if link is not None:
+        headline += f" (<{link}|dashboard>)"
+    context = f"phase {notice.phase} · stable {notice.stable or '-'} · canary {notice.canary or '-'}"
+    return {
+        "text": text,
+        "blocks": [
+            {"type": "section", "text": {"type": "mrkdwn", "text": headline}},
+            {"type": "section", "text": {"type": "mrkdwn", "text": _clip(notice.message) or notice.reason}},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"{notice.reason} · {context}"}]},
+        ],
+    }
+
+
+def payload(notice: Notice, form: SinkFormat, link: str | None = None) -> dict[str, Any]:
+    return slack(notice, link) if form is SinkFormat.SLACK else generic(notice, link)
+
+
+def _clip(text: str, limit: int = 2900) -> str:
+    """Slack refuses a section text over 3,000 characters; an Invalid message lists every field path."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+__all__ = ["PAYLOAD_VERSION", "generic", "payload", "slack"]
