@@ -77,6 +77,11 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
         {"spec.analysis.errors.maxShare", "spec.analysis.errors.maxIncrease"},
         {"spec.analysis.errors.maxShare", "spec.analysis.errors.maxIncrease"},
     ),
+    "observe-without-selector.yaml": ({"spec.rollout"}, {"spec.rollout.observe"}),
+    "observe-selector-widened.yaml": (
+        {"spec.rollout.observe.selector.matchLabels.app"},
+        {"spec.rollout.observe.selector.matchLabels.app"},
+    ),
 }
 
 # The words each models error must contain, so the path is not right by accident.
@@ -94,6 +99,7 @@ MODEL_MESSAGES = {
     "quantity-overflow.yaml": "is not a Kubernetes quantity",
     "deadline-past-int32.yaml": "must be at most 720h",
     "preflight-prompt-too-long.yaml": "rollout.preflight.promptTokens must be at most model.maxModelLen",
+    "observe-without-selector.yaml": "rollout.observe.selector is required when rollout.observeOnly is true",
 }
 
 CASES = pytest.mark.parametrize("name", sorted(EXPECTED))

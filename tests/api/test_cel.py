@@ -169,6 +169,15 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
         [{"name": "v"}, {"name": "v", "emptyDir": {}, "secret": {"secretName": "s"}}],
     ),
     "may not contain '..'": (["a/b", "hf", "a..b", "x/.../y"], ["..", "a/../b", "../x", "a/.."]),
+    "rollout.observe.selector is required when rollout.observeOnly is true": (
+        [
+            {},
+            {"observeOnly": False},
+            {"observeOnly": True, "observe": {"selector": {"matchLabels": {"app": "vllm"}}}},
+            {"observeOnly": False, "observe": {"selector": {"matchLabels": {"app": "vllm"}}}},
+        ],
+        [{"observeOnly": True}],
+    ),
 }
 
 # Where each pod template rule sits, as a whole spec holding the value (for mirroring through the models).
@@ -275,6 +284,7 @@ NODE_LEVEL = {
     "secondaryTiers names must be unique": "offload.secondaryTiers",
     "secondaryTiers may not be named cpu, cpu-pilot, gpu-only: those name ladder levels": "offload.secondaryTiers",
     "must rise strictly and end at 100": "rollout.promotionSteps",
+    "rollout.observe.selector is required when rollout.observeOnly is true": "rollout",
 }
 
 

@@ -43,6 +43,7 @@ ALLOWED_KEYS = {
     "maxLength",
     "minItems",
     "maxItems",
+    "minProperties",
     "maxProperties",
     "anyOf",
     "x-kubernetes-int-or-string",

@@ -58,6 +58,11 @@ LIVE_CONFIG = "liveConfig"
 exists (vLLM 0.33 on) the CPU tier as allocated, compared with the rendered size: ``passed`` False on a
 mismatch, which ``decide()`` treats as a canary's hard failure."""
 
+OBSERVE_NOT_JUDGED = frozenset(
+    {TTFT_RATIO, ITL_RATIO, EXTERNAL_SHARE, TIER_HITS, TIER_HIT_SHARE, LOAD_THROUGHPUT, LIVE_CONFIG}
+)
+"""Rows an observe-only policy cannot judge: its fleet runs no offload tier, and its canary is its stable side."""
+
 
 @dataclass(frozen=True)
 class Percentiles:
@@ -237,6 +242,7 @@ def assess(
     baseline: BaselineStatus | None = None,
     stable_side: bool = True,
     comparing: bool = True,
+    observing: bool = False,
 ) -> Assessment:
     """Judge one cycle. Pure: the same inputs always give the same Assessment.
 
@@ -253,6 +259,9 @@ def assess(
       budgets, and its ratio to the baseline is reported. Earlier steps already gated the ratio.
     - ``comparing=False``: the canary is still warming up (``analysis.warmup``): its ratios to the stable
       engines are reported, not gated, and so are the offload hit checks; the absolute budgets still are.
+    - ``observing=True``: the subject is a fleet the operator observes and did not render (an observe-only
+      policy, canary and stable both that fleet): what needs an offload tier or a canary apart from its stable
+      side is reported as not judged (``OBSERVE_NOT_JUDGED``), and only the rest decides.
     """
     warmed_up = warmed_up and comparing
     analysis = spec.analysis if isinstance(spec, KVOffloadPolicySpec) else spec
@@ -262,7 +271,7 @@ def assess(
     canary = measurements.canary
     stable = measurements.stable or VariantSample()
     subject = canary if canary is not None else stable
-    who = "canary" if canary is not None else "stable"
+    who = "observed fleet" if observing else "canary" if canary is not None else "stable"
     c = canary or VariantSample()
     min_requests = analysis.min_requests
 
@@ -481,6 +490,11 @@ def assess(
         # A mismatch is gated (the verdict says so) and, on a canary, a hard failure in decide().
         add(LIVE_CONFIG, c_value, s_value, rendered, ok, f"{live}; {text}", gated=not ok)
 
+    if observing:
+        for row in rows:
+            if row.result.name.split(".")[0] in OBSERVE_NOT_JUDGED:
+                why = f"not judged in observe mode ({row.result.message})"
+                row.result, row.gated = row.result.model_copy(update={"passed": None, "message": why}), False
     return _verdict(rows, error_free_subject=subject_requests is not None, enough=enough, req_msg=req_msg)
 
 

@@ -75,6 +75,8 @@ class LabelNames:
     level: str = "kvoffload_io_level"
     config_hash: str = "kvoffload_io_config_hash"
     namespace: str = "namespace"
+    pod: str = "pod"
+    """The pod's name, which every scrape of Kubernetes pods adds: how an observed fleet is selected."""
 
     def grouping(self) -> str:
         return f"{self.namespace}, {self.policy}, {self.level}, {self.config_hash}"
@@ -97,6 +99,9 @@ class Target:
     """The canary level's config hash; None when no canary runs (the Stable guard, the baseline)."""
     workload: bool = False
     """True while the ladder is in its baseline: also read the workload figures (``WorkloadSample``)."""
+    pods: tuple[str, ...] | None = None
+    """Observe-only: the observed fleet's pods, selected by namespace and pod name (the series of a fleet the
+    operator did not render carry none of its labels); they answer for both roles. None: the policy's labels."""
 
     @property
     def key(self) -> PolicyKey:
@@ -174,6 +179,14 @@ def scope_matcher(keys: Collection[PolicyKey], labels: LabelNames | None = None)
     return matcher if len(matcher) <= SCOPE_MAX_CHARS else None
 
 
+def fleet_matcher(target: Target, labels: LabelNames | None = None) -> str:
+    """The matcher of an observed fleet: its namespace and its pods by name (anchored by Prometheus; a pod name's
+    only regex metacharacter is ``.``). A fleet without pods matches no series."""
+    labels = labels or LabelNames()
+    names = "|".join(sorted(p.replace(".", "\\.") for p in target.pods or ()))
+    return f'{labels.namespace}="{target.namespace}", {labels.pod}=~`{names}`'
+
+
 def build_queries(
     window: str,
     dialect: Dialect,
@@ -182,16 +195,18 @@ def build_queries(
     *,
     workload: bool = False,
     scope: str | None = None,
+    fleet: bool = False,
 ) -> tuple[Query, ...]:
     """The queries of one group of policies sharing (window, dialect, extra matchers).
 
     Each selects the policies of ``scope`` (a ``scope_matcher``), or every policy (``<policy label>!=""``),
     and groups by namespace, policy, level and config hash. Metrics the dialect lacks are left out.
-    ``workload`` adds the ``WORKLOAD_QUERIES`` of the baseline's workload figures, at the end.
+    ``workload`` adds the ``WORKLOAD_QUERIES`` of the baseline's workload figures, at the end. ``fleet``: the
+    scope is one observed fleet (``fleet_matcher``), summed over its pods, grouped by namespace alone.
     """
     labels = labels or LabelNames()
     w = promql_duration(window)
-    by = labels.grouping()
+    by = labels.namespace if fleet else labels.grouping()
     sel = (scope or f'{labels.policy}!=""') + (f", {extra_matchers}" if extra_matchers else "")
 
     def s(extra: str = "") -> str:
@@ -439,15 +454,22 @@ class PrometheusProvider:
     def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
         """One cycle: the same queries for every group of targets, all evaluated at one instant."""
         at = float(self._clock())
-        groups: dict[tuple[str, Dialect, str | None], list[Target]] = defaultdict(list)
+        groups: dict[tuple[str, Dialect, str | None, PolicyKey | None], list[Target]] = defaultdict(list)
         for target in targets:
-            groups[(promql_duration(target.window), target.dialect, target.extra_matchers)].append(target)
+            # An observed fleet is selected by its pods, not by labels it shares with others: a group of its own.
+            fleet = target.key if target.pods is not None else None
+            groups[(promql_duration(target.window), target.dialect, target.extra_matchers, fleet)].append(target)
         out: dict[PolicyKey, Measurements] = {}
-        for (window, dialect, extra), members in groups.items():
+        for (window, dialect, extra, fleet), members in groups.items():
             # One set of workload queries per group, and only when someone in it asks.
             workload = any(t.workload for t in members)
-            scope = scope_matcher([t.key for t in members], self.labels)
-            queries = build_queries(window, dialect, extra, self.labels, workload=workload, scope=scope)
+            if fleet is not None:
+                scope: str | None = fleet_matcher(members[0], self.labels)
+            else:
+                scope = scope_matcher([t.key for t in members], self.labels)
+            queries = build_queries(
+                window, dialect, extra, self.labels, workload=workload, scope=scope, fleet=fleet is not None
+            )
             try:
                 collected = self._collect(queries, at)
             except (
@@ -464,6 +486,10 @@ class PrometheusProvider:
                 continue
             window_s = parse_duration(window)
             for t in members:
+                if fleet is not None:  # grouped by namespace alone: one sample, both roles
+                    stable = _sample(collected.get((t.namespace, "", "")), window_s, t.workload)
+                    out[t.key] = Measurements(canary=stable if t.canary_hash is not None else None, stable=stable)
+                    continue
                 stable = _sample(collected.get((t.namespace, t.policy, t.stable_hash or "")), window_s, t.workload)
                 canary = (
                     _sample(collected.get((t.namespace, t.policy, t.canary_hash)), window_s, t.workload)

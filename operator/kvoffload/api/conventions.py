@@ -94,6 +94,9 @@ PODS_NOT_SCRAPED = "PodsNotScraped"
 """True while Prometheus holds no series of any of the policy's pods after ``maxInconclusive`` cycles: no
 Prometheus scrapes its PodMonitor (most often its podMonitorSelector wants a label the PodMonitor lacks). Set
 only once it was True; the message names the PodMonitor, its labels and the fix."""
+OBSERVING = "Observing"
+"""True while ``spec.rollout.observeOnly``: the ladder is analysed and decided in status, and nothing is
+applied. Written only for a policy that observes, or once more (False) when it stops observing."""
 
 CONDITION_TYPES = (
     READY,
@@ -107,6 +110,7 @@ CONDITION_TYPES = (
     OFFLOAD_WILL_NOT_PAY,
     PROMETHEUS_TOKEN_UNREADABLE,
     PODS_NOT_SCRAPED,
+    OBSERVING,
 )
 
 
@@ -182,6 +186,15 @@ class Reason(StrEnum):
     """False: the preflight judged, and no rule found that offload cannot pay."""
     PREFLIGHT_NOT_JUDGED = "PreflightNotJudged"
     """False: no preflight verdict on this ladder (none asked, the baseline still runs, or not a GPU-only baseline)."""
+    # Observing (spec.rollout.observeOnly)
+    OBSERVE_ONLY = "ObserveOnly"
+    """True: the policy analyses a fleet it did not render and applies nothing."""
+    APPLYING = "Applying"
+    """False: observeOnly was turned off; the operator applies its ladder for real."""
+    WOULD_APPLY = "WouldApply"
+    """An Event of an observe-only policy: the Deployment change a real climb would have made, not made."""
+    OBSERVE_SWITCHED = "ObserveSwitched"
+    """spec.rollout.observeOnly changed: a new ladder starts from GPU-only."""
 
 
 class Decision(StrEnum):
@@ -202,6 +215,7 @@ class Decision(StrEnum):
     RESUME = "Resume"
     INVALID = "Invalid"
     OFFLOAD_WILL_NOT_PAY = "OffloadWillNotPay"
+    OBSERVE_SWITCHED = "ObserveSwitched"
 
 
 ROLLBACK_DECISIONS = frozenset({Decision.ROLLBACK, Decision.ABORT})

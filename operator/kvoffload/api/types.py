@@ -308,8 +308,53 @@ class PreflightSpec(Model):
     )
 
 
+_LABEL_KEY = re.compile(
+    r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?$"
+)
+_LABEL_VALUE = r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$"
+
+
+class ObserveSelector(Model):
+    """The pods of a fleet kvoffload did not render, in the policy's namespace."""
+
+    match_labels: dict[str, Annotated[str, Field(max_length=63, pattern=_LABEL_VALUE)]] = Field(
+        min_length=1,
+        max_length=16,
+        description="Labels every pod of the observed fleet carries (a Deployment's selector, e.g. app: vllm).",
+    )
+
+    @field_validator("match_labels")
+    @classmethod
+    def _label_keys(cls, labels: dict[str, str]) -> dict[str, str]:
+        # Keys end up in a label selector the operator sends: a key that is no label key could widen it.
+        bad = [k for k in labels if len(k) > 316 or not _LABEL_KEY.match(k)]
+        if bad:
+            raise ValueError(f"not label keys: {', '.join(map(repr, sorted(bad)))}")
+        return labels
+
+    def label_selector(self) -> str:
+        """The selector as the API server's ``labelSelector`` query parameter takes it."""
+        return ",".join(f"{k}={v}" for k, v in sorted(self.match_labels.items()))
+
+
+class ObserveSpec(Model):
+    """What an observe-only policy analyses: a running fleet the operator leaves alone."""
+
+    selector: ObserveSelector = Field(description="The fleet's pods, in the policy's namespace.")
+
+
 class RolloutSpec(Model):
     """How each ladder level is introduced."""
+
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (
+                "!has(self.observeOnly) || !self.observeOnly || has(self.observe)",
+                "rollout.observe.selector is required when rollout.observeOnly is true",
+                ".observe",
+            )
+        )
+    )
 
     canary_replicas: int = Field(default=1, ge=1, le=1000, description="Replicas that run a new level first.")
     max_surge: int = Field(default=0, ge=0, le=1000, description="Extra replicas allowed; 0 uses no extra GPUs.")
@@ -335,6 +380,14 @@ class RolloutSpec(Model):
         default=None,
         description="Judge whether offload can pay before the first canary; omit to climb without it.",
     )
+    observe_only: bool = Field(
+        default=False,
+        description="true: analyse the fleet of rollout.observe and climb the ladder in status only; no "
+        "Deployment, Service or PodMonitor is written. Switching it starts a new ladder from GPU-only.",
+    )
+    observe: ObserveSpec | None = Field(
+        default=None, description="The running fleet an observe-only policy analyses; required with observeOnly."
+    )
 
     @field_validator("promotion_steps")
     @classmethod
@@ -342,6 +395,12 @@ class RolloutSpec(Model):
         if any(b <= a for a, b in itertools.pairwise(steps)) or steps[-1] != 100:
             raise ValueError("must rise strictly and end at 100")
         return steps
+
+    @model_validator(mode="after")
+    def _observed_fleet(self) -> RolloutSpec:
+        if self.observe_only and self.observe is None:
+            raise ValueError("rollout.observe.selector is required when rollout.observeOnly is true")
+        return self
 
 
 class WarmupSpec(Model):
@@ -705,6 +764,17 @@ class HistoryEntry(Status):
     message: str = Field(default="", description="Detail with figures.")
 
 
+class ObserveStatus(Status):
+    """An observe-only policy's fleet: what it analyses, and what it cannot judge there."""
+
+    selector: str = Field(description="The label selector of the observed pods (spec.rollout.observe.selector).")
+    pods: int = Field(default=0, description="Pods that match it now (terminating ones left out).")
+    ready: int = Field(default=0, description="Of those, the Ready ones: what the ladder's steps wait for.")
+    not_judged: list[str] = Field(
+        default_factory=list, description="What observe mode cannot judge on a fleet without the tier, and why."
+    )
+
+
 class KVOffloadPolicyStatus(Status):
     """What the operator observed and decided; written only by the operator."""
 
@@ -724,6 +794,9 @@ class KVOffloadPolicyStatus(Status):
     baseline: BaselineStatus | None = Field(default=None, description="The GPU-only baseline.")
     preflight: PreflightStatus | None = Field(
         default=None, description="The preflight's verdict on this ladder, when spec.rollout.preflight judged one."
+    )
+    observe: ObserveStatus | None = Field(
+        default=None, description="Set while spec.rollout.observeOnly: the fleet analysed, nothing applied."
     )
     last_analysis: AnalysisStatus | None = Field(default=None, description="The latest analysis.")
     host_memory: HostMemoryStatus | None = Field(default=None, description="Host memory per replica.")

@@ -475,6 +475,16 @@ class KubernetesGateway:
             pods=tuple(parse_pod(item) for item in pods.get("items", [])),
         )
 
+    async def list_pods(self, namespace: str, selector: str) -> tuple[PodState, ...]:
+        """The pods of ``namespace`` that match a label selector: an observe-only policy's fleet, read, never
+        written (the operator owns none of it)."""
+        query = {"labelSelector": selector}
+        pods = await self._retrying(
+            lambda: self._call("GET", resource_path("v1", "pods", namespace), query=query),
+            f"list pods {selector} in {namespace}",
+        )
+        return tuple(parse_pod(item) for item in pods.get("items", []))
+
     # --- the policy itself -----------------------------------------------------------
 
     async def patch_status(self, policy: PolicyRef, status: Mapping[str, Any]) -> Obj:

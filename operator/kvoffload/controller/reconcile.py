@@ -126,7 +126,15 @@ from kvoffload.policy.sizing import (
 )
 from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy, url_under
 from kvoffload.rollout.decide import decide, invalid
-from kvoffload.rollout.observations import Observations, PodMonitorRef, PodObservation, TokenCheck, VariantObservation
+from kvoffload.rollout.observations import (
+    FleetObservation,
+    Observations,
+    PodMonitorRef,
+    PodObservation,
+    TokenCheck,
+    VariantObservation,
+)
+from kvoffload.rollout.observe import observing, would_apply
 from kvoffload.rollout.plan import Plan, Variants
 from kvoffload.rollout.preflight import RestorePrice, prompt_tokens_for
 from kvoffload.rollout.warmup import analysis_subject
@@ -359,6 +367,7 @@ class Controller:
         level_hashes, dialect = judged.level_hashes, judged.dialect
         owned = await self._api("list", self.workloads.owned(ctx.ref), ctx.ref)
         stable_seen, canary_seen, retiring_seen = _observe_roles(owned, ctx.ref.name, ctx.status)
+        fleet = await self._observed_fleet(ctx, spec) if observing(spec) else None
 
         assessment = measurements = price = token = None
         if self._analysis_due(policy, ctx, generation):
@@ -375,12 +384,15 @@ class Controller:
                 stable_hash=stable_role.config_hash if stable_role is not None else None,
                 canary_hash=canary_role.config_hash if canary_role is not None else None,
                 workload=in_baseline,
+                pods=tuple(p.name for p in fleet.pods) if fleet is not None else None,
             )
             resting = ctx.status is not None and ctx.status.mode in RESTING_MODES
             # At rest a request may wait for others to share its batch: a quarter of its interval at most, so a
             # resting policy's analyses stay about as often as it asked (the hub caps it at 2 s).
             patience = parse_duration(spec.analysis.interval) / 4 if resting else 0.0
             measurements, token = await self._measure(target, spec, ctx.ref, ctx.now, patience=patience)
+            if fleet is not None:
+                measurements = fleet_measurements(fleet, ctx.ref.namespace, measurements)
             baseline = ctx.status.baseline if ctx.status is not None else None
             assessment = assess(
                 spec,
@@ -390,6 +402,7 @@ class Controller:
                 baseline=baseline,
                 stable_side=subject.stable_side,
                 comparing=subject.comparing,
+                observing=fleet is not None,
             )
             self.metrics.verdicts.labels(verdict=assessment.verdict.value).inc()
             if in_baseline and spec.rollout.preflight is not None:
@@ -407,6 +420,7 @@ class Controller:
             price=price,
             token=token,
             pod_monitor=self._pod_monitor(policy) if not_scraped(measurements) else None,
+            fleet=fleet,
         )
         decided = decide(spec, ctx.status, observations, ctx.now)
         variants = decided.variants
@@ -418,13 +432,41 @@ class Controller:
             }
         )
         plan = Plan(status=status, variants=variants, events=decided.events, requeue_after=decided.requeue_after)
-        first_meeting = not any((ctx.ref.uid, kind) in self._children for kind, _ in _CHILDREN)
-        unchanged = await self._apply_deployments(ctx, policy, ladder, variants, owned, judged.key)
-        if first_meeting and unchanged and owned.deployments:
-            self._defer_children(ctx.ref.uid, judged.key)
-        await self._apply_shared(ctx, policy, judged.key)
+        if observing(spec):
+            # Observe-only, the one gate: no Deployment, Service or PodMonitor is written, created or deleted;
+            # Events say what would have been. The policy's own status and Events are all that is written.
+            would = would_apply(ctx.ref.name, ctx.status, status.ladder, variants)
+            plan = replace(plan, events=(*plan.events, *would))
+        else:
+            first_meeting = not any((ctx.ref.uid, kind) in self._children for kind, _ in _CHILDREN)
+            unchanged = await self._apply_deployments(ctx, policy, ladder, variants, owned, judged.key)
+            if first_meeting and unchanged and owned.deployments:
+                self._defer_children(ctx.ref.uid, judged.key)
+            await self._apply_shared(ctx, policy, judged.key)
         await self._finish(ctx, plan)
         return plan
+
+    async def _observed_fleet(self, ctx: _Reconcile, spec: KVOffloadPolicySpec) -> FleetObservation:
+        """An observe-only policy's fleet: the pods of ``spec.rollout.observe.selector`` in its namespace, read
+        (one list a cycle) and never written."""
+        assert spec.rollout.observe is not None  # the models require it with observeOnly
+        selector = spec.rollout.observe.selector.label_selector()
+        pods = await self._api("list_pods", self.gateway.list_pods(ctx.ref.namespace, selector), ctx.ref)
+        return FleetObservation(
+            selector,
+            tuple(
+                PodObservation(
+                    name=p.name,
+                    ready=p.ready,
+                    restarts=p.restarts,
+                    oom_killed=p.oom_killed,
+                    crash_looping=p.crash_looping,
+                    unschedulable=p.unschedulable,
+                )
+                for p in pods
+                if not p.terminating
+            ),
+        )
 
     def _defer_children(self, uid: str, key: str) -> None:
         """Resync this policy's Service and PodMonitor at a random time within the resync period, not now."""
@@ -758,6 +800,23 @@ def judge_resolved(policy: KVOffloadPolicy) -> tuple[Dialect, dict[int, str]]:
 
 
 # --- observations --------------------------------------------------------------------------
+
+
+def fleet_measurements(fleet: FleetObservation, namespace: str, measurements: Measurements) -> Measurements:
+    """An observed fleet's measurements, or the reason there are none: no pod matches, or Prometheus holds no
+    series of its pods (the team's scrape must label them ``namespace`` and ``pod``). Either is Inconclusive."""
+    if measurements.error is not None:
+        return measurements
+    if not fleet.pods:
+        error = f"observe-only: no pod in namespace {namespace} matches spec.rollout.observe.selector {fleet.selector}"
+    elif not_scraped(measurements):
+        error = (
+            f"observe-only: Prometheus holds no vLLM series of the {len(fleet.pods)} pod(s) {fleet.selector} in "
+            f"namespace {namespace}: is the fleet scraped, its series labelled namespace and pod?"
+        )
+    else:
+        return measurements
+    return Measurements(canary=None, stable=None, error=error)
 
 
 def _deployment(owned: OwnedWorkloads, name: str) -> DeploymentState | None:

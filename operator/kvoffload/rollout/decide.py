@@ -79,6 +79,10 @@ The rules (docs/design.md, "The ladder" and "Analysis"):
   name is gone, the nearest level below it in the old ladder whose name is
   still there (never the canary-only pilot), else GPU-only. A manual pause
   is kept.
+- **Observe-only** (``spec.rollout.observeOnly``, ``rollout.observe``): the same
+  decisions over Deployments that are never applied; their observations are
+  made of the status and the observed fleet's Ready pods. Switching the flag
+  either way starts a new ladder (reason ObserveSwitched).
 - **Replicas changed alone** (``/scale``: a new generation whose spec differs only in
   ``replicas``, by ``status.specDigest``): no new ladder; the stage and its clock stay, and the
   shares follow the new count by the step's percentage, paced.
@@ -128,6 +132,7 @@ from kvoffload.rollout.context import (
     too_inconclusive,
 )
 from kvoffload.rollout.observations import Observations, PodObservation
+from kvoffload.rollout.observe import observed_roles, observing, switch_text, switched, without_roles
 from kvoffload.rollout.pace import target_plans
 from kvoffload.rollout.plan import Event, Plan, VariantPlan
 from kvoffload.rollout.preflight import PreflightJudgment, judge
@@ -156,6 +161,7 @@ _DECISIONS: Mapping[Reason, Decision] = {
     Reason.PROMOTED: Decision.PROMOTED,
     Reason.MANUAL_PROMOTE: Decision.MANUAL_PROMOTE,
     Reason.LEVEL_PROMOTED: Decision.LEVEL_PROMOTED,
+    Reason.OBSERVE_SWITCHED: Decision.OBSERVE_SWITCHED,
 }
 """The decision a move on the ladder records, by the reason it moved for."""
 
@@ -179,6 +185,11 @@ def decide(
     if missing:
         raise KeyError(f"observations.level_hashes lacks ladder levels {missing}")
     current = status if status is not None else KVOffloadPolicyStatus()
+    switching = switched(current, spec)
+    if switching:
+        current = without_roles(current)
+    if observing(spec):  # the Deployments a real climb would run, standing on the observed fleet
+        observations = observed_roles(current, observations)
     ctx = Ctx(
         spec=spec,
         ladder=ladder,
@@ -189,6 +200,8 @@ def decide(
         seen=_seen_still_set(current.annotations_seen, observations.annotations),
     )
 
+    if switching:
+        return write_plan(ctx, _start_fresh(ctx, Reason.OBSERVE_SWITCHED, switch_text(spec)))
     if current.stable is None or current.stage is None:
         return write_plan(ctx, _start_fresh(ctx))
     changed = observations.generation != current.observed_generation or current.ladder != [lv.name for lv in ladder]
@@ -327,13 +340,14 @@ def _continue(ctx: Ctx, mode: Mode) -> Outcome:
     return _hold(ctx, mode)
 
 
-def _start_fresh(ctx: Ctx) -> Outcome:
-    """A policy seen for the first time: a ladder from GPU-only, or from the level that already runs."""
+def _start_fresh(ctx: Ctx, reason: Reason = Reason.NEW_LADDER, why: str = "") -> Outcome:
+    """A policy seen for the first time (or one that switched ``observeOnly``): a ladder from GPU-only, or from
+    the level that already runs."""
     adopted = _adopted_level(ctx)
     level = adopted or ctx.ladder[0]
-    why = f"adopted the running {level.name} Deployment; " if adopted else ""
+    why += f"adopted the running {level.name} Deployment; " if adopted else ""
     seen = {k: v for k in MANUAL_ANNOTATIONS if (v := ctx.obs.annotations.get(k, ""))}
-    outcome = _start_ladder(ctx, level, Reason.NEW_LADDER, f"{why}ladder {' → '.join(lv.name for lv in ctx.ladder)}")
+    outcome = _start_ladder(ctx, level, reason, f"{why}ladder {' → '.join(lv.name for lv in ctx.ladder)}")
     return replace(outcome, seen=seen, paused=False)
 
 

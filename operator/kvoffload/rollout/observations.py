@@ -63,6 +63,21 @@ class PodMonitorRef:
 
 
 @dataclass(frozen=True)
+class FleetObservation:
+    """An observe-only policy's fleet: the pods of ``spec.rollout.observe.selector``, which the operator did not
+    render and never writes."""
+
+    selector: str
+    """The label selector, as sent to the API server."""
+    pods: tuple[PodObservation, ...] = ()
+    """Its live pods (terminating ones left out)."""
+
+    @property
+    def ready(self) -> int:
+        return sum(1 for p in self.pods if p.ready)
+
+
+@dataclass(frozen=True)
 class Observations:
     """Everything ``decide`` needs to know about the world, gathered by the adapter."""
 
@@ -87,3 +102,6 @@ class Observations:
     """The bearer token's Secret, when this cycle read one; None keeps the PrometheusTokenUnreadable condition."""
     pod_monitor: PodMonitorRef | None = None
     """The policy's PodMonitor as rendered, named in the PodsNotScraped message; None: named from the policy."""
+    fleet: FleetObservation | None = None
+    """Observe-only (``spec.rollout.observeOnly``): the observed fleet, from which ``decide`` builds the roles it
+    would have applied (``rollout.observe.observed_roles``); ignored otherwise."""

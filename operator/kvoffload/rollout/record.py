@@ -40,6 +40,7 @@ from kvoffload.policy.ladder import Level
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.context import Ctx, Outcome, annotation_changed, preflight_due, ready_of, spec_digest
 from kvoffload.rollout.observations import VariantObservation
+from kvoffload.rollout.observe import observe_message, observe_status, observing_condition
 from kvoffload.rollout.pace import capacity_dip, observed_variant, pace
 from kvoffload.rollout.plan import Event, Plan, VariantPlan
 from kvoffload.rollout.texts import display_of, not_scraped_message
@@ -96,12 +97,13 @@ def write_plan(ctx: Ctx, o: Outcome) -> Plan:
         ],
         baseline=o.baseline if o.baseline is not None else ctx.status.baseline,
         preflight=_preflight_of(ctx, o),
+        observe=observe_status(ctx.spec, ctx.obs.fleet),
         last_analysis=last_analysis,
         host_memory=ctx.status.host_memory,
         conditions=conditions,
         history=history[-HISTORY_LIMIT:],
         annotations_seen=dict(seen),
-        message=o.message,
+        message=observe_message(ctx.spec, o.message),
         replicas=paced.total_replicas,
         spec_digest=spec_digest(ctx.spec),
         **display_of(o, last_analysis),
@@ -162,6 +164,7 @@ def _conditions(ctx: Ctx, o: Outcome, paused: bool) -> list[Condition]:
         o.message if o.inconclusive else "",
     )
     c = put(c, INVALID, False, Reason.SPEC_VALID)
+    c = observing_condition(ctx.spec, c, put)
     token = ctx.obs.token
     # Written once a token is asked for and cannot be read, and kept (False) from then on.
     if token is not None and (token.problem is not None or cond.find(c, PROMETHEUS_TOKEN_UNREADABLE) is not None):
