@@ -263,15 +263,22 @@ def test_every_generated_policy_gets_the_same_verdict_everywhere_and_crashes_not
 
     case()
 
+    items: dict[str, dict[str, Any]] = {}
+
     def statuses() -> dict[str, str] | None:
-        phases = {
-            item["metadata"]["name"]: (item.get("status") or {}).get("phase")
-            for item in kube.get(PLURAL, "-n", ns)["items"]
-        }
+        items.clear()
+        items.update({item["metadata"]["name"]: item for item in kube.get(PLURAL, "-n", ns)["items"]})
+        phases = {name: (item.get("status") or {}).get("phase") for name, item in items.items()}
         return phases if all(phases.get(name) for name in tally.created) else None
 
-    phases = wait_for(statuses, "a status on every created policy", timeout=120)
-    log = (tmp / "operator.log").read_text(errors="replace")
+    log = ""
+    try:
+        phases = wait_for(statuses, "a status on every created policy", timeout=120)
+    finally:
+        log = (tmp / "operator.log").read_text(errors="replace")
+        for name in tally.created:
+            if not (items.get(name, {}).get("status") or {}).get("phase"):
+                print(f"no status on {name}: {json.dumps(items.get(name, {}).get('spec'))}\n{log[-3000:]}")
     summary = (
         f"fuzz: {tally.cases} generated policies, {tally.accepted} accepted and {tally.refused_by_server} refused by "
         f"kube-apiserver, {len(tally.disagreements)} disagreements with `kvoffload plan`, {len(tally.created)} "
