@@ -202,11 +202,18 @@ def render(file: Path, level: str | None, stage: str | None, monitor_labels: dic
 
 
 @main.command()
-def crd() -> None:
-    """Print the KVOffloadPolicy CustomResourceDefinition generated from the models."""
-    from kvoffload.api.crd import crd_yaml
+@click.option(
+    "--kind",
+    type=click.Choice(["policy", "analysistemplate"]),
+    default="policy",
+    show_default=True,
+    help="Which CRD: KVOffloadPolicy, or the cluster-scoped KVOffloadAnalysisTemplate.",
+)
+def crd(kind: str) -> None:
+    """Print a CustomResourceDefinition generated from the models."""
+    from kvoffload.api.crd import crd_yaml, template_crd_yaml
 
-    click.echo(crd_yaml(), nl=False)
+    click.echo(crd_yaml() if kind == "policy" else template_crd_yaml(), nl=False)
 
 
 @main.command()
