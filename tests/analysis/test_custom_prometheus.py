@@ -70,7 +70,8 @@ def test_a_custom_metric_reads_the_canary_and_the_stable_of_this_policy_only(scr
     )
     assert absolute.error is None
     # About 20 a second (rate() over a young 10 s window runs low), and never 520: the other tenant's is not in it.
-    assert absolute.canary is not None and 10 < absolute.canary < 40
+    assert absolute.canary is not None
+    assert 10 < absolute.canary < 40
     assert absolute.stable is None  # an absolute bound asks only for the subject
     assert (ratio.canary, ratio.stable) == (pytest.approx(0.9), pytest.approx(0.3))
     assert provider.queries == 3
@@ -83,11 +84,15 @@ def test_without_a_canary_the_stable_is_the_subject(scraped: PrometheusServer) -
         synthetic_target("llm", "chat", WINDOW, with_canary=False),
     )
     assert reading.canary is None
-    assert reading.stable is not None and 5 < reading.stable < 20
+    assert reading.stable is not None
+    assert 5 < reading.stable < 20
 
 
 def test_a_query_of_several_series_or_one_prometheus_refuses_is_not_judged(scraped: PrometheusServer) -> None:
-    per_pod = 'label_replace(vllm:kv_cache_usage_perc{ {{ selector }} }, "copy", "1", "", "") or vllm:kv_cache_usage_perc{ {{ selector }} }'
+    per_pod = (
+        'label_replace(vllm:kv_cache_usage_perc{ {{ selector }} }, "copy", "1", "", "")'
+        " or vllm:kv_cache_usage_perc{ {{ selector }} }"
+    )
     refused = "sum(rate(vllm:kv_cache_usage_perc{ {{ selector }} }))"  # rate() of an instant vector
     several, bad = read_custom(
         PrometheusProvider(scraped.url),
@@ -97,7 +102,8 @@ def test_a_query_of_several_series_or_one_prometheus_refuses_is_not_judged(scrap
     assert several == CustomReading(
         several.source, None, None, "canary: the query gave 2 series, not one number: aggregate it (sum, max, ...)"
     )
-    assert bad.error is not None and "expected type range vector" in bad.error
+    assert bad.error is not None
+    assert "expected type range vector" in bad.error
 
 
 @pytest.mark.parametrize(

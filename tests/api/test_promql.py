@@ -12,16 +12,18 @@ from kvoffload.api.promql import (
     for_checking,
     parse_matchers,
     render,
-    unquote,
     selector_problems,
+    unquote,
 )
 
 GOOD = [
     'sum(rate(vllm:request_success_total{ {{ selector }}, finished_reason="abort"}[{{ window }}]))'
     " / sum(rate(vllm:request_success_total{ {{selector}} }[{{window}}]))",
-    "histogram_quantile(0.99, sum by (le) (rate(vllm:e2e_request_latency_seconds_bucket{{{ selector }}}[{{ window }}])))",
+    "histogram_quantile(0.99, sum by (le)"
+    " (rate(vllm:e2e_request_latency_seconds_bucket{{{ selector }}}[{{ window }}])))",
     "max_over_time(x{ {{ selector }} }[{{window}}:1s] offset 1m) > bool 3 AND ON() vector(1)",
-    'sum(x{ {{ selector }} }) without (pod) / on() group_left() count(label_replace(y{ {{selector}} }, "a", "$1", "b", "(.*)"))',
+    "sum(x{ {{ selector }} }) without (pod) / on() group_left()"
+    ' count(label_replace(y{ {{selector}} }, "a", "$1", "b", "(.*)"))',
     '{__name__=~"vllm:.+", {{ selector }}}',
 ]
 
@@ -65,9 +67,7 @@ def test_the_operator_fills_in_its_own_matchers_and_the_window() -> None:
 def test_names_with_quotes_braces_or_placeholders_stay_inside_their_string_literals(hostile: str) -> None:
     query = render("x{ {{ selector }} }", selection(namespace=hostile, policy=hostile), "1m")
     literal = escape_label_value(hostile)
-    assert query == (
-        f"x{{ namespace={literal}, kvoffload_io_policy={literal}, kvoffload_io_config_hash=\"abc\" }}"
-    )
+    assert query == (f'x{{ namespace={literal}, kvoffload_io_policy={literal}, kvoffload_io_config_hash="abc" }}')
     # One pass: a value that spells a placeholder is not filled in again.
     assert "1m" not in query
     # The literal reads back, by PromQL's own escapes, as exactly the value: nothing of it left the string.
