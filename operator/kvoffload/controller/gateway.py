@@ -44,6 +44,7 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
+from kvoffload.api.analysistemplate import TEMPLATE_PLURAL
 from kvoffload.api.conventions import (
     COMPONENT,
     KIND,
@@ -577,6 +578,11 @@ class KubernetesGateway:
         if key not in data:
             raise MissingObjectError(f"Secret {namespace}/{name} has no key {key!r}")
         return base64.b64decode(data[key]).decode().strip()
+
+    async def read_analysis_template(self, name: str) -> Obj | None:
+        """A KVOffloadAnalysisTemplate (cluster-scoped) by name; None when there is none."""
+        path = resource_path(POLICY_API_VERSION, TEMPLATE_PLURAL, None, name)
+        return await self._retrying(lambda: self._get(path), f"read KVOffloadAnalysisTemplate {name}")
 
     # --- plumbing --------------------------------------------------------------------
 
