@@ -37,3 +37,23 @@ def query_problems(metrics: Sequence[CustomMetric], path: str, parse: Parser) ->
         if problem is not None:
             found.append(FieldError(f"{path}[{i}].query", f"Prometheus does not parse it: {problem}"))
     return found
+
+
+PARSE_TIMEOUT_SECONDS = 2.0
+"""How long admission and ``kvoffload plan`` wait for Prometheus to parse: well within the webhook's 5 s."""
+
+
+def policy_query_problems(metrics: Sequence[CustomMetric], url: str) -> tuple[list[FieldError], str | None]:
+    """The custom metrics of a policy (``spec.analysis.metrics``) judged by the Prometheus at ``url``, asked with
+    no credentials: (the queries it does not parse, None), or ([], why it could not be asked)."""
+    if not metrics:
+        return [], None
+    from kvoffload.analysis.prometheus import ParserUnavailable, PrometheusProvider
+
+    provider = PrometheusProvider(url, timeout=PARSE_TIMEOUT_SECONDS, retries=0)
+    try:
+        return query_problems(metrics, "spec.analysis.metrics", provider.format_query), None
+    except ParserUnavailable as exc:
+        return [], str(exc)
+    finally:
+        provider.close()
