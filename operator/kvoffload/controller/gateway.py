@@ -396,8 +396,12 @@ class KubernetesGateway:
                 self._require_owned(current, owner, kind)
                 version = current["metadata"]["resourceVersion"]
                 config = {**desired, "metadata": {**desired["metadata"], "resourceVersion": version}}
+            # As UTF-8 text: the client's own json.dumps writes a character past U+FFFF as a \ud8xx\udcxx pair,
+            # which the API server's YAML reader refuses ("invalid Unicode character escape code"; the fuzz test
+            # found it in a servedModelName).
+            text = json.dumps(config, ensure_ascii=False)
             try:
-                return await self._call("PATCH", path, body=config, query=query, content_type=APPLY_PATCH)
+                return await self._call("PATCH", path, body=text, query=query, content_type=APPLY_PATCH)
             except ApiException as exc:
                 conflicts = _field_conflicts(exc)
                 if conflicts:
