@@ -27,6 +27,7 @@ import yaml
 from cryptography import x509
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, KIND, PEERING_NAME
+from kvoffload.api.crd import template_crd_manifest
 from kvoffload.cli.main import run
 from kvoffload.controller import admission
 from kvoffload.controller.gateway import PLURALS, PolicyRef
@@ -303,7 +304,7 @@ def generated_crd() -> Obj:
 
 
 def policy_crd(objs: list[Obj]) -> Obj:
-    (crd,) = (obj for obj in objs if obj["kind"] == "CustomResourceDefinition" and obj["spec"]["group"] == API_GROUP)
+    (crd,) = (obj for obj in objs if obj["kind"] == "CustomResourceDefinition" and obj["spec"]["names"]["kind"] == KIND)
     return crd
 
 
@@ -466,7 +467,10 @@ def test_without_leader_election_one_replica_runs_and_is_replaced_not_doubled(ch
 def test_a_namespaced_install_grants_a_role_in_each_namespace_and_nothing_cluster_wide(chart: helm.Chart) -> None:
     objs = render(chart, {"watchNamespaces": WATCHED})
     assert container(objs)["args"][:3] == ["--namespace=llm-a", "--namespace=llm-b", "--standalone"]
-    assert not [obj for obj in objs if obj["kind"].startswith("Cluster")]
+    # Cluster-wide, only the read of the cluster-scoped KVOffloadAnalysisTemplates.
+    cluster_wide = [obj for obj in objs if obj["kind"].startswith("Cluster")]
+    assert sorted(obj["kind"] for obj in cluster_wide) == ["ClusterRole", "ClusterRoleBinding"]
+    assert grants(only(objs, "ClusterRole")) == TEMPLATES
     watched = [obj for obj in objs if not obj["metadata"]["name"].endswith("-leader-election")]
     roles = {obj["metadata"]["namespace"]: obj for obj in watched if obj["kind"] == "Role"}
     bindings = {obj["metadata"]["namespace"]: obj for obj in watched if obj["kind"] == "RoleBinding"}
@@ -501,13 +505,19 @@ def test_peering_drops_standalone_and_creates_the_peering_object_the_operator_lo
     for role in (obj for obj in objs if obj["kind"] == role_kind and not obj["metadata"]["name"].endswith("-election")):
         assert {("kopf.dev", peering_resource, verb) for verb in ("list", "watch", "patch")} <= grants(role)
     crds = [obj["metadata"]["name"] for obj in objs if obj["kind"] == "CustomResourceDefinition"]
-    assert crds == ["kvoffloadpolicies.kvoffload.io", "clusterkopfpeerings.kopf.dev", "kopfpeerings.kopf.dev"]
+    assert crds == [
+        "kvoffloadanalysistemplates.kvoffload.io",
+        "kvoffloadpolicies.kvoffload.io",
+        "clusterkopfpeerings.kopf.dev",
+        "kopfpeerings.kopf.dev",
+    ]
 
 
 def test_peering_crds_can_be_left_to_another_release(chart: helm.Chart) -> None:
     objs = render(chart, {"peering": {"enabled": True, "installCRDs": False}})
     assert [obj["metadata"]["name"] for obj in objs if obj["kind"] == "CustomResourceDefinition"] == [
-        "kvoffloadpolicies.kvoffload.io"
+        "kvoffloadanalysistemplates.kvoffload.io",
+        "kvoffloadpolicies.kvoffload.io",
     ]
     assert only(objs, "ClusterKopfPeering")["metadata"]["name"] == PEERING_NAME
 
@@ -648,7 +658,8 @@ def test_the_operator_runs_as_non_root_with_a_read_only_root_filesystem(chart: h
 
 # kopf's watch of CRDs is cluster-scoped: a namespaced install does without it (kopf falls back to
 # noticing CRD changes on restart), so its Roles grant everything else.
-CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")}
+TEMPLATES = {(API_GROUP, "kvoffloadanalysistemplates", "get")}
+CLUSTER_SCOPED = {("apiextensions.k8s.io", "customresourcedefinitions", verb) for verb in ("list", "watch")} | TEMPLATES
 
 
 def rbac_verb(method: str, name: str | None, params: Mapping[str, str]) -> str:
@@ -739,6 +750,8 @@ async def exercise_the_operator(cluster: EmulatedCluster, args: list[str], peeri
     await cluster.emulator.create_object(
         {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "s", "namespace": namespace}, "data": {"k": "dg=="}}
     )
+    cluster.emulator.register_crd(template_crd_manifest())
+    assert await gateway.read_analysis_template("platform-gates") is None
     assert await gateway.read_configmap(namespace, "c", "k") == "v"
     assert await gateway.read_secret(namespace, "s", "k") == "v"
     assert await gateway.emit_event(policy, "Normal", "Twice", "the same event, counted")

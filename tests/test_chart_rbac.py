@@ -393,7 +393,9 @@ def scenario(run: Scenario, tag: str) -> None:
     if not daemons:  # as an operator that ran kopf daemons left it: the upgraded one's kopf takes it away
         first["metadata"]["finalizers"] = [FINALIZER]
     run.kube.kubectl("apply", "-f", "-", stdin=json.dumps(first))
-    run.kube.kubectl("apply", "-f", "-", stdin=json.dumps(policy(plain, OTHER, {"url": run.recorder.url})))
+    other = policy(plain, OTHER, {"url": run.recorder.url})
+    other["spec"]["analysis"]["templates"] = [{"name": "platform-gates"}]  # read (cluster-scoped) at every analysis
+    run.kube.kubectl("apply", "-f", "-", stdin=json.dumps(other))
 
     get = run.get
     run.until(
@@ -410,6 +412,14 @@ def scenario(run: Scenario, tag: str) -> None:
     run.until("the policy's own token sent to Prometheus", lambda: f"Bearer {TEAM_TOKEN}" in run.recorder.tokens)
     run.until(
         "the operator's token sent for the other policy", lambda: f"Bearer {OPERATOR_TOKEN}" in run.recorder.tokens
+    )
+
+    run.until(
+        "the other policy's template looked for",
+        lambda: any(
+            m["name"] == "template/platform-gates"
+            for m in (run.status(plain, OTHER).get("lastAnalysis") or {}).get("metrics") or []
+        ),
     )
 
     run.annotate(chat, TEAM, PROMOTE, "1")

@@ -52,6 +52,11 @@ def tier(name: str = "nvme", **extra: Any) -> dict[str, Any]:
     return {"name": name, "size": "500Gi", "path": "/mnt/kv-cache", "volume": {"emptyDir": {}}, **extra}
 
 
+def metric(name: str = "m", **extra: Any) -> dict[str, Any]:
+    """A custom metric (spec.analysis.metrics[]) with a valid query; bounds as given."""
+    return {"name": name, "query": "sum(x{ {{ selector }} })", **extra}
+
+
 SECRET_KEY = {"secretKeyRef": {"name": "hf-token", "key": "token"}}
 
 # message -> (values the rule takes, values it refuses); `self` is the node the rule sits on.
@@ -108,6 +113,18 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
     "secondaryTiers may not be named cpu, cpu-pilot, gpu-only: those name ladder levels": (
         [[tier("nvme")], [tier("cpu2"), tier("gpu")]],
         [[tier(name)] for name in sorted(RESERVED_LEVEL_NAMES)] + [[tier("nvme"), tier("cpu")]],
+    ),
+    "metric names must be unique": (
+        [[], [metric("a", max=1)], [metric("a", max=1), metric("b", max=1)]],
+        [[metric("a", max=1), metric("a", max=1)], [metric("a", max=1), metric("b", max=1), metric("a", max=1)]],
+    ),
+    "give min, max or both": (
+        [metric(max=1.0), metric(min=0.5), metric(min=0.0, max=2.0)],
+        [metric(), metric(dryRun=True)],
+    ),
+    "min must be at most max": (
+        [metric(min=1.0, max=1.0), metric(max=1.0), metric(min=-1.0, max=0.0)],
+        [metric(min=2.0, max=1.0)],
     ),
     "must rise strictly and end at 100": (
         [[100], [25, 50, 100], [1, 2, 3, 100], [99, 100]],
@@ -285,6 +302,7 @@ NODE_LEVEL = {
     "secondaryTiers may not be named cpu, cpu-pilot, gpu-only: those name ladder levels": "offload.secondaryTiers",
     "must rise strictly and end at 100": "rollout.promotionSteps",
     "rollout.observe.selector is required when rollout.observeOnly is true": "rollout",
+    "metric names must be unique": "analysis.metrics",
 }
 
 
@@ -317,9 +335,14 @@ def test_pod_template_rules_mirror_the_models(message: str) -> None:
             KVOffloadPolicySpec.model_validate(spec(podTemplate=POD_TEMPLATE_AT[message](value)))
 
 
+CUSTOM_METRIC_RULES = ["give min, max or both", "min must be at most max"]
+"""Rules on one spec.analysis.metrics[] item, mirrored by test_models_mirror_the_custom_metric_rules."""
+
+
 def test_node_and_spec_cases_cover_every_rule() -> None:
     covered = set(SPEC_LEVEL) | set(NODE_LEVEL) | set(POD_TEMPLATE_AT)
     covered |= {"set exactly one of emptyDir, persistentVolumeClaim or hostPath"}
+    covered |= set(CUSTOM_METRIC_RULES)
     assert covered == set(CASES)
 
 
@@ -381,3 +404,13 @@ def test_quantity_errors_are_cel_errors(expr: str) -> None:
 
 def test_cel_and_python_parse_quantities_alike() -> None:
     assert evaluate("quantity('1.5Gi').asInteger()", None) == int(parse_quantity("1.5Gi")) == Decimal(1610612736)
+
+
+@pytest.mark.parametrize("message", CUSTOM_METRIC_RULES)
+def test_models_mirror_the_custom_metric_rules(message: str) -> None:
+    good, bad = CASES[message]
+    for value in good:
+        KVOffloadPolicySpec.model_validate(_spec_with("analysis.metrics", [value]))
+    for value in bad:
+        with pytest.raises(ValidationError):
+            KVOffloadPolicySpec.model_validate(_spec_with("analysis.metrics", [value]))

@@ -29,6 +29,7 @@ from kvoffload.api.crd import crd_manifest
 from tests.api.test_bad_input import EXPECTED, INVALID, SCHEMA_MISTAKES
 from tests.api.test_cel import (
     CASE_PARAMS,
+    CUSTOM_METRIC_RULES,
     NODE_LEVEL,
     POD_TEMPLATE_AT,
     SPEC_LEVEL,
@@ -183,6 +184,8 @@ def whole_spec(message: str, value: Any) -> dict[str, Any]:
         return spec(podTemplate=POD_TEMPLATE_AT[message](value))
     if message.startswith("set exactly one of emptyDir"):
         return spec(offload__secondaryTiers=[tier(volume=value)])
+    if message in CUSTOM_METRIC_RULES:
+        return _spec_with("analysis.metrics", [value])
     return _spec_with(NODE_LEVEL[message], value)
 
 

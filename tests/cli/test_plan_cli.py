@@ -11,7 +11,9 @@ import yaml
 from click.testing import CliRunner, Result
 
 from kvoffload.cli.main import main
+from kvoffload.lab.promserver import free_port
 from tests.support import paths
+from tests.support.prometheus import PrometheusServer
 
 CONFIGS = paths.DATA / "configs"
 
@@ -254,3 +256,36 @@ def test_a_model_the_profile_has_not_measured_is_not_priced_and_says_why(tmp_pat
     result = plan(tmp_path, text)
     assert result.exit_code == 0, result.output
     assert "break-even: not priced: profile nvidia-h100-80gb has no eager prefill curve" in result.stdout
+
+
+CUSTOM = """
+  analysis:
+    metrics:
+      - name: abortShare
+        max: 0.01
+        query: 'sum(rate(vllm:request_success_total{{ {{{{ selector }}}}, finished_reason="abort"}}[{{{{ window }}}}]))'
+      - name: waiting
+        max: 5
+        query: 'sum(rate(vllm:num_requests_waiting{{ {{{{ selector }}}} }}))'
+  prometheus: {{url: "{url}"}}
+"""
+
+
+@pytest.mark.prometheus
+def test_plan_refuses_a_custom_query_prometheus_does_not_parse_naming_its_field(
+    tmp_path: Path, prometheus: PrometheusServer
+) -> None:
+    result = plan(tmp_path, POLICY + CUSTOM.format(url=prometheus.url), "--prometheus-allow-private")
+    assert result.exit_code == 2, result.output
+    assert "spec.analysis.metrics[1].query: Prometheus does not parse it: " in result.stderr
+    assert "spec.analysis.metrics[0]" not in result.stderr
+    assert "Traceback" not in result.output
+
+
+def test_plan_sizes_a_policy_whose_prometheus_cannot_be_asked_and_says_the_queries_were_not_parsed(
+    tmp_path: Path,
+) -> None:
+    url = f"http://127.0.0.1:{free_port()}"
+    result = plan(tmp_path, POLICY + CUSTOM.format(url=url), "--prometheus-allow-private")
+    assert result.exit_code == 0, result.output
+    assert f"custom metric queries not parsed: Prometheus unreachable: connection failed ({url})" in result.stderr

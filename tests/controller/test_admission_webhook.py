@@ -36,6 +36,7 @@ from tests.policy.render_policies import RENDER_TENANCY
 from tests.support import paths
 from tests.support.certificates import Serving, serving_certificate
 from tests.support.controlplane import Kube, wait_for
+from tests.support.prometheus import PrometheusServer
 
 pytestmark = pytest.mark.kube
 
@@ -287,3 +288,34 @@ def test_the_charts_webhook_objects_are_accepted_by_the_real_server(kube_crd: Ku
         "validatingwebhookconfiguration.admissionregistration.k8s.io/kvo-kvoffload created (server dry run)"
         in result.stdout
     )
+
+
+ABORT_SHARE = (
+    'sum(rate(vllm:request_success_total{ {{ selector }}, finished_reason="abort"}[{{ window }}]))'
+    " / sum(rate(vllm:request_success_total{ {{ selector }} }[{{ window }}]))"
+)
+
+
+@pytest.mark.prometheus
+def test_a_custom_metric_query_prometheus_does_not_parse_is_refused_at_apply_naming_its_field(
+    setup: tuple[Kube, str, Serving, int], tmp_path: Path, prometheus: PrometheusServer
+) -> None:
+    kube, ns, serving, port = setup
+    metrics = [
+        {"name": "abortShare", "query": ABORT_SHARE, "max": 0.01},
+        {"name": "broken", "query": "sum(rate(vllm:num_requests_waiting{ {{ selector }} }))", "max": 5},
+    ]
+    fine = policy(ns, "fine", analysis__metrics=metrics[:1], prometheus__url=prometheus.url)
+    broken = policy(ns, "broken", analysis__metrics=metrics, prometheus__url=prometheus.url)
+    unasked = policy(ns, "unasked", analysis__metrics=metrics, prometheus__url=f"http://127.0.0.1:{free_port()}")
+
+    with operator(kube, ns, serving, port, tmp_path / "operator.log", "--prometheus-allow-private"):
+        assert apply(kube, fine).returncode == 0
+        refused = apply(kube, broken)
+        assert refused.returncode != 0
+        assert f"{DENIED}spec.analysis.metrics[1].query: Prometheus does not parse it: " in refused.stderr
+        assert "expected type range vector" in refused.stderr  # Prometheus's own words
+        # A Prometheus that cannot be asked: admitted, and the analysis shows Prometheus's refusal later.
+        admitted = apply(kube, unasked)
+        assert admitted.returncode == 0, admitted.stderr
+    assert "custom metric queries not parsed at admission" in (tmp_path / "operator.log").read_text()

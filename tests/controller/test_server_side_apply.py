@@ -217,3 +217,15 @@ async def test_status_goes_through_the_status_subresource_by_merge_patch(kube_cr
     assert stored["metadata"]["generation"] == 1  # the spec was not written
     entries = [e for e in stored["metadata"]["managedFields"] if e.get("subresource") == "status"]
     assert [(e["manager"], e["operation"]) for e in entries] == [(COMPONENT, "Update")]
+
+
+async def test_apply_carries_characters_past_the_basic_plane_and_control_characters(kube_crd: Kube) -> None:
+    # The fuzz test's servedModelName '\x12I*\U00094dfc...': JSON's \ud8xx\udcxx pairs are no YAML escape.
+    kube = kube_crd
+    ns = await asyncio.to_thread(kube.namespace, "ssa-utf8")
+    owner = PolicyRef.from_body(await asyncio.to_thread(create_policy, kube, ns))
+    manifest = in_namespace(engine("chat-gpu-only", "chat"), ns)
+    value = "\x12I*\U00094dfc\U000919a9 llm"
+    manifest["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "SERVED", "value": value}]
+    created = await gateway(kube).apply(manifest, owner)
+    assert created["spec"]["template"]["spec"]["containers"][0]["env"] == [{"name": "SERVED", "value": value}]

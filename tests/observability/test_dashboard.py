@@ -74,6 +74,7 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
         "Rollbacks per day",
         "Reconcile cycle time",
         "Kubernetes API errors",
+        "Custom metrics",
     ):
         assert any(title.startswith(wanted) for title in titles), wanted
     annotations = {a["name"]: a for a in load_dashboard()["annotations"]["list"]}
@@ -83,9 +84,11 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
     assert all(a["useValueForTime"] for a in annotations.values())  # the value is the decision's time, in ms
 
 
+RUNNING = "sum(vllm:num_requests_running{ {{ selector }} })"
+
 FLEET = ("Policies per phase", "Rollbacks per day", "Reconcile cycle time", "Kubernetes API errors")
 """The fleet row's panels: every policy of the chosen clusters, not the chosen one."""
-PER_POLICY = ("kvoffload_policy_", "kvoffload_variant_", "kvoffload_tier_capacity_")
+PER_POLICY = ("kvoffload_policy_", "kvoffload_variant_", "kvoffload_tier_capacity_", "kvoffload_custom_metric_")
 """The operator's per-policy families: labelled policy_namespace and policy (controller/metrics.py)."""
 
 
@@ -249,7 +252,10 @@ async def test_every_panel_variable_and_annotation_query_returns_data_from_the_l
         lab.prometheus.set_target("kvoffload-operator", f"127.0.0.1:{port}", target | {"cluster": "lab"})
         url = lab.prometheus.url
         async with running_operator(lab, metrics_port=port):
-            await lab.apply(policy_doc("chat", lab))  # gpu-only -> cpu -> nvme, every duration in seconds
+            doc = policy_doc("chat", lab)  # gpu-only -> cpu -> nvme, every duration in seconds
+            # A dry-run custom metric: the custom metrics panel has something to show, and it never decides.
+            doc["spec"]["analysis"]["metrics"] = [{"name": "running", "query": RUNNING, "max": 1000, "dryRun": True}]
+            await lab.apply(doc)
             start = time.time()
             async with load_on(lab, "chat"):
                 await eventually(lambda: canary_on(lab, "chat", "nvme"), "the nvme canary Ready", 200)

@@ -95,6 +95,13 @@ Every rule is needed: tests/test_chart_rbac.py removes each verb in turn against
   verbs: ["get", "create", "patch"]
 {{- end }}
 
+{{/* Each analysis reads the KVOffloadAnalysisTemplates its policy names, one GET each (cluster-scoped). */}}
+{{- define "kvoffload.templateRules" -}}
+- apiGroups: ["kvoffload.io"]
+  resources: ["kvoffloadanalysistemplates"]
+  verbs: ["get"]
+{{- end }}
+
 {{/* kopf peering: read the peers, and patch its own keep-alive into the object's status. */}}
 {{- define "kvoffload.peeringVerbs" -}}
 verbs: ["list", "watch", "patch"]

@@ -23,6 +23,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
+from kvoffload.api.analysistemplate import CustomMetrics, TemplateRef
 from kvoffload.api.fields import (
     DnsLabel,
     Duration,
@@ -464,6 +465,15 @@ class AnalysisSpec(Model):
         description="Before it ends, canary/stable ratios and offload hit checks are reported, not gated; "
         "the absolute budgets and hard failures act at once (like Argo Rollouts' initialDelay).",
     )
+    # Custom metrics (issue 24, items 3 and 4): api/analysistemplate.py.
+    metrics: CustomMetrics = Field(
+        description="Your own PromQL gates (or, with dryRun, readings), judged beside the built-in ones."
+    )
+    templates: list[TemplateRef] = Field(
+        default_factory=list,
+        max_length=8,
+        description="KVOffloadAnalysisTemplates whose metrics judge this policy too, read at every analysis.",
+    )
 
     def warmup_seconds(self) -> float:
         """The warm-up's least duration: ``warmup.duration``, else the analysis window."""
@@ -737,6 +747,19 @@ class MetricResult(Status):
     threshold: float | None = Field(default=None, description="The bound it is held to.")
     passed: bool | None = Field(default=None, description="true pass, false breach, null not judged.")
     message: str = Field(default="", description="Why.")
+    # Custom metrics only (api/analysistemplate.py); unset on the built-in ones.
+    dry_run: bool | None = Field(default=None, description="Custom metric: true when it is shown and never decides.")
+    template: str | None = Field(
+        default=None, description="Custom metric: the KVOffloadAnalysisTemplate that judged it, as name@generation."
+    )
+    failing_since: datetime | None = Field(
+        default=None, description="Custom metric: when its current run of breaches began."
+    )
+    sustained: bool | None = Field(
+        default=None,
+        description="Custom metric: its breach has lasted its sustainedFor (a gated one then rolls back; a dry-run "
+        "one would have).",
+    )
 
 
 class AnalysisStatus(Status):

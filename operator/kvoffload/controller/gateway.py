@@ -44,6 +44,7 @@ import kubernetes.config
 import urllib3.exceptions
 from kubernetes.client.exceptions import ApiException
 
+from kvoffload.api.analysistemplate import TEMPLATE_PLURAL
 from kvoffload.api.conventions import (
     COMPONENT,
     KIND,
@@ -395,8 +396,12 @@ class KubernetesGateway:
                 self._require_owned(current, owner, kind)
                 version = current["metadata"]["resourceVersion"]
                 config = {**desired, "metadata": {**desired["metadata"], "resourceVersion": version}}
+            # As UTF-8 text: the client's own json.dumps writes a character past U+FFFF as a \ud8xx\udcxx pair,
+            # which the API server's YAML reader refuses ("invalid Unicode character escape code"; the fuzz test
+            # found it in a servedModelName).
+            text = json.dumps(config, ensure_ascii=False)
             try:
-                return await self._call("PATCH", path, body=config, query=query, content_type=APPLY_PATCH)
+                return await self._call("PATCH", path, body=text, query=query, content_type=APPLY_PATCH)
             except ApiException as exc:
                 conflicts = _field_conflicts(exc)
                 if conflicts:
@@ -587,6 +592,11 @@ class KubernetesGateway:
         if key not in data:
             raise MissingObjectError(f"Secret {namespace}/{name} has no key {key!r}")
         return base64.b64decode(data[key]).decode().strip()
+
+    async def read_analysis_template(self, name: str) -> Obj | None:
+        """A KVOffloadAnalysisTemplate (cluster-scoped) by name; None when there is none."""
+        path = resource_path(POLICY_API_VERSION, TEMPLATE_PLURAL, None, name)
+        return await self._retrying(lambda: self._get(path), f"read KVOffloadAnalysisTemplate {name}")
 
     # --- plumbing --------------------------------------------------------------------
 

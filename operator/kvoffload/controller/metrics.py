@@ -71,7 +71,16 @@ POLICY_LABELS = ("policy_namespace", "policy")
 TARGET_LABELS = frozenset({"namespace", "pod", "job", "instance", "service", "container", "endpoint", "cluster"})
 """Labels a Prometheus (or the Prometheus Operator's ServiceMonitor, or a Thanos/Mimir external label) sets on the
 operator's series itself: no series of ours may carry one."""
-API_OPERATIONS = ("list", "read_configmap", "read_secret", "apply", "scale", "delete", "patch_status")
+API_OPERATIONS = (
+    "list",
+    "read_configmap",
+    "read_secret",
+    "read_analysis_template",
+    "apply",
+    "scale",
+    "delete",
+    "patch_status",
+)
 """The ``operation`` values of ``kvoffload_api_errors_total``: the Kubernetes API calls the reconcile makes."""
 
 
@@ -101,6 +110,10 @@ class PolicySeries:
     variants: tuple[VariantSeries, ...] = ()
     tier_capacity: tuple[tuple[str, str, int], ...] = ()
     """(level, tier, tokens per pod) for every offload tier of every ladder level."""
+    custom: tuple[tuple[str, str, str, float | None, bool | None], ...] = ()
+    """Custom metrics of the latest analysis: (metric, gated or dryRun, template or "", canary value or None if
+    absent, passed). The stable value goes apart: ``custom_stable``."""
+    custom_stable: tuple[tuple[str, str, str, float], ...] = ()
 
     @classmethod
     def of(
@@ -116,12 +129,21 @@ class PolicySeries:
         newest: dict[str, tuple[str, float]] = {}
         for entry in status.history:  # oldest first: the newest of each decision wins
             newest[entry.decision] = (entry.stage, entry.time.timestamp())
+        custom = [m for m in (status.last_analysis.metrics if status.last_analysis else []) if m.dry_run is not None]
         series = cls(
             namespace=namespace,
             name=name,
             phase=status.phase.value,
             conditions=tuple((c.type, c.reason, c.status == "True") for c in status.conditions),
             last_decisions=tuple((decision, stage, when) for decision, (stage, when) in newest.items()),
+            custom=tuple(
+                (m.name, "dryRun" if m.dry_run else "gated", m.template or "", m.canary, m.passed) for m in custom
+            ),
+            custom_stable=tuple(
+                (m.name, "dryRun" if m.dry_run else "gated", m.template or "", m.stable)
+                for m in custom
+                if m.stable is not None
+            ),
         )
         if spec is None or not ladder:
             return series
@@ -221,6 +243,18 @@ class _PolicyCollector(Collector):
             "Tokens each offload tier of each ladder level holds per pod (as kvoffload plan gives them).",
             labels=[*POLICY_LABELS, "level", "tier"],
         )
+        custom_value = GaugeMetricFamily(
+            "kvoffload_custom_metric_value",
+            "Each custom metric's value at the latest analysis (spec.analysis.metrics and templates), per variant; "
+            "mode is gated or dryRun, template is name@generation or empty.",
+            labels=[*POLICY_LABELS, "metric", "variant", "mode", "template"],
+        )
+        custom_passed = GaugeMetricFamily(
+            "kvoffload_custom_metric_passed",
+            "1 when the custom metric passed at the latest analysis, 0 when it breached (a dry run only shows it); "
+            "absent when it was not judged.",
+            labels=[*POLICY_LABELS, "metric", "mode", "template"],
+        )
         for p in policies:
             who = [p.namespace, p.name]
             for value in Phase:
@@ -236,7 +270,14 @@ class _PolicyCollector(Collector):
                 pinned.add_metric([*who, v.variant, v.level], float(v.pinned_bytes_per_replica * v.replicas))
             for level, tier, tokens in p.tier_capacity:
                 capacity.add_metric([*who, level, tier], float(tokens))
-        yield from (phase, condition, deadline, decisions, variant, pinned, capacity)
+            for metric, mode, template, reading, passed in p.custom:
+                if reading is not None:
+                    custom_value.add_metric([*who, metric, "canary", mode, template], reading)
+                if passed is not None:
+                    custom_passed.add_metric([*who, metric, mode, template], 1.0 if passed else 0.0)
+            for metric, mode, template, stable_reading in p.custom_stable:
+                custom_value.add_metric([*who, metric, "stable", mode, template], stable_reading)
+        yield from (phase, condition, deadline, decisions, variant, pinned, capacity, custom_value, custom_passed)
 
 
 class SweepTimer:

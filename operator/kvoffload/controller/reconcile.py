@@ -87,6 +87,7 @@ from kvoffload.api.types import (
 )
 from kvoffload.api.versions import version_from_image
 from kvoffload.controller.bodies import plain_body, unpacked_body
+from kvoffload.controller.custommetrics import judged_with_custom
 from kvoffload.controller.gateway import (
     ApiRejectedError,
     DeploymentState,
@@ -390,7 +391,7 @@ class Controller:
             # At rest a request may wait for others to share its batch: a quarter of its interval at most, so a
             # resting policy's analyses stay about as often as it asked (the hub caps it at 2 s).
             patience = parse_duration(spec.analysis.interval) / 4 if resting else 0.0
-            measurements, token = await self._measure(target, spec, ctx.ref, ctx.now, patience=patience)
+            measurements, token, source = await self._measure(target, spec, ctx.ref, ctx.now, patience=patience)
             if fleet is not None:
                 measurements = fleet_measurements(fleet, ctx.ref.namespace, measurements)
             baseline = ctx.status.baseline if ctx.status is not None else None
@@ -404,6 +405,21 @@ class Controller:
                 comparing=subject.comparing,
                 observing=fleet is not None,
             )
+            if source is not None and (spec.analysis.metrics or spec.analysis.templates):
+                assessment = await self._api(
+                    "read_analysis_template",
+                    judged_with_custom(
+                        gateway=self.gateway,
+                        provider=self.hub.provider_for(source),
+                        spec=spec,
+                        target=target,
+                        subject=subject,
+                        assessment=assessment,
+                        previous=ctx.status.last_analysis if ctx.status is not None else None,
+                        now=ctx.now,
+                    ),
+                    ctx.ref,
+                )
             self.metrics.verdicts.labels(verdict=assessment.verdict.value).inc()
             if in_baseline and spec.rollout.preflight is not None:
                 price = restore_price(spec, prompt_tokens_for(spec.rollout.preflight, measurements.stable))
@@ -674,18 +690,19 @@ class Controller:
 
     async def _measure(
         self, target: Target, spec: KVOffloadPolicySpec, ref: PolicyRef, now: datetime, *, patience: float
-    ) -> tuple[Measurements, TokenCheck | None]:
+    ) -> tuple[Measurements, TokenCheck | None, PrometheusSource | None]:
         """This cycle's measurements, in the dialect confirmed against the series Prometheus holds, and how
         reading the bearer token went; a token that cannot be read makes them inconclusive, with the reason.
-        ``patience``: how long the request may wait for others to share its batch (``MeasurementHub.measure``)."""
+        ``patience``: how long the request may wait for others to share its batch (``MeasurementHub.measure``).
+        Also the Prometheus source asked (None when the token could not be read), for the custom metrics."""
         token, check = await self._bearer_token(spec, ref)
         if check is not None and check.problem is not None:
-            return Measurements(canary=None, stable=None, error=check.message), check
+            return Measurements(canary=None, stable=None, error=check.message), check, None
         connection = self.settings.prometheus_connection if self._token_may_go(spec) else None
         source = PrometheusSource(self.settings.prometheus_url or spec.prometheus.url, token, connection)
         present = await self.hub.present_names(source, now.timestamp())
         target = replace(target, dialect=confirm_dialect(target.dialect, present))
-        return await self.hub.measure(target, source, patience=patience), check
+        return await self.hub.measure(target, source, patience=patience), check, source
 
     async def _bearer_token(self, spec: KVOffloadPolicySpec, ref: PolicyRef) -> tuple[str | None, TokenCheck | None]:
         """The policy's own token Secret, else the operator's; (None, None) when neither is set.

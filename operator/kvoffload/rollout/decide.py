@@ -94,7 +94,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from datetime import datetime
 
-from kvoffload.analysis.assess import LIVE_CONFIG, sustained
+from kvoffload.analysis.assess import LIVE_CONFIG
+from kvoffload.analysis.custom import breach_sustained
 from kvoffload.api.conventions import (
     ABORT,
     ANALYSIS_INCONCLUSIVE,
@@ -271,10 +272,10 @@ def _failure(ctx: Ctx, mode: Mode) -> tuple[Reason, str] | None:
     if mode is Mode.STEP:
         if (hard := _hard_failure(ctx)) is not None:
             return hard
-        if sustained(ctx.evidence, ctx.spec.analysis.sustained_for, ctx.now):
+        if breach_sustained(ctx.evidence, ctx.spec.analysis.sustained_for, ctx.now):
             return Reason.ANALYSIS_FAILED, f"canary failed for {failing_for(ctx)}: {figures_text(ctx.evidence)}"
     guarded = mode is Mode.STABLE and _level_below(ctx, ctx.level(ctx.stable.level)) is not None
-    if guarded and sustained(ctx.evidence, ctx.spec.analysis.sustained_for, ctx.now):
+    if guarded and breach_sustained(ctx.evidence, ctx.spec.analysis.sustained_for, ctx.now):
         return Reason.GUARD_BREACH, f"stable fleet over budget for {failing_for(ctx)}: {figures_text(ctx.evidence)}"
     return None
 

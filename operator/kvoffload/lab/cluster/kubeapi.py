@@ -38,10 +38,13 @@ _PLURALS: dict[str, str] = {
     "PodMonitor": "podmonitors",
     "Prometheus": "prometheuses",
     "KVOffloadPolicy": "kvoffloadpolicies",
+    "KVOffloadAnalysisTemplate": "kvoffloadanalysistemplates",
     "CustomResourceDefinition": "customresourcedefinitions",
     "ValidatingWebhookConfiguration": "validatingwebhookconfigurations",
 }
-_CLUSTER_SCOPED = frozenset({"Namespace", "Node", "CustomResourceDefinition", "ValidatingWebhookConfiguration"})
+_CLUSTER_SCOPED = frozenset(
+    {"Namespace", "Node", "CustomResourceDefinition", "ValidatingWebhookConfiguration", "KVOffloadAnalysisTemplate"}
+)
 
 
 class KubeAPIError(RuntimeError):

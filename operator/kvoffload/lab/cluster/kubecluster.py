@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
-from kvoffload.api.crd import crd_manifest
+from kvoffload.api.crd import crd_manifest, template_crd_manifest
 from kvoffload.api.webhook import WEBHOOK_PATH, validating_webhook_configuration
 from kvoffload.lab import promoperator
 from kvoffload.lab.cluster.controls import EngineControls
@@ -270,7 +270,7 @@ class KubeCluster(EngineControls):
 
     async def _install_crds(self) -> None:
         api = self.api
-        crds = [crd_manifest(), *promoperator.crd_manifests()]
+        crds = [crd_manifest(), template_crd_manifest(), *promoperator.crd_manifests()]
         for crd in crds:
             await api.apply(crd)
         deadline = time.monotonic() + 60

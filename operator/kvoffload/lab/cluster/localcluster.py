@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import aiohttp
 
-from kvoffload.api.crd import crd_manifest
+from kvoffload.api.crd import crd_manifest, template_crd_manifest
 from kvoffload.lab.cluster.controls import EngineControls
 from kvoffload.lab.cluster.engines import DEFAULT_TARGET_LABELS
 from kvoffload.lab.cluster.kubeemu import KubeEmulator, Obj, serve, write_kubeconfig
@@ -143,6 +143,7 @@ class LocalCluster(EngineControls):
         for namespace in self.namespaces:
             await emulator.create_object({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
         await emulator.create_object(crd_manifest())  # registers the KVOffloadPolicy resource
+        await emulator.create_object(template_crd_manifest())  # and the cluster-scoped KVOffloadAnalysisTemplate
         write_kubeconfig(url, self.kubeconfig)
         if self.with_prometheus:
             server = PrometheusServer(self.workdir / "prometheus", scrape_interval=self.scrape_interval)

@@ -1,0 +1,92 @@
+"""Custom metric templates: the placeholders the operator fills, the escaping, and the selector check."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoffload.api.promql import (
+    SENTINEL_LABEL,
+    Selection,
+    TemplateError,
+    escape_label_value,
+    for_checking,
+    parse_matchers,
+    render,
+    selector_problems,
+    unquote,
+)
+
+GOOD = [
+    'sum(rate(vllm:request_success_total{ {{ selector }}, finished_reason="abort"}[{{ window }}]))'
+    " / sum(rate(vllm:request_success_total{ {{selector}} }[{{window}}]))",
+    "histogram_quantile(0.99, sum by (le)"
+    " (rate(vllm:e2e_request_latency_seconds_bucket{{{ selector }}}[{{ window }}])))",
+    "max_over_time(x{ {{ selector }} }[{{window}}:1s] offset 1m) > bool 3 AND ON() vector(1)",
+    "sum(x{ {{ selector }} }) without (pod) / on() group_left()"
+    ' count(label_replace(y{ {{selector}} }, "a", "$1", "b", "(.*)"))',
+    '{__name__=~"vllm:.+", {{ selector }}}',
+]
+
+ESCAPES = [
+    ("up", "the metric up"),
+    ('sum(rate(x{a="b"}[5m]))', "lacks {{ selector }}"),
+    ("x{ {{selector}} } or y", "the metric y"),
+    ('x{ {{selector}} } or on(pod) group_left(a) {__name__="z"}', "lacks {{ selector }}"),
+    ("vector(1)", "selects no series"),
+    ("x{ {{selector}} } {{ nope }}", "unknown placeholder"),
+    (f'x{{ {SENTINEL_LABEL}="1" }}', "reserved"),
+    ('x{ {{selector}} } unless Sum(other{namespace="team-b"})', "lacks {{ selector }}"),
+]
+
+
+@pytest.mark.parametrize("template", GOOD)
+def test_a_template_whose_every_selector_carries_the_placeholder_is_accepted(template: str) -> None:
+    assert selector_problems(template) == []
+
+
+@pytest.mark.parametrize(("template", "why"), ESCAPES)
+def test_a_template_that_could_read_other_series_is_refused_saying_where(template: str, why: str) -> None:
+    problems = selector_problems(template)
+    assert problems
+    assert any(why in p for p in problems), problems
+
+
+def selection(namespace: str = "llm", policy: str = "chat", extra: str | None = None) -> Selection:
+    return Selection("namespace", namespace, "kvoffload_io_policy", policy, "kvoffload_io_config_hash", "abc", extra)
+
+
+def test_the_operator_fills_in_its_own_matchers_and_the_window() -> None:
+    query = render("sum(rate(x{ {{ selector }} }[{{ window }}]))", selection(), "6s")
+    assert query == 'sum(rate(x{ namespace="llm", kvoffload_io_policy="chat", kvoffload_io_config_hash="abc" }[6s]))'
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ['a"} or vector(1) or x{b="', "x\\", "{{ window }}", "a\nb", 'ns" or on() up{job="'],
+)
+def test_names_with_quotes_braces_or_placeholders_stay_inside_their_string_literals(hostile: str) -> None:
+    query = render("x{ {{ selector }} }", selection(namespace=hostile, policy=hostile), "1m")
+    literal = escape_label_value(hostile)
+    assert query == (f'x{{ namespace={literal}, kvoffload_io_policy={literal}, kvoffload_io_config_hash="abc" }}')
+    # One pass: a value that spells a placeholder is not filled in again.
+    assert "1m" not in query
+    # The literal reads back, by PromQL's own escapes, as exactly the value: nothing of it left the string.
+    assert unquote(literal[1:-1]) == hostile
+
+
+def test_extra_matchers_are_decoded_and_written_again_not_pasted() -> None:
+    assert parse_matchers('cluster="prod", zone=~"eu-\\\\.*"') == [("cluster", "=", "prod"), ("zone", "=~", "eu-\\.*")]
+    query = render("x{ {{ selector }} }", selection(extra='cluster="a\\"b"'), "1m")
+    assert query.endswith('cluster="a\\"b" }')
+    for bad in ('cluster="a\\"', 'cluster="x\\q"', 'cluster="a"} or up{b="c"'):
+        with pytest.raises(TemplateError):
+            render("x{ {{ selector }} }", selection(extra=bad), "1m")
+
+
+def test_a_window_must_be_a_promql_duration() -> None:
+    with pytest.raises(TemplateError, match="not a PromQL duration"):
+        render("x{ {{ selector }} }", selection(), "1m] or up[1m")
+
+
+def test_the_stand_ins_make_plain_promql() -> None:
+    assert for_checking("rate(x{ {{selector}} }[{{ window }}])") == f'rate(x{{ {SENTINEL_LABEL}="1" }}[1m])'
