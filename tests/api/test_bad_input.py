@@ -78,6 +78,10 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
         {"spec.analysis.errors.maxShare", "spec.analysis.errors.maxIncrease"},
     ),
     "observe-without-selector.yaml": ({"spec.rollout"}, {"spec.rollout.observe"}),
+    "scalar-types.yaml": (
+        {"spec.replicas", "spec.rollout.autoPromote", "spec.analysis.errors.maxShare"},
+        {"spec.replicas", "spec.rollout.autoPromote", "spec.analysis.errors.maxShare"},
+    ),
     "observe-selector-widened.yaml": (
         {"spec.rollout.observe.selector.matchLabels.app"},
         {"spec.rollout.observe.selector.matchLabels.app"},
@@ -100,6 +104,7 @@ MODEL_MESSAGES = {
     "deadline-past-int32.yaml": "must be at most 720h",
     "preflight-prompt-too-long.yaml": "rollout.preflight.promptTokens must be at most model.maxModelLen",
     "observe-without-selector.yaml": "rollout.observe.selector is required when rollout.observeOnly is true",
+    "scalar-types.yaml": "must be a number, not str '4'",
 }
 
 CASES = pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -3,9 +3,20 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import functools
+import types
+from typing import Annotated, Any, Union, get_args, get_origin
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    WithJsonSchema,
+    field_validator,
+)
 from pydantic.alias_generators import to_camel
 from pydantic.config import JsonDict, JsonValue
 
@@ -156,7 +167,7 @@ DnsLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[a-z0-9]
 
 
 class Model(BaseModel):
-    """Base for every spec model: camelCase on the wire, unknown fields refused."""
+    """Base for every spec model: camelCase on the wire, unknown fields refused, JSON's scalar types kept."""
 
     model_config = ConfigDict(
         alias_generator=to_camel,
@@ -165,3 +176,31 @@ class Model(BaseModel):
         frozen=True,
         use_enum_values=False,
     )
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _scalar_type(cls, value: Any, info: ValidationInfo) -> Any:
+        # pydantic's lax mode reads true as 1, "2" as 2 and "yes" as true, where kube-apiserver refuses each
+        # against the schema's integer, number or boolean: the CLI, the webhook and the server must agree.
+        kind = _scalar_kind(cls, info.field_name) if info.field_name else None
+        if kind == "number" and isinstance(value, bool | str):
+            raise ValueError(f"must be a number, not {type(value).__name__} {value!r}")
+        if kind == "boolean" and isinstance(value, int | float | str) and not isinstance(value, bool):
+            raise ValueError(f"must be true or false, not {type(value).__name__} {value!r}")
+        return value
+
+
+@functools.cache
+def _scalar_kind(model: type[BaseModel], field: str) -> str | None:
+    """``number`` or ``boolean`` for a field of only that JSON type (``None`` allowed), else ``None``."""
+    info = model.model_fields.get(field)
+    if info is None:
+        return None
+    annotation = info.annotation
+    members = get_args(annotation) if get_origin(annotation) in (Union, types.UnionType) else (annotation,)
+    members = tuple(m for m in members if m is not type(None))
+    if members and all(m in (int, float) for m in members):
+        return "number"
+    if members == (bool,):
+        return "boolean"
+    return None
