@@ -220,12 +220,13 @@ async def test_status_goes_through_the_status_subresource_by_merge_patch(kube_cr
 
 
 async def test_apply_carries_characters_past_the_basic_plane_and_control_characters(kube_crd: Kube) -> None:
-    # The fuzz test's servedModelName '\x12I*\U00094dfc...': JSON's \ud8xx\udcxx pairs are no YAML escape.
+    # The fuzz test's servedModelNames '\x12I*\U00094dfc...' and '...\x98\x1ca...': JSON's \ud8xx\udcxx pairs are no
+    # YAML escape, YAML takes no raw C1 control or BOM, and it folds a raw NEL or line separator.
     kube = kube_crd
     ns = await asyncio.to_thread(kube.namespace, "ssa-utf8")
     owner = PolicyRef.from_body(await asyncio.to_thread(create_policy, kube, ns))
     manifest = in_namespace(engine("chat-gpu-only", "chat"), ns)
-    value = "\x12I*\U00094dfc\U000919a9 llm"
+    value = "\x12I*\U00094dfc\U000919a9\x98\x1c\ufeff\x85\u2028 llm"
     manifest["spec"]["template"]["spec"]["containers"][0]["env"] = [{"name": "SERVED", "value": value}]
     created = await gateway(kube).apply(manifest, owner)
     assert created["spec"]["template"]["spec"]["containers"][0]["env"] == [{"name": "SERVED", "value": value}]

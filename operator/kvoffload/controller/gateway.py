@@ -332,6 +332,21 @@ def parse_deployment(deployment: Mapping[str, Any]) -> DeploymentState:
     )
 
 
+# Characters a YAML string keeps as written (go-yaml's is_printable, less its line breaks NEL, LS and PS, which
+# fold): the API server reads an apply body as YAML.
+_NOT_YAML_LITERAL = re.compile(
+    "[^\t\n\r\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff]"
+)
+
+
+def apply_body(config: Mapping[str, Any]) -> str:
+    """A server-side apply body the API server's YAML reader takes: UTF-8 JSON, since JSON's ASCII form writes a
+    character past U+FFFF as a \\ud8xx\\udcxx pair, which YAML refuses, and ``\\uXXXX`` for a character YAML refuses
+    raw or folds (a C1 control, NEL, a BOM), which is always on the basic plane. Only strings hold such characters."""
+    text = json.dumps(config, ensure_ascii=False)
+    return _NOT_YAML_LITERAL.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
 class KubernetesGateway:
     """The operator's API operations. Create one per ApiClient; it is safe to share between handlers."""
 
@@ -396,10 +411,7 @@ class KubernetesGateway:
                 self._require_owned(current, owner, kind)
                 version = current["metadata"]["resourceVersion"]
                 config = {**desired, "metadata": {**desired["metadata"], "resourceVersion": version}}
-            # As UTF-8 text: the client's own json.dumps writes a character past U+FFFF as a \ud8xx\udcxx pair,
-            # which the API server's YAML reader refuses ("invalid Unicode character escape code"; the fuzz test
-            # found it in a servedModelName).
-            text = json.dumps(config, ensure_ascii=False)
+            text = apply_body(config)
             try:
                 return await self._call("PATCH", path, body=text, query=query, content_type=APPLY_PATCH)
             except ApiException as exc:
