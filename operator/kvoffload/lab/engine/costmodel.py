@@ -9,8 +9,11 @@ shipped profile (``kvoffload.economics.profile``) and the served model's curves 
   cost plus the curve's growth over the whole context, so attention over the cached part counts;
 - a restore from the CPU tier: ``Profile.restore_seconds`` at the page vLLM moves (one layer's K and V
   of one block): bytes / the bandwidth of vLLM's load path at that page size, plus the
-  host's submit cost per page and a fixed cost; plus one engine step (the decode step at batch 1)
-  that the request waits while the asynchronous load lands;
+  host's pointer fill per layer and submit cost per page, both before the copy, and a fixed cost;
+  plus one engine step (the decode step at batch 1) the request waits while its asynchronous load lands;
+- a hit (issue 25): the cached K/V read once at the class's memory bandwidth (the short query over
+  the cached context is memory-bound), and vLLM's block hashing of the prompt (the profile's host
+  time per block, paid by every request); a full hit recomputes its whole last block, as vLLM does;
 - ITL: the profile's decode curve at the batch of requests running when the request arrives
   (``itl_s`` is the batch-1 figure);
 - stores: bytes / the device-to-host batched DMA rate at the page size;
@@ -30,6 +33,8 @@ laptop Ada GPU) prices it:
   ``2 × non-embedding params`` per token plus ``4 × layers × query heads × head_dim`` per
   (query, key) pair of causal attention, the cached context included;
 - a fixed cost per request ``base_s`` (scheduling, the API server, sampling);
+- a hit's cached K/V read at ``LAPTOP_HBM_BYTES_PER_S`` and the block hashing at the H200 host's time per
+  block (borrowed, as the pinning is), both in the fit below;
 - a restore: bytes at the measured 12.6 GB/s plus ``restore_step_s``, the engine step the
   request waits for the asynchronous load.
 
@@ -37,8 +42,9 @@ Measured (seed): 12.6 GB/s. Fitted, on the 1,480-token figures only (``fit_lapto
 ``prefill_flops_per_s`` and ``base_s`` from the cold (77.3 ms) and GPU-hit (14 ms) figures,
 ``restore_step_s`` from the CPU-restore figure (35.1 ms). The 3,200-token figures (174.7 ms cold,
 18.9 ms GPU hit) are held out: ``tests/lab/test_emulator_pricing.py`` checks the prediction against
-them (cold 177.2 ms, +1.4%; GPU hit 13.7 ms, -28%, missed: nothing fitted on one prompt length
-can grow the hit with the cached length). ITL stays the seed emulator's flat 10 ms (not a seed figure).
+them (cold 178.4 ms, +2.1%; GPU hit 15.6 ms, -17.5%: the read, the hashing and the recomputed last
+block grow the hit with the cached length; before issue 25 it was 13.7 ms, -28%).
+ITL stays the seed emulator's flat 10 ms (not a seed figure).
 A model whose shape no shipped profile records is priced with Qwen3-0.6B's shape (logged).
 Tensor parallelism on the laptop divides the FLOPs and the restored bytes by ``t`` (each rank its own link).
 """
