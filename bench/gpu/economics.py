@@ -72,7 +72,7 @@ def profile_seconds(gpu_class: str, mode: str, s: dict[str, int], data: dict[str
         grow = p.prefill_seconds(model, total, mode) - p.prefill_seconds(model, cached, mode)
         compute = p.prefill_seconds(model, 1, mode) + max(0.0, grow)
     page = vllm_page_bytes(per_token, data["layers"])
-    restore = p.restore_seconds(s["cpu"] * per_token, page) if s["cpu"] else 0.0
+    restore = p.restore_seconds(s["cpu"] * per_token, page, data["layers"]) if s["cpu"] else 0.0
     return compute + restore
 
 

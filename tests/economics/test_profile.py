@@ -140,9 +140,15 @@ def test_held_out_measurements_match_the_interpolation() -> None:
     # H200 but never interpolated from: the curve and the restore model must predict them.
     errors = held_out_errors(shipped_profile(H200))
     assert len(errors) >= 15
-    worst = max(errors, key=lambda e: abs(e.relative_error))
+    prefill = [e for e in errors if e.what.startswith("prefill ")]
+    restores = [e for e in errors if e.what.startswith("restore ")]
+    assert restores
+    worst = max(prefill, key=lambda e: abs(e.relative_error))
     assert abs(worst.relative_error) < 0.10, f"{worst.what}: {worst.relative_error:+.1%}"
-    assert any(e.what.startswith("restore ") for e in errors)
+    # Issue 25 prices the submit at the median of two H200 hosts' (0.47 and 0.74 µs a page); these restores were
+    # timed on the faster one, without vLLM's pointer fill, so they now read up to +14% high.
+    worst = max(restores, key=lambda e: abs(e.relative_error))
+    assert abs(worst.relative_error) < 0.15, f"{worst.what}: {worst.relative_error:+.1%}"
 
 
 # --- reading and validating ------------------------------------------------------------------

@@ -72,13 +72,14 @@ def test_half_a_gib_cpu_tier_holds_about_4681_tokens() -> None:
     assert tier.capacity_blocks * config.block_size == 4672  # 292 whole 16-token blocks of 4,681 tokens
 
 
-def test_a_full_prefix_hit_still_computes_the_last_token() -> None:
+def test_a_full_prefix_hit_recomputes_its_whole_last_block() -> None:
+    # vLLM caps a hit at max_cache_hit_length = num_tokens - 1 in whole blocks (v1/core/kv_cache_manager.py)
     config, _, _ = parse_argv(SCENARIO)
     engine = KVEngine(config)
     whole = prompt(9, 32)  # exactly two blocks
     engine.admit(whole)
     again = engine.admit(whole)
-    assert (again.local_hit_tokens, again.computed_tokens) == (31, 1)
+    assert (again.local_hit_tokens, again.computed_tokens) == (16, 16)
 
 
 def test_a_secondary_fs_tier_serves_what_the_cpu_tier_lost() -> None:

@@ -3,8 +3,12 @@
 ``recomputeMs`` is the profile's prefill time of the whole prompt from nothing cached;
 ``restoreMs`` is what loading the prompt's KV from pinned host memory costs the way
 vLLM 0.32 moves it: one layer's K and V of one 16-token block per page, by the Triton
-zero-copy kernel below 28 KiB and by one batched DMA otherwise, with the host's submit
-cost per page and a fixed cost per restore (see ``Profile.restore_seconds``). The ratio
+zero-copy kernel below 28 KiB and by one batched DMA otherwise, with the host's pointer
+fill per layer and submit cost per page before the copy, and a fixed cost per restore
+(see ``Profile.restore_seconds``). ``prefillMode`` says which implementation the
+recompute figure stands for: ``eager`` (the default) is a PyTorch forward that launches
+every kernel from the host, ``cuda_graph`` the same forward replayed, the GPU's time
+alone; vLLM's own forward (fused kernels, graphs for small batches) lies between them. The ratio
 is recompute / restore: above 1 a CPU hit is faster than a miss.
 
 Pure: a profile and numbers in, numbers out. ``breakeven_for_model`` is the one helper
@@ -106,7 +110,7 @@ def breakeven(
         page_bytes = vllm_page_bytes(kv_bytes_per_token, curve.shape.layers)
     nbytes = prompt_tokens * kv_bytes_per_token
     if path is None:
-        restore_s = profile.restore_seconds(nbytes, page_bytes)
+        restore_s = profile.restore_seconds(nbytes, page_bytes, curve.shape.layers)
         priced: str = profile.load_path(page_bytes, math.ceil(nbytes / page_bytes))
     else:
         size = nbytes if path == "contiguous" else page_bytes

@@ -1189,6 +1189,7 @@ def build_profile(raw: dict[str, Any], gpu_class: str, command: str) -> Profile:
         "restoreChecks": [
             {k: c[k] for k in ("label", "pageBytes", "pages", "path", "seconds")} for c in raw.get("restoreChecks", [])
         ],
+        **({"hit": raw["hit"]} if "hit" in raw else {}),
         "notes": [
             "Transfer rates are GPU time between CUDA events, the host's queueing hidden behind a busy stream; "
             "restore costs add the host's submit time per page and a fixed submit-to-done cost.",

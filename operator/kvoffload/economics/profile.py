@@ -131,6 +131,23 @@ class RestoreCost:
     """Host time to submit one page descriptor, per path (pointer arrays, the driver call)."""
     zero_copy_max_page_bytes: int = VLLM_ZERO_COPY_MAX_PAGE_BYTES
     zero_copy_min_pages: int = VLLM_ZERO_COPY_MIN_PAGES
+    fill_seconds_per_layer: float = 0.0
+    """Host time of vLLM 0.32's pointer fill for one layer of one load, before the submit
+    (``gpu_worker.py`` ``_fill_direct_ops``: two numpy pointer arrays and the sizes per layer)."""
+
+
+@dataclass(frozen=True)
+class HitCost:
+    """What a prefix-cache hit costs beyond the tokens it still computes (issue 25, item 6)."""
+
+    hash_seconds_per_block: float = 0.0
+    """Host time of vLLM's block hash (sha256 of a pickle, its default) per full prompt block; every
+    request pays it for every full block when it is made, hit or not."""
+    hbm_bytes_per_second: float = 0.0
+    """The GPU's memory bandwidth: a short query over a long cached context reads every cached K/V byte
+    once (0: the class's published figure, ``PUBLISHED_SPECS``)."""
+    source: str = ""
+    """Where the figures come from."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +215,8 @@ class RestoreCheck:
     pages: int
     path: TransferPath
     seconds: float
+    layers: int = 0
+    """Layers the pages span, for the per-layer pointer fill; 0 where the check was timed without it."""
 
     @property
     def bytes(self) -> int:
@@ -222,6 +241,7 @@ class Profile:
     derivation: Derivation | None = None
     notes: tuple[str, ...] = ()
     schema_version: int = SCHEMA_VERSION
+    hit: HitCost = HitCost()
 
     # --- lookups -------------------------------------------------------------------
 
@@ -293,19 +313,43 @@ class Profile:
             return "zero_copy_12sm"
         return "batched_dma"
 
-    def restore_seconds(self, nbytes: int, page_bytes: int) -> float:
-        """Seconds to load ``nbytes`` from the CPU tier in pages of ``page_bytes``, as vLLM does.
+    def restore_seconds(self, nbytes: int, page_bytes: int, layers: int = 0) -> float:
+        """Seconds to load ``nbytes`` from the CPU tier in pages of ``page_bytes`` over ``layers`` layers, as vLLM does.
 
-        fixed cost + pages × host submit cost per page + bytes / bandwidth of the path at that page size.
+        fixed cost + layers × pointer fill per layer + pages × host submit cost per page + bytes /
+        bandwidth of the path at that page size. The terms add up: vLLM 0.32 fills every layer's
+        pointers, then submits all pages in one ``cuMemcpyBatchAsync`` whose host work ends before the
+        copy starts (``gpu_worker.py`` ``transfer_async``), and the bandwidth is the copy's own GPU time.
         """
         if nbytes < 0:
             raise ValueError("nbytes must be >= 0")
+        if layers < 0:
+            raise ValueError("layers must be >= 0")
         if nbytes == 0:
             return 0.0
         pages = math.ceil(nbytes / page_bytes)
         path = self.load_path(page_bytes, pages)
         per_page = self.restore.submit_seconds_per_page.get(path, 0.0)
-        return self.restore.fixed_seconds + pages * per_page + nbytes / self.bandwidth("h2d", path, page_bytes)
+        host = self.restore.fixed_seconds + layers * self.restore.fill_seconds_per_layer + pages * per_page
+        return host + nbytes / self.bandwidth("h2d", path, page_bytes)
+
+    @property
+    def hbm_bytes_per_second(self) -> float:
+        """The GPU's memory bandwidth: the profile's own figure, else the class's published one."""
+        if self.hit.hbm_bytes_per_second > 0:
+            return self.hit.hbm_bytes_per_second
+        spec = self.derivation.target_spec if self.derivation is not None else PUBLISHED_SPECS.get(self.gpu_class)
+        if spec is None:
+            raise ProfileError(f"profile {self.gpu_class} has no memory bandwidth (hit.hbmBytesPerSecond)")
+        return spec.hbm_bytes_per_second
+
+    def cache_read_seconds(self, nbytes: int) -> float:
+        """Seconds to read ``nbytes`` of cached K/V once at the GPU's memory bandwidth."""
+        return max(0, nbytes) / self.hbm_bytes_per_second
+
+    def hash_seconds(self, prompt_tokens: int, block_tokens: int = VLLM_BLOCK_TOKENS) -> float:
+        """Host seconds vLLM spends hashing the full blocks of a ``prompt_tokens`` prompt."""
+        return (max(0, prompt_tokens) // block_tokens) * self.hit.hash_seconds_per_block
 
     def store_seconds(self, nbytes: int, page_bytes: int) -> float:
         """Seconds to store ``nbytes`` to the CPU tier in pages of ``page_bytes`` (always batched DMA in vLLM)."""
@@ -399,11 +443,26 @@ class Profile:
                 for c in self.decode
             ],
             "restoreChecks": [
-                {"label": r.label, "pageBytes": r.page_bytes, "pages": r.pages, "path": r.path, "seconds": r.seconds}
+                {
+                    "label": r.label,
+                    "pageBytes": r.page_bytes,
+                    "pages": r.pages,
+                    "path": r.path,
+                    "seconds": r.seconds,
+                    **({"layers": r.layers} if r.layers else {}),
+                }
                 for r in self.restore_checks
             ],
             "notes": list(self.notes),
         }
+        if self.restore.fill_seconds_per_layer:
+            out["restore"]["fillSecondsPerLayer"] = self.restore.fill_seconds_per_layer
+        if self.hit != HitCost():
+            out["hit"] = {
+                "hashSecondsPerBlock": self.hit.hash_seconds_per_block,
+                "hbmBytesPerSecond": self.hit.hbm_bytes_per_second,
+                "source": self.hit.source,
+            }
         if self.derivation is not None:
             d = self.derivation
             out["derivation"] = {
@@ -587,7 +646,18 @@ def profile_from_json(data: object, origin: str = "profile") -> Profile:
         submit_seconds_per_page=per_page,
         zero_copy_max_page_bytes=rest.get_int("zeroCopyMaxPageBytes", default=VLLM_ZERO_COPY_MAX_PAGE_BYTES),
         zero_copy_min_pages=rest.get_int("zeroCopyMinPages", default=VLLM_ZERO_COPY_MIN_PAGES),
+        fill_seconds_per_layer=rest.get_num("fillSecondsPerLayer", positive=False)
+        if "fillSecondsPerLayer" in rest.value
+        else 0.0,
     )
+    hit = HitCost()
+    if "hit" in root.value:
+        h = root.get_obj("hit")
+        hit = HitCost(
+            hash_seconds_per_block=h.get_num("hashSecondsPerBlock", positive=False),
+            hbm_bytes_per_second=h.get_num("hbmBytesPerSecond", positive=False),
+            source=h.get_str("source", default=""),
+        )
     prefill: list[PrefillCurve] = []
     for o in root.get_objs("prefill"):
         s = o.get_obj("shape")
@@ -621,6 +691,7 @@ def profile_from_json(data: object, origin: str = "profile") -> Profile:
             pages=o.get_int("pages", 1),
             path=cast(TransferPath, o.get_choice("path", TRANSFER_PATHS)),
             seconds=o.get_num("seconds"),
+            layers=o.get_int("layers", 0, default=0),
         )
         for o in root.get_objs("restoreChecks", required=False)
     )
@@ -657,6 +728,7 @@ def profile_from_json(data: object, origin: str = "profile") -> Profile:
         derivation=derivation,
         notes=root.get_strs("notes"),
         schema_version=version,
+        hit=hit,
     )
 
 
@@ -875,7 +947,8 @@ def derive_estimated(base: Profile, target: GpuSpec, *, date: str, command: str)
     - prefill times by the inverse of the dense bf16 ratio (long prompts are compute-bound;
       the short ones' fixed cost is scaled too, which overstates the gain of a faster part);
     - decode ITL by the inverse of the HBM ratio (a decode step reads the weights and the KV);
-    - host costs (pinning, submit per page, the fixed restore cost) are the base host's;
+    - host costs (pinning, submit per page, the per-layer pointer fill, the fixed restore cost, block hashing)
+      are the base host's; the memory bandwidth is the target's published one;
     - a model whose weights take over 90% of the target's memory gets no curves.
     """
     if base.kind != "measured":
@@ -935,6 +1008,7 @@ def derive_estimated(base: Profile, target: GpuSpec, *, date: str, command: str)
         bidirectional_bytes_per_second=base.bidirectional_bytes_per_second * s.link,
         pinning=base.pinning,
         restore=base.restore,
+        hit=HitCost(hash_seconds_per_block=base.hit.hash_seconds_per_block, source=base.hit.source),
         prefill=prefill,
         decode=decode,
         restore_checks=(),
@@ -969,5 +1043,6 @@ def held_out_errors(profile: Profile) -> list[HeldOutError]:
             predicted = profile.prefill_seconds(c.model, p.x, c.mode)
             out.append(HeldOutError(f"prefill {c.model} ({c.mode}) {p.x} tokens", p.seconds, predicted))
     for r in profile.restore_checks:
-        out.append(HeldOutError(f"restore {r.label}", r.seconds, profile.restore_seconds(r.bytes, r.page_bytes)))
+        predicted = profile.restore_seconds(r.bytes, r.page_bytes, r.layers)
+        out.append(HeldOutError(f"restore {r.label}", r.seconds, predicted))
     return out

@@ -76,14 +76,24 @@ class KVEngine:
             rest = rest[k:]
 
         local, cpu_tok, disk_tok = n_local * bs, n_cpu * bs, n_disk * bs
-        if local + cpu_tok + disk_tok >= len(tokens) > 0:
-            # A full hit still recomputes the last token to get logits (vLLM scheduler).
-            if disk_tok:
-                disk_tok -= 1
-            elif cpu_tok:
-                cpu_tok -= 1
+        # vLLM caps a hit at max_cache_hit_length = num_tokens - 1 in whole blocks (kv_cache_manager.py 295):
+        # a full hit recomputes its whole last block to get logits, not one token.
+        over = local + cpu_tok + disk_tok - max(0, len(tokens) - 1) // bs * bs
+        for tier in ("disk", "cpu", "local"):
+            if over <= 0:
+                break
+            if tier == "disk" and disk_tok:
+                take = min(over, disk_tok)
+                disk_tok -= take
+            elif tier == "cpu" and cpu_tok:
+                take = min(over, cpu_tok)
+                cpu_tok -= take
+            elif tier == "local":
+                take = min(over, local)
+                local -= take
             else:
-                local -= 1
+                continue
+            over -= take
         computed = len(tokens) - local - cpu_tok - disk_tok
 
         self.gpu.touch(hashes[:n_local])

@@ -333,17 +333,24 @@ def run_virtual(
 ) -> list[Request]:
     """Run ``arrivals`` (time, prompt, max_tokens) through ``scheduler`` on a virtual clock; every request, finished.
 
-    ``base_s`` (default the cost model's) delays each arrival as the API server's fixed cost does.
+    ``base_s`` (default the cost model's) delays each arrival as the API server's fixed cost does; vLLM's block
+    hashing of the prompt delays it too.
     """
     delay = scheduler.cost.base_s if base_s is None else base_s
-    pending = deque(sorted(((at + delay, tokens, mt) for at, tokens, mt in arrivals), key=lambda a: a[0]))
+    cost = scheduler.cost
+    pending = deque(
+        sorted(
+            ((at + delay + cost.hash_seconds(len(tokens)), tokens, mt, at) for at, tokens, mt in arrivals),
+            key=lambda a: a[0],
+        )
+    )
     out: list[Request] = []
     now = 0.0
     while pending or not scheduler.idle:
         while pending and pending[0][0] <= now:
-            at, tokens, mt = pending.popleft()
+            at, tokens, mt, sent = pending.popleft()
             req = scheduler.submit(tokens, mt, at)
-            req.arrived = at - delay  # TTFT counts from the client's send
+            req.arrived = sent  # TTFT counts from the client's send
             out.append(req)
         step = scheduler.plan(now)
         if step is not None:

@@ -220,9 +220,10 @@ class Emulator:
             )
         stream = bool(body.get("stream", False))
 
-        # The API server's fixed cost (the laptop's fitted base_s), then the engine's shared scheduler.
-        if self.config.cost.base_s > 0:
-            await asyncio.sleep(self.config.cost.base_s)
+        # The API server's fixed cost (the laptop's fitted base_s) and vLLM's block hashing, then the shared scheduler.
+        admission = self.config.cost.admission_seconds(len(tokens))
+        if admission > 0:
+            await asyncio.sleep(admission)
         req = self.scheduler.submit(tokens, max_tokens, time.monotonic())
         req.arrived = arrived
         progress = asyncio.Event()
@@ -280,7 +281,8 @@ class Emulator:
             finished_reason="length",
             queued=(req.scheduled_at or arrived) - arrived,
         )
-        ttft_target = (self.config.cost.base_s + req.token_times[0] - req.submitted) * ttft_factor + added
+        admission = self.config.cost.admission_seconds(len(tokens))
+        ttft_target = (admission + req.token_times[0] - req.submitted) * ttft_factor + added
         itl_target = (sum(req.itls) / len(req.itls) if req.itls else 0.0) * itl_factor
         extension = {
             "modelled_ttft_s": ttft_target,

@@ -37,7 +37,7 @@ def engine_cost(
 ) -> CostModel:
     """The price list: the class's profile for ``model``, or the seed's laptop without a class."""
     if gpu_class is None:
-        return laptop_cost(model, tensor_parallel_size)
+        return dataclasses.replace(laptop_cost(model, tensor_parallel_size), kv_bytes_per_token=kv_bytes_per_token)
     try:
         return class_cost(
             gpu_class,
