@@ -32,6 +32,7 @@ from kvoffload.economics.profile import (
     shipped_profile_names,
 )
 from kvoffload.policy.catalog import GPU_CLASSES
+from tests.support.paths import ROOT
 
 H200 = "nvidia-h200-141gb"
 KIB = 1024
@@ -145,8 +146,16 @@ def test_held_out_measurements_match_the_interpolation() -> None:
     assert restores
     worst = max(prefill, key=lambda e: abs(e.relative_error))
     assert abs(worst.relative_error) < 0.10, f"{worst.what}: {worst.relative_error:+.1%}"
-    # Issue 25 prices the submit at the median of two H200 hosts' (0.47 and 0.74 µs a page); these restores were
-    # timed on the faster one, without vLLM's pointer fill, so they now read up to +14% high.
+    # The shipped profile prices the submit at the median of three H200 hosts' (0.47, 0.74 and 0.72 µs a page,
+    # issue 25); these restores were timed on the first, the fastest, and read up to +24% high at the median
+    # (5,152 pages at 0.25 µs more each). The restore model is judged here with that host's own submit cost.
+    raw = json.loads((ROOT / "bench/calibration/nvidia-h200-141gb.raw.json").read_text())
+    own = dataclasses.replace(
+        shipped_profile(H200).restore,
+        submit_seconds_per_page=raw["restoreAsMeasured"]["submitSecondsPerPage"],
+    )
+    on_its_host = dataclasses.replace(shipped_profile(H200), restore=own)
+    restores = [e for e in held_out_errors(on_its_host) if e.what.startswith("restore ")]
     worst = max(restores, key=lambda e: abs(e.relative_error))
     assert abs(worst.relative_error) < 0.15, f"{worst.what}: {worst.relative_error:+.1%}"
 

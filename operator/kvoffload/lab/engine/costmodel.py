@@ -42,7 +42,7 @@ Measured (seed): 12.6 GB/s. Fitted, on the 1,480-token figures only (``fit_lapto
 ``prefill_flops_per_s`` and ``base_s`` from the cold (77.3 ms) and GPU-hit (14 ms) figures,
 ``restore_step_s`` from the CPU-restore figure (35.1 ms). The 3,200-token figures (174.7 ms cold,
 18.9 ms GPU hit) are held out: ``tests/lab/test_emulator_pricing.py`` checks the prediction against
-them (cold 178.4 ms, +2.1%; GPU hit 15.6 ms, -17.5%: the read, the hashing and the recomputed last
+them (cold 178.5 ms, +2.2%; GPU hit 15.7 ms, -17.0%: the read, the hashing and the recomputed last
 block grow the hit with the cached length; before issue 25 it was 13.7 ms, -28%).
 ITL stays the seed emulator's flat 10 ms (not a seed figure).
 A model whose shape no shipped profile records is priced with Qwen3-0.6B's shape (logged).
