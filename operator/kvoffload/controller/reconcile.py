@@ -470,18 +470,7 @@ class Controller:
         pods = await self._api("list_pods", self.gateway.list_pods(ctx.ref.namespace, selector), ctx.ref)
         return FleetObservation(
             selector,
-            tuple(
-                PodObservation(
-                    name=p.name,
-                    ready=p.ready,
-                    restarts=p.restarts,
-                    oom_killed=p.oom_killed,
-                    crash_looping=p.crash_looping,
-                    unschedulable=p.unschedulable,
-                )
-                for p in pods
-                if not p.terminating
-            ),
+            tuple(_pod_observation(p, config_hash=None) for p in pods if not p.terminating),
         )
 
     def _defer_children(self, uid: str, key: str) -> None:
@@ -882,19 +871,24 @@ def _observe_roles(
     return role(status.stable), role(status.canary), tuple(retiring)
 
 
+def _pod_observation(p: PodState, config_hash: str | None) -> PodObservation:
+    """What decide() sees of a pod; ``config_hash`` None where the operator did not render it (a fleet observed)."""
+    return PodObservation(
+        name=p.name,
+        ready=p.ready,
+        restarts=p.restarts,
+        oom_killed=p.oom_killed,
+        crash_looping=p.crash_looping,
+        config_hash=config_hash,
+        unschedulable=p.unschedulable,
+    )
+
+
 def _observe(owned: OwnedWorkloads, deployment: DeploymentState) -> VariantObservation:
     """One level's Deployment and its live pods; ready counts only pods on the Deployment's config."""
     current = deployment.labels.get(LABEL_CONFIG_HASH)
     pods = tuple(
-        PodObservation(
-            name=p.name,
-            ready=p.ready,
-            restarts=p.restarts,
-            oom_killed=p.oom_killed,
-            crash_looping=p.crash_looping,
-            config_hash=p.config_hash,
-            unschedulable=p.unschedulable,
-        )
+        _pod_observation(p, config_hash=p.config_hash)
         for p in owned.pods
         if _belongs(p, deployment) and not p.terminating
     )
