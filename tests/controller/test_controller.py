@@ -341,6 +341,78 @@ async def test_an_oom_killed_canary_rolls_back_on_the_next_reconcile(
     assert policy_body(kube)["spec"] == spec_before
 
 
+class SwitchedProvider(CraftedProvider):
+    """Crafted figures whose canary side the test sets (``canary``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.canary = HEALTHY
+
+    def measure(self, targets: Sequence[Target]) -> dict[PolicyKey, Measurements]:
+        self.calls.append(list(targets))
+        return {
+            t.key: Measurements(canary=self.canary if t.canary_hash is not None else None, stable=HEALTHY)
+            for t in targets
+        }
+
+
+SLOW_CANARY = VariantSample(**{**HEALTHY.__dict__, "ttft_p99": 2.0})  # over the 500 ms TTFT budget
+
+
+async def _failing_until_due(kube: EmulatedCluster, clock: Clock) -> tuple[Controller, SwitchedProvider]:
+    """A Ready canary failing from a cycle on, judged 1 s later and again 1.8 s after that; ``sustainedFor`` (3 s)
+    is then due 0.2 s on, which the last plan asks to come back for."""
+    provider = SwitchedProvider()
+    controller = new_controller(kube, provider, clock)
+    await create_policy(kube)
+    await controller.reconcile(policy_body(kube))
+    await run_pods(kube, "chat-gpu-only", 4)
+    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-cpu") is not None)
+    await run_pods(kube, "chat-cpu", 1)
+    provider.canary = SLOW_CANARY
+    plan = None
+    for step in (1.0, 1.0, 1.8):
+        clock.advance(step)
+        plan = await controller.reconcile(policy_body(kube))
+    status = status_of(kube)
+    assert status["phase"] == "Canary"
+    assert status["lastAnalysis"]["consecutiveFailures"] == 3
+    assert plan is not None
+    assert plan.requeue_after == pytest.approx(0.2)
+    return controller, provider
+
+
+async def test_the_cycle_a_breach_falls_due_at_judges_afresh_and_rolls_back(
+    kube: EmulatedCluster, clock: Clock
+) -> None:
+    controller, provider = await _failing_until_due(kube, clock)
+    asked = len(provider.calls)
+
+    clock.advance(0.2)  # within half an interval of the last verdict, which alone would not measure
+    await controller.reconcile(policy_body(kube))
+
+    assert len(provider.calls) == asked + 1
+    status = status_of(kube)
+    assert status["phase"] == "RolledBack"
+    assert status["lastAnalysis"]["consecutiveFailures"] == 4
+    assert deployment(kube, "chat-cpu") is None
+
+
+async def test_a_breach_that_ended_by_the_time_it_fell_due_does_not_roll_back(
+    kube: EmulatedCluster, clock: Clock
+) -> None:
+    controller, provider = await _failing_until_due(kube, clock)
+    provider.canary = HEALTHY
+
+    clock.advance(0.2)
+    await controller.reconcile(policy_body(kube))
+
+    status = status_of(kube)
+    assert status["phase"] == "Canary"  # judged afresh: not rolled back on the verdict from 0.2 s before
+    assert status["lastAnalysis"]["verdict"] == "Pass"
+    assert deployment(kube, "chat-cpu") is not None
+
+
 async def test_an_invalid_spec_goes_invalid_with_the_field_path_and_leaves_deployments_alone(
     kube: EmulatedCluster, controller: Controller, clock: Clock
 ) -> None:

@@ -125,3 +125,62 @@ async def test_first_cycles_wait_for_the_engines_first_lists() -> None:
     controller.listed.set()
     await wait_for(lambda: len(controller.seen) == 5, "every policy's first cycle")
     await runtime.stop()
+
+
+class TimedController:
+    """Stands in for the Controller: each cycle takes ``takes`` seconds and its plan asks to come back after
+    ``requeue`` (None: not at all); records when each cycle began and ended (loop time)."""
+
+    def __init__(self, takes: float, requeue: float | None) -> None:
+        self.takes, self.requeue = takes, requeue
+        self.began: list[float] = []
+        self.ended: list[float] = []
+
+    async def reconcile(self, body: Mapping[str, Any] | bytes) -> Plan:
+        loop = asyncio.get_running_loop()
+        self.began.append(loop.time())
+        await asyncio.sleep(self.takes)
+        self.ended.append(loop.time())
+        return cast(Plan, SimpleNamespace(requeue_after=self.requeue))
+
+    async def synced(self, namespace: str) -> None:
+        return None
+
+    def forget(self, uid: str) -> None:
+        return None
+
+
+async def _cycles(controller: TimedController, interval: str, count: int) -> list[float]:
+    """Run one policy's loop for ``count`` cycles; the gaps between their starts."""
+    runtime = PolicyRuntime(lambda: cast(Controller, controller), LoopSettings(), OperatorMetrics())
+    await runtime.start()
+    policy = body("timed")
+    policy["spec"]["analysis"]["interval"] = interval
+    runtime.noticed(policy)
+    await wait_for(lambda: len(controller.began) >= count, f"{count} cycles", timeout=20)
+    await runtime.stop()
+    return [b - a for a, b in zip(controller.began, controller.began[1:], strict=False)][: count - 1]
+
+
+async def test_analyses_come_every_interval_from_cycle_start_to_cycle_start_not_an_interval_after_each_ends() -> None:
+    gaps = await _cycles(TimedController(takes=0.4, requeue=None), "1s", 3)
+    assert all(0.99 <= gap < 1.25 for gap in gaps), gaps  # not 1.4 s: the cycle's own time is not added
+
+
+async def test_a_plans_requeue_counts_from_the_cycles_start_even_within_the_min_gap_of_its_end() -> None:
+    # The plan says the next decision is due 0.3 s after this one began (a breach sustained then): the loop comes back
+    # then, though that is within MIN_GAP (0.5 s) of the cycle's end (0.2 s in), and not 0.3 s after its end.
+    gaps = await _cycles(TimedController(takes=0.2, requeue=0.3), "1h", 3)
+    assert all(0.3 <= gap < 0.5 for gap in gaps), gaps  # 0.7 s before: MIN_GAP after the end
+
+
+async def test_a_requeue_later_than_the_interval_waits_only_the_interval() -> None:
+    gaps = await _cycles(TimedController(takes=0.05, requeue=5.0), "1s", 2)
+    assert all(0.99 <= gap < 1.25 for gap in gaps), gaps
+
+
+async def test_a_requeue_of_zero_never_spins_the_loop() -> None:
+    controller = TimedController(takes=0.05, requeue=0.0)
+    await _cycles(controller, "1h", 4)
+    rests = [b - e for e, b in zip(controller.ended, controller.began[1:], strict=False)]
+    assert all(rest >= LoopSettings().min_interval - 0.01 for rest in rests), rests

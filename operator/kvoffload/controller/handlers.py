@@ -1,8 +1,9 @@
 """The kopf wiring: when to reconcile a policy. The cycle itself is ``Controller.reconcile``.
 
 - A loop per policy: reconcile (at once when it starts: a new policy or an operator restart),
-  then wait ``spec.analysis.interval``, or less when the plan says a decision falls due sooner,
-  or until the policy's input changes. It survives every error: it logs, counts and backs off,
+  then wait until ``spec.analysis.interval`` after that cycle began, or less when the plan says a
+  decision falls due sooner (a step ends, a Fail run reaches ``sustainedFor``), or until the
+  policy's input changes. It survives every error: it logs, counts and backs off,
   so one bad policy never stops the operator. It ends when the policy is deleted; Kubernetes'
   garbage collector removes the children through their ownerReferences.
 - An ``on.event`` handler keeps each policy's newest body, packed (``controller/bodies.py``), and
@@ -82,6 +83,10 @@ window (0.1 s), for which it holds each object's first event back, and than a pa
 of the engines is decoded."""
 FIRST_CYCLE_WAIT = 5.0
 """The longest a new loop's first cycle waits for policies to stop arriving."""
+REQUEUE_SLACK = 0.01
+"""Seconds added to a plan's ``requeue_after``. It counts from the cycle's ``now``, which the cycle reads just after
+the loop stamps the cycle's start; woken that much early, a cycle would find what it came for (a step's end, a
+breach sustained) not yet due."""
 
 ControllerFactory = Callable[[], Controller | Awaitable[Controller]]
 
@@ -118,8 +123,11 @@ class _Slot:
     """The loop, where the runtime owns it (``PolicyRuntime.owns_loops``)."""
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wake: asyncio.Event = field(default_factory=asyncio.Event)
+    last_start: float | None = None
+    """When the last cycle began (``time.monotonic``): the next analysis is due ``interval`` after it."""
     last_done: float | None = None
-    requeue_after: float | None = None
+    requeue_at: float | None = None
+    """When the last cycle's plan wants the next (``time.monotonic``), if it asked."""
     seen_input: tuple[object, ...] | None = None
     """The generation and annotations last noticed (``PolicyRuntime.noticed``)."""
     changed: bool = False
@@ -192,12 +200,14 @@ class PolicyRuntime:
         slot = self.slot(uid)
         async with slot.lock:
             self.metrics.sweeps.started()
+            slot.last_start = started = time.monotonic()
             try:
                 plan = await self.controller.reconcile(body)
             finally:
                 slot.last_done = time.monotonic()
                 self.metrics.sweeps.finished(uid, self._slots.keys())
-        slot.requeue_after = plan.requeue_after
+        requeue = plan.requeue_after
+        slot.requeue_at = None if requeue is None else started + max(0.0, requeue) + REQUEUE_SLACK
         slot.failures, slot.retry_after = 0, None
         return plan
 
@@ -242,8 +252,10 @@ class PolicyRuntime:
         try:
             while not stopping.done():
                 changed, slot.changed = slot.changed, False
-                recent = slot.last_done is not None and time.monotonic() - slot.last_done < MIN_GAP
-                if changed or not recent:
+                now = time.monotonic()
+                recent = slot.last_done is not None and now - slot.last_done < MIN_GAP
+                asked = slot.requeue_at is not None and now >= slot.requeue_at and not slot.failures
+                if changed or asked or not recent:
                     if slot.last_done is None:
                         await self._arrivals_quiet()
                     if self.controller is not None:  # as controller-runtime's workers wait for their caches' sync
@@ -284,15 +296,17 @@ class PolicyRuntime:
             )
 
     def _delay(self, slot: _Slot) -> float:
-        """The analysis interval of the newest body; sooner when the plan or a retry wants it."""
-        delay = slot.interval
-        if slot.requeue_after is not None:
-            delay = min(delay, slot.requeue_after)
+        """Until the analysis interval of the newest body has passed since the last cycle began (so analyses come
+        every ``interval``, not every ``interval`` plus a cycle), or until the plan's requeue if that is sooner; a
+        retry's delay, after a failed cycle, from its end. Never under ``min_interval``: no loop spins."""
+        now = time.monotonic()
         if slot.failures and slot.retry_after is not None:
-            delay = slot.retry_after
-        if slot.last_done is not None:  # count from the last cycle
-            delay -= time.monotonic() - slot.last_done
-        return min(self.loop.max_interval, max(self.loop.min_interval, delay))
+            wake = (slot.last_done if slot.last_done is not None else now) + slot.retry_after
+        else:
+            wake = (slot.last_start if slot.last_start is not None else now) + slot.interval
+            if slot.requeue_at is not None:
+                wake = min(wake, slot.requeue_at)
+        return min(self.loop.max_interval, max(self.loop.min_interval, wake - now))
 
 
 @dataclass(frozen=True)

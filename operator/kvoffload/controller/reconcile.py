@@ -55,7 +55,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
@@ -84,6 +84,7 @@ from kvoffload.api.types import (
     KVOffloadPolicyStatus,
     Mode,
     VariantStatus,
+    Verdict,
 )
 from kvoffload.api.versions import version_from_image
 from kvoffload.controller.bodies import plain_body, unpacked_body
@@ -518,7 +519,15 @@ class Controller:
         if last is None:
             return True
         interval = parse_duration(policy.spec.analysis.interval)
-        return (ctx.now - last.time).total_seconds() >= self.settings.analysis_due_fraction * interval
+        if (ctx.now - last.time).total_seconds() >= self.settings.analysis_due_fraction * interval:
+            return True
+        # The cycle a Fail run's sustainedFor brings (the plan's requeue_after) judges afresh, however soon after the
+        # last verdict: a rollback stands on a verdict of the moment the breach fell due, not on an older one.
+        since = last.failing_since
+        if last.verdict is not Verdict.FAIL or since is None:
+            return False
+        due = since + timedelta(seconds=parse_duration(policy.spec.analysis.sustained_for))
+        return last.time < due <= ctx.now
 
     # --- applying --------------------------------------------------------------------------
 

@@ -129,6 +129,11 @@ def stage_at(level: Level, step: int, now: datetime) -> StageStatus:
     return StageStatus(index=level.index, name=level.name, tiers=level.tiers, step=step, started_at=now)
 
 
+def level_below(ctx: Ctx, level: Level) -> Level | None:
+    """The level the guard falls back to: the next lower one that may hold the whole fleet."""
+    return next((lv for lv in reversed(ctx.ladder[: level.index]) if not lv.canary_only), None)
+
+
 def ready_of(seen: VariantObservation, config_hash: str) -> int:
     """Ready replicas running ``config_hash``; a Deployment still on another config counts none."""
     return seen.ready_replicas if seen.exists and seen.config_hash == config_hash else 0

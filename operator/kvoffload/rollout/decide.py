@@ -124,6 +124,7 @@ from kvoffload.rollout.context import (
     Outcome,
     annotation_changed,
     inconclusive_count,
+    level_below,
     plan_of,
     preflight_due,
     ready_of,
@@ -274,7 +275,7 @@ def _failure(ctx: Ctx, mode: Mode) -> tuple[Reason, str] | None:
             return hard
         if breach_sustained(ctx.evidence, ctx.spec.analysis.sustained_for, ctx.now):
             return Reason.ANALYSIS_FAILED, f"canary failed for {failing_for(ctx)}: {figures_text(ctx.evidence)}"
-    guarded = mode is Mode.STABLE and _level_below(ctx, ctx.level(ctx.stable.level)) is not None
+    guarded = mode is Mode.STABLE and level_below(ctx, ctx.level(ctx.stable.level)) is not None
     if guarded and breach_sustained(ctx.evidence, ctx.spec.analysis.sustained_for, ctx.now):
         return Reason.GUARD_BREACH, f"stable fleet over budget for {failing_for(ctx)}: {figures_text(ctx.evidence)}"
     return None
@@ -579,7 +580,7 @@ def _roll_back(ctx: Ctx, mode: Mode, reason: Reason, why: str) -> Outcome:
     """The canary goes; the stable level stays exactly (the guard: the fleet drops a level)."""
     if mode is Mode.STABLE:
         current = ctx.level(ctx.stable.level)
-        below = _level_below(ctx, current)
+        below = level_below(ctx, current)
         assert below is not None  # _failure checks it
         landing = below
         target = VariantPlan(below.index, ctx.spec.replicas, ctx.hash_of(below))
@@ -737,11 +738,6 @@ def _map_level(ctx: Ctx) -> Level:
         if name in by_name:
             return by_name[name]
     return ctx.ladder[0]
-
-
-def _level_below(ctx: Ctx, level: Level) -> Level | None:
-    """The level the guard falls back to: the next lower one that may hold the whole fleet."""
-    return next((lv for lv in reversed(ctx.ladder[: level.index]) if not lv.canary_only), None)
 
 
 def _resting_reason(ctx: Ctx, mode: Mode) -> Reason:

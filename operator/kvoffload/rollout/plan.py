@@ -64,7 +64,8 @@ class Plan:
     variants: Variants | None
     events: tuple[Event, ...] = ()
     requeue_after: float | None = None
-    """Seconds until the next decision is due (a step ends, another annotation waits), if useful."""
+    """Seconds after the decision's ``now`` until the next decision is due (a step ends, another annotation waits, an
+    open Fail run reaches ``sustainedFor``), if useful; always more than zero."""
 
 
 @dataclass(frozen=True)

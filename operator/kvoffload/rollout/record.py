@@ -35,10 +35,19 @@ from kvoffload.api.types import (
     PreflightStatus,
     RetiringStatus,
     VariantStatus,
+    Verdict,
 )
 from kvoffload.policy.ladder import Level
 from kvoffload.rollout import conditions as cond
-from kvoffload.rollout.context import Ctx, Outcome, annotation_changed, preflight_due, ready_of, spec_digest
+from kvoffload.rollout.context import (
+    Ctx,
+    Outcome,
+    annotation_changed,
+    level_below,
+    preflight_due,
+    ready_of,
+    spec_digest,
+)
 from kvoffload.rollout.observations import VariantObservation
 from kvoffload.rollout.observe import observe_message, observe_status, observing_condition
 from kvoffload.rollout.pace import capacity_dip, observed_variant, pace
@@ -234,8 +243,16 @@ def _offload_will_not_pay(
 
 
 def _requeue_after(ctx: Ctx, o: Outcome, seen: Mapping[str, str], paused: bool) -> float | None:
+    """Seconds after ``ctx.now`` when the next decision falls due, if sooner than never: the loop comes back at the
+    earlier of this and its ``analysis.interval``."""
     if any(annotation_changed(ctx.obs.annotations, seen, key) for key in MANUAL_ANNOTATIONS):
         return PENDING_REQUEUE_SECONDS
+    due = [left for left in (_stage_left(ctx, o, paused), breach_left(ctx, o)) if left is not None]
+    return min(due) if due else None
+
+
+def _stage_left(ctx: Ctx, o: Outcome, paused: bool) -> float | None:
+    """Seconds until the running baseline or step ends."""
     if paused or o.inconclusive or o.stage.started_at is None:
         return None
     if o.mode is Mode.BASELINE:
@@ -245,6 +262,32 @@ def _requeue_after(ctx: Ctx, o: Outcome, seen: Mapping[str, str], paused: bool) 
     else:
         return None
     left = duration - (ctx.now - o.stage.started_at).total_seconds()
+    return left if left > 0 else None
+
+
+def breach_left(ctx: Ctx, o: Outcome) -> float | None:
+    """Seconds until the open Fail run has lasted ``sustainedFor`` (``failingSince + sustainedFor - now``), where a
+    sustained breach would roll back what ``o`` keeps running: a canary step, or the stable guard at the top.
+
+    The cycle at that instant can decide the rollback, rather than the first one after it that the analysis
+    interval brings (up to an interval later). A pause does not stop a rollback, so it does not stop this either.
+    None when no Fail run is open, when the run began before the stage (a streak never spans a step start, so it
+    ends with this cycle's new stage), or when the time is already up (the next verdict decides: ``sustained()``
+    also needs two Fail verdicts), so never zero or negative.
+    """
+    evidence = ctx.evidence
+    if evidence is None or evidence.verdict is not Verdict.FAIL or evidence.failing_since is None:
+        return None
+    if o.mode is Mode.STABLE:
+        if level_below(ctx, ctx.level(o.stable.level)) is None:
+            return None  # no level below: the guard has nowhere to roll the fleet to
+    elif o.mode is not Mode.STEP:
+        return None
+    started = o.stage.started_at
+    if started is not None and evidence.failing_since <= started:
+        return None
+    elapsed = (ctx.now - evidence.failing_since).total_seconds()
+    left = parse_duration(ctx.spec.analysis.sustained_for) - elapsed
     return left if left > 0 else None
 
 
