@@ -104,9 +104,11 @@ class Outcome:
 
 def spec_digest(spec: KVOffloadPolicySpec) -> str:
     """A digest of everything in the spec but ``replicas`` (what /scale changes) and ``notifications`` (who is
-    told, which changes no engine: a new sink must not start a new ladder)."""
+    told, which changes no engine: a new sink must not start a new ladder). Fields at their defaults are left
+    out, so a field a later release adds does not change the digest of a spec that does not set it."""
     text = json.dumps(
-        spec.model_dump(mode="json", by_alias=True, exclude={"replicas", "notifications"}), sort_keys=True
+        spec.model_dump(mode="json", by_alias=True, exclude={"replicas", "notifications"}, exclude_defaults=True),
+        sort_keys=True,
     )
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
