@@ -125,6 +125,51 @@ def test_each_line_names_the_phase_level_step_and_reason(capture: str, expected:
     assert expected in line
 
 
+def observe_only_stable_policy() -> dict[str, Any]:
+    """A policy whose status decide() wrote when an observe-only climb reached the top: Stable, nothing applied."""
+    from tests.rollout.test_observe import Fleet, observe_spec
+
+    fleet = Fleet(observe_spec())
+    fleet.run(240)
+    assert fleet.status is not None
+    assert fleet.status.phase is Phase.STABLE
+    return {
+        "metadata": {"name": "watched", "namespace": "llm", "generation": fleet.generation},
+        "spec": fleet.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "status": fleet.status.model_dump(mode="json", by_alias=True, exclude_none=True),
+    }
+
+
+def test_an_observe_only_policy_at_stable_ends_with_0_and_says_nothing_was_applied() -> None:
+    state = watch.progress(observe_only_stable_policy())
+    assert (state.phase, state.observe_only) == ("Stable", True)
+    assert watch.outcome(state) == EXIT_OK  # Stable is where an observe-only climb ends: 0, documented
+    assert "(observe-only: nothing was applied)" in state.line(NOW)
+    assert json.loads(state.json_line(NOW))["observeOnly"] is True
+    last = watch.final_line(state, EXIT_OK, "kvoffload")
+    assert last.startswith("kvoffload status: llm/watched is Stable (observe-only: nothing was applied): ")
+    assert "no pod runs its top level" in last
+    assert "the top level runs on every replica" not in last
+    assert last.endswith("(exit 0)")
+
+
+def test_an_applied_policy_at_stable_says_its_top_level_runs() -> None:
+    state = watch.progress(load("stable"))
+    assert not state.observe_only
+    assert "observe-only" not in state.line(NOW)
+    assert json.loads(state.json_line(NOW))["observeOnly"] is False
+    assert watch.final_line(state, EXIT_OK, "kvoffload") == (
+        "kvoffload status: default/climb is Stable: the top level runs on every replica (exit 0)"
+    )
+
+
+def test_the_help_tells_that_an_observe_only_policy_ends_stable_with_0() -> None:
+    result = CliRunner().invoke(main, ["status", "--help"])
+    assert result.exit_code == 0
+    assert "observe-only" in result.output
+    assert "nothing was applied" in result.output
+
+
 def test_a_new_message_alone_prints_no_new_line_but_a_new_step_does() -> None:
     before = load("canary")
     later = load("canary")

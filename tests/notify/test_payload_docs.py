@@ -34,6 +34,7 @@ def notice_of(example: dict[str, Any]) -> Notice:
         step=example["step"],
         stable=example["stable"],
         canary=example["canary"],
+        observe_only=example["observeOnly"],
     )
 
 

@@ -246,3 +246,81 @@ def test_a_stopping_notifier_gives_all_its_sinks_one_grace_together(tally: Tally
     # One grace each, one after the other, would take 4 s: the bound tells the two apart, not a speed.
     assert took < 2.5, f"the sinks were waited for one grace each: {took:.1f}s"
     assert sum(tally.results[(f"s{i}", Result.DROPPED)] for i in range(4)) == 4
+
+
+# --- receivers that answer badly -----------------------------------------------------------------------------
+
+
+def _writes(data: bytes) -> Any:
+    def answer(out: Any) -> None:
+        out.write(data)
+        out.flush()
+
+    return answer
+
+
+def _trickles(head: bytes, body_bytes: int, every: float) -> Any:
+    """A 2xx whose body comes a byte at a time, each well within the socket's timeout."""
+
+    def answer(out: Any) -> None:
+        out.write(head)
+        out.flush()
+        for _ in range(body_bytes):
+            time.sleep(every)
+            out.write(b"x")
+            out.flush()
+
+    return answer
+
+
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"THIS IS NOT HTTP\r\n\r\n",  # http.client.BadStatusLine
+        b"HTTP/1.1 2OO OK\r\nContent-Length: 0\r\n\r\n",  # a status that is no number: BadStatusLine too
+        b"HTTP/1.1 200 OK\r\n" + b"X-Long: " + b"a" * 70000 + b"\r\n\r\n",  # http.client.LineTooLong
+    ],
+    ids=["not-http", "bad-status", "line-too-long"],
+)
+def test_a_receiver_answering_garbage_is_retried_as_a_transient_fault(tally: Tally, garbage: bytes) -> None:
+    with Receiver(script=[_writes(garbage)]) as receiver:
+        team = sink(receiver.url, tally, maxAttempts=3)
+        team.put(delivery(1))
+        tally.wait("team", Result.DELIVERED)
+        team.close(1.0)
+    assert receiver.arrived == 2
+    assert receiver.bodies == [{"n": 1}]
+    assert tally.retries["team"] == 1
+    assert tally.results == Counter({("team", Result.DELIVERED): 1})
+
+
+@pytest.mark.parametrize("value", [b"\xb2", b"\xb9\xb2\xb3", b"  \xb2 ", b"soon", b"-5"])
+def test_a_retry_after_that_is_no_number_nor_date_falls_back_to_the_backoff(tally: Tally, value: bytes) -> None:
+    # Byte 0xB2 reads as "²" (headers are Latin-1): "²".isdigit() is True, and float("²") raises.
+    answer = b"HTTP/1.1 503 Service Unavailable\r\nRetry-After: " + value + b"\r\nContent-Length: 0\r\n\r\n"
+    with Receiver(script=[_writes(answer)]) as receiver:
+        team = sink(receiver.url, tally, maxAttempts=3)
+        team.put(delivery(1))
+        tally.wait("team", Result.DELIVERED)
+        team.close(1.0)
+    assert receiver.arrived == 2
+    assert tally.retries["team"] == 1
+    assert tally.results == Counter({("team", Result.DELIVERED): 1})
+
+
+def test_a_receiver_trickling_its_answer_holds_the_sink_no_longer_than_the_timeout(tally: Tally) -> None:
+    head = b"HTTP/1.1 200 OK\r\nContent-Length: 1000\r\n\r\n"
+    with Receiver(script=[_trickles(head, 1000, 0.05)]) as receiver:
+        team = sink(receiver.url, tally, timeoutSeconds=0.5)
+        began = time.monotonic()
+        team.put(delivery(1))
+        team.put(delivery(2))
+        tally.wait("team", Result.DELIVERED, count=2, timeout=10)
+        took = time.monotonic() - began
+        team.close(1.0)
+    # The 2xx was the delivery; the trickled body (50 s of it) was let go at the attempt's deadline.
+    assert took < 3.0, took
+    assert receiver.arrived == 2
+    assert receiver.bodies == [{"n": 2}]
+    assert tally.retries["team"] == 0
+    assert tally.results == Counter({("team", Result.DELIVERED): 2})

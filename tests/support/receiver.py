@@ -1,17 +1,19 @@
 """A real webhook receiver: ``http.server`` on 127.0.0.1 in a thread of its own, recording each POSTed JSON body.
 
-It can answer with another status, hold its first requests until released (a slow receiver), and start on a
-port chosen before (a receiver that was down and comes up). ``free_port()`` gives a port where nothing listens:
+It can answer with another status, hold its first requests until released (a slow receiver), answer its first
+requests with what a script writes to the socket (garbage, a trickle), and start on a port chosen before (a
+receiver that was down and comes up). ``free_port()`` gives a port where nothing listens:
 a connection there is refused.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -26,8 +28,17 @@ def free_port() -> int:
 class Receiver:
     """``with Receiver() as r:`` serves at ``r.url``; ``r.wait_for(n)`` returns the first ``n`` bodies."""
 
-    def __init__(self, port: int = 0, status: int = 200, hold_first: int = 0) -> None:
+    def __init__(
+        self,
+        port: int = 0,
+        status: int = 200,
+        hold_first: int = 0,
+        script: list[Callable[[Any], None]] | None = None,
+    ) -> None:
         self.port = port
+        self.script = list(script or [])
+        """Each of the first requests is answered by the next of these, called with the socket's writer: raw
+        bytes of the test's choosing. The request is counted in ``arrived``, and its body is not recorded."""
         self.status = status
         self.hold_first = hold_first
         """So many requests are held (no answer) until :meth:`release`: a receiver slower than the timeout."""
@@ -54,9 +65,15 @@ class Receiver:
                     receiver.arrived += 1
                     held = receiver.arrived <= receiver.hold_first
                     receiver._changed.notify_all()
+                    answer = receiver.script.pop(0) if receiver.script and not held else None
                 if held:
                     receiver.released.wait(30)
                     return  # the client gave up long ago; nothing is recorded
+                if answer is not None:
+                    self.close_connection = True
+                    with contextlib.suppress(OSError):  # the client hung up on a trickle: as it should
+                        answer(self.wfile)
+                    return
                 with receiver._changed:
                     receiver.headers.append(dict(self.headers))
                     if receiver.status < 300:

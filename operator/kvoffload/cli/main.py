@@ -505,7 +505,10 @@ def status(
     reason changes (with -o json, one JSON object per line), and end when the policy comes to rest:
 
     \b
-      0  Stable: the top level of the ladder runs on every replica.
+      0  Stable: the top level of the ladder runs on every replica. An
+         observe-only policy (spec.rollout.observeOnly) also ends Stable
+         with 0, though nothing was applied: its lines and last line say
+         "observe-only: nothing was applied" (-o json: "observeOnly": true).
       1  RolledBack (a rollback or an abort halted the ladder), Invalid (the
          spec fails validation) or Held (the preflight found that offload
          cannot pay): the climb is Stalled until a person acts. Also: the
@@ -554,7 +557,6 @@ def _watch(api: Any, namespace: str, name: str, output: str, timeout: float | No
     from pydantic import ValidationError
 
     from kvoffload.api.quantity import format_duration
-    from kvoffload.api.types import Phase
     from kvoffload.cli import control, watch
 
     deadline = time.monotonic() + timeout if timeout else None
@@ -570,9 +572,7 @@ def _watch(api: Any, namespace: str, name: str, output: str, timeout: float | No
             click.echo(state.json_line(now) if output == "json" else state.line(now))
             last = state.key()
         if (code := watch.outcome(state)) is not None:
-            phase = Phase(state.phase)
-            then = watch.NEXT_STEP[phase].format(me=_me(), name=name, namespace=namespace)
-            click.echo(f"{_me()} status: {namespace}/{name} is {phase.value}: {then} (exit {code})", err=True)
+            click.echo(watch.final_line(state, code, _me()), err=True)
             return code
     where = f" (still {state.phase})" if state is not None else ""
     waited = format_duration(timeout or 0)

@@ -49,6 +49,16 @@ NEXT_STEP: Mapping[Phase, str] = {
 }
 """What a watch that ended in each phase says next (str.format with ``me``, ``name`` and ``namespace``)."""
 
+OBSERVE_ONLY = "observe-only: nothing was applied"
+"""What every line of an observe-only policy's watch says: its ladder climbs in status alone."""
+
+OBSERVE_ONLY_STABLE = (
+    "the ladder passed over the observed fleet, in status only: no pod runs its top level; "
+    "set spec.rollout.observeOnly to false to apply it"
+)
+"""What a watch that ended in Stable says next when the policy only observes. The exit code stays 0 (Stable is
+where an observe-only climb ends), so a pipeline that must know reads this line or ``observeOnly`` in -o json."""
+
 REASON_OF: Mapping[Phase, tuple[str, ...]] = {
     Phase.INVALID: (INVALID,),
     Phase.PAUSED: (PAUSED, ANALYSIS_INCONCLUSIVE),
@@ -76,6 +86,8 @@ class Progress:
     message: str
     generation: int | None
     observed_generation: int | None
+    observe_only: bool = False
+    """Whether the policy only observes (``status.observe`` set): nothing it climbs is applied."""
 
     @property
     def lagging(self) -> bool:
@@ -86,12 +98,14 @@ class Progress:
 
     def key(self) -> tuple[Any, ...]:
         """What a new line is printed for: the message alone changes every cycle, and is not in it."""
-        return (self.phase, self.level, self.step, self.reason, self.lagging)
+        return (self.phase, self.level, self.step, self.reason, self.lagging, self.observe_only)
 
     def line(self, now: datetime) -> str:
         level = "-" if self.level is None else f"{self.level} {self.level_name}"
         text = f"{now:%H:%M:%SZ}  {self.namespace}/{self.name}  {self.phase}  level {level}  step {self.step}"
         text += f"  reason {self.reason or '-'}"
+        if self.observe_only:
+            text += f"  ({OBSERVE_ONLY})"
         if self.lagging and self.phase != Phase.PENDING:
             text += (
                 f"  (waiting for the operator to act on generation {self.generation}; "
@@ -101,7 +115,7 @@ class Progress:
 
     def json_line(self, now: datetime) -> str:
         doc = {"time": now.strftime("%Y-%m-%dT%H:%M:%SZ"), **asdict(self), "lagging": self.lagging}
-        keys = {"level_name": "levelName", "observed_generation": "observedGeneration"}
+        keys = {"level_name": "levelName", "observed_generation": "observedGeneration", "observe_only": "observeOnly"}
         return json.dumps({keys.get(k, k): v for k, v in doc.items()}, ensure_ascii=False)
 
 
@@ -137,6 +151,7 @@ def progress(policy_obj: Mapping[str, Any]) -> Progress:
         message=status.message,
         generation=generation,
         observed_generation=observed,
+        observe_only=status.observe is not None,
     )
 
 
@@ -145,3 +160,17 @@ def outcome(state: Progress) -> int | None:
     if state.lagging:
         return None
     return EXIT_CODES.get(Phase(state.phase))
+
+
+def final_line(state: Progress, code: int, me: str) -> str:
+    """What a watch that ended prints last (on stderr): the phase, what comes next, and the exit code. An
+    observe-only policy says so, Stable above all: its exit 0 means the ladder would pass, not that it runs."""
+    phase = Phase(state.phase)
+    then = NEXT_STEP[phase]
+    where = phase.value
+    if state.observe_only:
+        where += f" ({OBSERVE_ONLY})"
+        if phase is Phase.STABLE:
+            then = OBSERVE_ONLY_STABLE
+    then = then.format(me=me, name=state.name, namespace=state.namespace)
+    return f"{me} status: {state.namespace}/{state.name} is {where}: {then} (exit {code})"

@@ -50,6 +50,9 @@ class Notice:
     """The stage's step there (0 the canary, n promotion step n); None outside a step (at rest, in a baseline)."""
     stable: str | None
     canary: str | None
+    observe_only: bool = False
+    """Whether the policy only observes (``spec.rollout.observeOnly``, ``status.observe`` set): its ladder is
+    climbed in status alone, nothing was applied to any pod."""
 
     @property
     def id(self) -> str:
@@ -82,6 +85,7 @@ def notices(
                 phase=after.phase.value,
                 level=after.stage.name if after.stage is not None else "",
                 step=after.stage.step if after.stage is not None else None,
+                observe_only=after.observe is not None,
                 **_roles(after),
             )
         )
@@ -101,6 +105,7 @@ def _of_entry(namespace: str, name: str, after: KVOffloadPolicyStatus, entry: Hi
         phase=after.phase.value,
         level=entry.stage,
         step=stage.step if stage is not None and stage.name == entry.stage and after.mode is Mode.STEP else None,
+        observe_only=after.observe is not None,
         **_roles(after),
     )
 

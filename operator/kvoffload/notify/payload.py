@@ -30,6 +30,10 @@ _HEADLINE = {
 }
 
 
+OBSERVE_ONLY = "(observe-only: nothing was applied)"
+"""What a Slack message of an observe-only policy says, so that no one reads its ladder as applied."""
+
+
 def generic(notice: Notice, link: str | None = None) -> dict[str, Any]:
     """The generic JSON payload."""
     body: dict[str, Any] = {
@@ -46,6 +50,7 @@ def generic(notice: Notice, link: str | None = None) -> dict[str, Any]:
         "decision": notice.decision,
         "reason": notice.reason,
         "message": notice.message,
+        "observeOnly": notice.observe_only,
     }
     if link is not None:
         body["link"] = link
@@ -53,20 +58,26 @@ def generic(notice: Notice, link: str | None = None) -> dict[str, Any]:
 
 
 def slack(notice: Notice, link: str | None = None) -> dict[str, Any]:
-    """A Slack incoming-webhook message: ``text`` (the notification's fallback) and Block Kit ``blocks``."""
-    who = f"{notice.namespace}/{notice.name}"
-    where = notice.level + (f" step {notice.step}" if notice.step else "")
-    text = f"{_EMOJI[notice.event]} KVOffloadPolicy {who} {_HEADLINE[notice.event]} at {where} ({notice.reason})"
-    headline = f"*{_EMOJI[notice.event]} KVOffloadPolicy `{who}` {_HEADLINE[notice.event]}* at `{where}`"
+    """A Slack incoming-webhook message: ``text`` (the notification's fallback) and Block Kit ``blocks``.
+
+    Every field put in is escaped (``&``, ``<``, ``>``, as Slack asks): a message or reason can carry a tenant's
+    text (an Invalid spec's field path names a selector key), which must not become a mention (``<!channel>``)
+    or a disguised link. Only the operator's own link markup (the admin's ``link``) stays markup."""
+    who = _esc(f"{notice.namespace}/{notice.name}")
+    where = _esc(notice.level + (f" step {notice.step}" if notice.step else ""))
+    reason = _esc(notice.reason)
+    observing = f" {OBSERVE_ONLY}" if notice.observe_only else ""
+    text = f"{_EMOJI[notice.event]} KVOffloadPolicy {who} {_HEADLINE[notice.event]} at {where} ({reason}){observing}"
+    headline = f"*{_EMOJI[notice.event]} KVOffloadPolicy `{who}` {_HEADLINE[notice.event]}* at `{where}`{observing}"
     if link is not None:
         headline += f" (<{link}|dashboard>)"
-    context = f"phase {notice.phase} · stable {notice.stable or '-'} · canary {notice.canary or '-'}"
+    context = f"phase {_esc(notice.phase)} · stable {_esc(notice.stable or '-')} · canary {_esc(notice.canary or '-')}"
     return {
         "text": text,
         "blocks": [
             {"type": "section", "text": {"type": "mrkdwn", "text": headline}},
-            {"type": "section", "text": {"type": "mrkdwn", "text": _clip(notice.message) or notice.reason}},
-            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"{notice.reason} · {context}"}]},
+            {"type": "section", "text": {"type": "mrkdwn", "text": _clip(_esc(notice.message)) or reason}},
+            {"type": "context", "elements": [{"type": "mrkdwn", "text": f"{reason} · {context}"}]},
         ],
     }
 
@@ -75,9 +86,21 @@ def payload(notice: Notice, form: SinkFormat, link: str | None = None) -> dict[s
     return slack(notice, link) if form is SinkFormat.SLACK else generic(notice, link)
 
 
+def _esc(text: str) -> str:
+    """Text as Slack's mrkdwn shows it literally: its control characters as the entities Slack asks for."""
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _clip(text: str, limit: int = 2900) -> str:
-    """Slack refuses a section text over 3,000 characters; an Invalid message lists every field path."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
+    """Slack refuses a section text over 3,000 characters; an Invalid message lists every field path. Cut after
+    escaping, and never inside an entity (``&amp;`` half cut would show as text)."""
+    if len(text) <= limit:
+        return text
+    cut = text[: limit - 1]
+    amp = cut.rfind("&")
+    if amp != -1 and ";" not in cut[amp:]:
+        cut = cut[:amp]
+    return cut + "…"
 
 
-__all__ = ["PAYLOAD_VERSION", "generic", "payload", "slack"]
+__all__ = ["OBSERVE_ONLY", "PAYLOAD_VERSION", "generic", "payload", "slack"]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import email.utils
+import http.client
 import logging
 import random
 import threading
@@ -28,6 +29,8 @@ log = logging.getLogger(__name__)
 
 JOIN_SECONDS = 1.0
 """How long a stopping sink waits for its worker to notice, past the grace."""
+ANSWER_BYTES = 65536
+"""The most of an answer's body that is read: a 2xx is a delivery, its body is not needed."""
 _TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
 """Answers worth another attempt; any other 4xx (a wrong URL, a revoked webhook) will not change by itself."""
 
@@ -210,30 +213,48 @@ class WebhookSink:
             method="POST",
             headers={"Content-Type": "application/json", "User-Agent": f"kvoffload/{__version__}"},
         )
+        deadline = time.monotonic() + self.config.timeout_seconds
         try:
             with _OPENER.open(request, timeout=self.config.timeout_seconds) as response:
-                response.read(65536)
+                _drain(response, deadline)
         except urllib.error.HTTPError as exc:
             with exc:
                 if exc.code in _TRANSIENT_STATUSES:
                     raise _Transient(f"HTTP {exc.code}", _retry_after(exc.headers.get("Retry-After"))) from None
                 raise _Permanent(f"HTTP {exc.code}") from None
+        except http.client.InvalidURL as exc:  # a urlFile's URL with a space or a control character in it
+            raise _Permanent(f"not a usable URL: {type(exc).__name__}") from None
         except (urllib.error.URLError, OSError) as exc:  # refused, unreachable, reset, timed out
             reason = exc.reason if isinstance(exc, urllib.error.URLError) else exc
             raise _Transient(str(reason) or type(reason).__name__) from None
+        except http.client.HTTPException as exc:  # a receiver answering garbage: a bad status line, a cut body
+            raise _Transient(f"a broken answer ({type(exc).__name__})") from None
+
+
+def _drain(response: http.client.HTTPResponse, deadline: float) -> None:
+    """Read a little of an answer's body, for no longer than the attempt's deadline: the socket's timeout bounds
+    each read alone, so a receiver trickling a byte at a time would otherwise hold the sink for ever. The
+    status already said 2xx, which is the delivery; the body is not needed, so what is left is let go."""
+    left = ANSWER_BYTES
+    while left > 0 and time.monotonic() < deadline:
+        chunk = response.read1(min(left, 8192))  # what has come, at most one receive: never waits for a full chunk
+        if not chunk:
+            return
+        left -= len(chunk)
 
 
 def _retry_after(value: str | None) -> float | None:
     """Retry-After in seconds, from either of its forms (seconds, or an HTTP date)."""
     if not value:
         return None
-    if value.strip().isdigit():
-        return float(value.strip())
+    seconds = value.strip()
+    if seconds.isascii() and seconds.isdigit():  # "²".isdigit() is True too, and float() refuses it
+        return float(seconds)
     try:
         when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
+        return max(0.0, when.timestamp() - time.time())
+    except (TypeError, ValueError, OverflowError):
         return None
-    return max(0.0, when.timestamp() - time.time())
 
 
-__all__ = ["Delivery", "Result", "WebhookSink"]
+__all__ = ["ANSWER_BYTES", "Delivery", "Result", "WebhookSink"]
