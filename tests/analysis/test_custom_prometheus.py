@@ -12,9 +12,9 @@ from kvoffload.analysis.customquery import read_custom
 from kvoffload.analysis.prometheus import ParserUnavailable, PrometheusProvider
 from kvoffload.analysis.queryparse import query_problems
 from kvoffload.api.analysistemplate import CustomMetric, MetricSource
-from kvoffload.api.promql import Selection, render
+from kvoffload.api.promql import Selection, for_checking, render, selector_problems
 from kvoffload.lab.promserver import free_port
-from tests.api.test_promql import GOOD
+from tests.api.test_promql import GOOD, KEYWORD_METRICS
 from tests.support.prometheus import (
     PrometheusServer,
     SyntheticEngine,
@@ -135,6 +135,16 @@ def test_prometheus_own_parser_takes_the_good_templates_and_names_each_bad_query
     assert [e.path for e in found] == [f"spec.analysis.metrics[{i}].query" for i in (1, 2, 3)]
     assert all("Prometheus does not parse it" in e.message and "parse error" in e.message for e in found)
     assert "unknown function" in found[2].message
+
+
+def test_a_keyword_in_an_operand_place_parses_as_a_metric_of_every_namespace_and_is_refused(
+    scraped: PrometheusServer,
+) -> None:
+    provider = PrometheusProvider(scraped.url)
+    for template, keyword in KEYWORD_METRICS:
+        # The real parser takes it: the keyword is a selector with no matchers, read across every namespace.
+        assert provider.format_query(for_checking(template)) is None, template
+        assert any(f"the metric {keyword} at " in p for p in selector_problems(template)), template
 
 
 def test_an_unreachable_prometheus_cannot_parse_and_says_so() -> None:

@@ -25,6 +25,16 @@ GOOD = [
     "sum(x{ {{ selector }} }) without (pod) / on() group_left()"
     ' count(label_replace(y{ {{selector}} }, "a", "$1", "b", "(.*)"))',
     '{__name__=~"vllm:.+", {{ selector }}}',
+    # Keywords where the grammar reads them as keywords.
+    "sum by (le) (rate(x_bucket{ {{ selector }} }[{{ window }}]))",
+    "topk(3, x{ {{ selector }} })",
+    "a{ {{ selector }} } and on (pod) b{ {{ selector }} }",
+    "x{ {{ selector }} } offset 5m",
+    "count(x{ {{ selector }} }) > bool 3",
+    'count_values without (pod) ("v", x{ {{ selector }} }) > bool on (v) group_left (a) y{ {{ selector }} }',
+    "-SUM BY (a) (x{ {{ selector }} } offset -1m) * IGNORING (b) GROUP_RIGHT z{ {{ selector }} } ^ -Inf",
+    "max_over_time(rate(x{ {{ selector }} }[{{ window }}])[5m:1m] @ end()) unless quantile(0.9, x{ {{ selector }} })"
+    " atan2 NaN",
 ]
 
 ESCAPES = [
@@ -38,6 +48,21 @@ ESCAPES = [
     ('x{ {{selector}} } unless Sum(other{namespace="team-b"})', "lacks {{ selector }}"),
 ]
 
+KEYWORD_METRICS = [
+    ("sum(x{ {{ selector }} }) + count", "count"),
+    ("max(x{ {{ selector }} }) or sum", "sum"),
+    ("sum(x{ {{ selector }} }) > bool offset", "offset"),
+    ("x{ {{ selector }} } and or", "or"),
+    ("x{ {{ selector }} } + - topk", "topk"),
+    ("x{ {{ selector }} } / (without)", "without"),
+    ("topk(3, by)", "by"),
+    ("x{ {{ selector }} } unless start", "start"),
+    ("x{ {{ selector }} } * on (pod) group_left (a) end", "end"),
+    ("count_values", "count_values"),
+]
+"""Keywords in an operand's place, where Prometheus's grammar (metric_identifier) reads a metric name with no
+matchers: each selects that series across every namespace."""
+
 
 @pytest.mark.parametrize("template", GOOD)
 def test_a_template_whose_every_selector_carries_the_placeholder_is_accepted(template: str) -> None:
@@ -49,6 +74,32 @@ def test_a_template_that_could_read_other_series_is_refused_saying_where(templat
     problems = selector_problems(template)
     assert problems
     assert any(why in p for p in problems), problems
+
+
+@pytest.mark.parametrize(("template", "keyword"), KEYWORD_METRICS)
+def test_a_keyword_where_an_operand_stands_is_a_metric_name_and_refused(template: str, keyword: str) -> None:
+    assert f"the metric {keyword} at " in "; ".join(selector_problems(template))
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "x{ {{ selector }} } + on",  # a modifier with no label list
+        "x{ {{ selector }} } + bool 3",  # bool after no comparison
+        "x{ {{ selector }} } + atan2",
+        "sum by (a)",  # an aggregation with no body
+        "x{ {{ selector }} } by (a)",  # by after no aggregation
+        "x{ {{ selector }} } offset y",
+        "x{ {{ selector }} } offset (5m)",
+        "x{ {{ selector }} } @ start",
+        "x{ {{ selector }} } + start()",  # start() only after @
+        "x{ {{ selector }} } * on (pod) group_left (a{ {{ selector }} })",
+        "x{ {{ selector }} })",
+        "x{ {{ selector }} } y",
+    ],
+)
+def test_a_keyword_or_token_the_grammar_does_not_place_there_is_refused(template: str) -> None:
+    assert selector_problems(template)
 
 
 def selection(namespace: str = "llm", policy: str = "chat", extra: str | None = None) -> Selection:

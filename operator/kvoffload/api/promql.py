@@ -16,9 +16,13 @@ checked, and ``extraMatchers`` is decoded and written again (never pasted).
 What :func:`selector_problems` enforces, so that a tenant's query reads only its own engines' series:
 every vector selector of the template (every ``{...}`` and every bare metric name) carries
 ``{{ selector }}``. Matchers within one selector are ANDed, so a matcher the tenant adds beside it can
-narrow the selection, never widen it. This is checked on the template's tokens by a PromQL lexer here
-(conservative: an identifier it cannot place counts as a bare metric name), after the real Prometheus
-parser accepted the query where one is reachable (``analysis/promparse.py``).
+narrow the selection, never widen it. This is checked on the template's tokens by a PromQL lexer here,
+walked as PromQL's grammar places them: a keyword (``sum``, ``count``, ``or``, ``offset``, ``by`` ...) is
+a keyword only where the grammar reads it as one, and a bare metric name anywhere an expression starts (the
+grammar's ``metric_identifier`` takes most keywords: ``sum(x) + count`` reads the series ``count`` of every
+namespace). Conservative: an identifier it cannot place as a function, an aggregation or a modifier counts
+as a bare metric name, and a token where the grammar wants none is refused. The real Prometheus parser is
+asked too where one is reachable (``analysis/queryparse.py``).
 """
 
 from __future__ import annotations
@@ -41,9 +45,9 @@ CHECK_WINDOW = "1m"
 LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(?:,|$)', re.DOTALL)
 
-# Words that are never a metric name where they stand: aggregations, binary operators and modifiers
-# (PromQL's keywords are case-insensitive). An identifier followed by "(" is a function call anyway.
-_KEYWORDS = frozenset(
+# Aggregation operators: an aggregation only where followed by "(" or by/without; elsewhere Prometheus's grammar
+# (metric_identifier) reads each as a bare metric name. PromQL's keywords are case-insensitive.
+_AGGREGATIONS = frozenset(
     {
         "sum",
         "min",
@@ -59,9 +63,13 @@ _KEYWORDS = frozenset(
         "quantile",
         "limitk",
         "limit_ratio",
-        "and",
-        "or",
-        "unless",
+    }
+)
+_SET_OPERATORS = frozenset({"and", "or", "unless"})
+_KEYWORDS = (
+    _AGGREGATIONS
+    | _SET_OPERATORS
+    | {
         "atan2",
         "by",
         "without",
@@ -71,11 +79,16 @@ _KEYWORDS = frozenset(
         "group_right",
         "bool",
         "offset",
-        "inf",
-        "nan",
+        "start",
+        "end",
     }
 )
-_GROUPING = frozenset({"by", "without", "on", "ignoring", "group_left", "group_right"})
+"""Words that are no function's name: where one stands as an operand, not as the keyword it can be, Prometheus reads
+it as a metric name (``sum(x) + count`` selects every series named ``count``), so the check refuses it."""
+_NUMBERS = frozenset({"inf", "nan"})
+"""Lexed as numbers by Prometheus wherever they stand."""
+_COMPARISONS = frozenset({"==", "!=", "<", ">", "<=", ">="})
+_BINARY = _COMPARISONS | {"+", "-", "*", "/", "%", "^"}
 
 
 class TemplateError(ValueError):
@@ -228,7 +241,17 @@ def _tokens(text: str) -> Iterator[_Token]:
 
 def selector_problems(template: str) -> list[str]:
     """Why this template could read series beyond its policy's engines; empty when every vector selector
-    carries ``{{ selector }}`` (see the module). Raises nothing: a template it cannot read is a problem."""
+    carries ``{{ selector }}`` (see the module). Raises nothing: a template it cannot read is a problem.
+
+    The tokens are walked as PromQL's grammar reads them, knowing at each token whether an operand (an
+    expression) or an operator must come. A keyword counts as one only where the grammar reads it as that
+    keyword: an aggregation where ``(`` or ``by``/``without`` follows, ``bool`` right after a comparison,
+    ``on``/``ignoring`` and ``group_left``/``group_right`` right after a binary operator, ``by``/``without``
+    after an aggregation's body, ``offset`` and ``and``/``or``/``unless``/``atan2`` after an operand. Anywhere
+    else an identifier in an operand's place is a metric name (Prometheus reads ``sum(x) + count`` as the
+    series named ``count``, of every namespace) and refused unless braces with ``{{ selector }}`` follow it;
+    a token that stands where the grammar wants none is refused too (conservative: the real parser refuses it
+    anyway, where it is asked)."""
     if SENTINEL_LABEL in template:
         return [f"{SENTINEL_LABEL} is reserved"]
     try:
@@ -236,42 +259,128 @@ def selector_problems(template: str) -> list[str]:
     except TemplateError as exc:
         return [str(exc)]
     found: list[str] = []
-    depth = 0  # inside {...}
-    brace_start = 0
-    brace_has_selector = False
-    grouping_depth = 0  # parentheses of a by (...) / on (...) label list
-    paren_depth = 0
-    bracket_depth = 0  # a range or subquery: durations only ([1m:10s] lexes ':10s' as a name)
-    for i, token in enumerate(tokens):
-        nxt = tokens[i + 1] if i + 1 < len(tokens) else None
-        if token.kind == "{":
-            if depth:
-                found.append(f"nested braces at {token.pos + 1}")
-            depth, brace_start, brace_has_selector = depth + 1, token.pos, False
-        elif token.kind == "}":
-            if depth and not brace_has_selector:
-                found.append(f"the selector at {brace_start + 1} lacks {{{{ selector }}}}")
-            depth = max(0, depth - 1)
-        elif depth:
-            if token.kind == "ident" and token.text == SENTINEL_LABEL:
-                brace_has_selector = True
-        elif token.kind in ("[", "]"):
-            bracket_depth = max(0, bracket_depth + (1 if token.kind == "[" else -1))
-        elif bracket_depth:
+    n = len(tokens)
+
+    def kind(k: int) -> str:
+        return tokens[k].kind if k < n else ""
+
+    def word(k: int) -> str:
+        return tokens[k].text.lower() if k < n and tokens[k].kind == "ident" else ""
+
+    def unexpected(k: int, where: str = "") -> None:
+        found.append(f"unexpected {tokens[k].text} at {tokens[k].pos + 1}{where}")
+
+    def label_list(k: int) -> int:
+        """``tokens[k]`` is the ``(`` of a by/without/on/ignoring/group_left/group_right list: past its ``)``."""
+        k += 1
+        while k < n and tokens[k].kind != ")":
+            if tokens[k].kind not in ("ident", "string", ","):
+                unexpected(k, " in a list of label names")
+            k += 1
+        if k >= n:
+            found.append("a list of label names is not closed")
+        return k + 1
+
+    def braces(k: int) -> int:
+        """``tokens[k]`` is the ``{`` of a selector, checked for ``{{ selector }}``: past its ``}``."""
+        start, has_selector = tokens[k], False
+        k += 1
+        while k < n and tokens[k].kind != "}":
+            if tokens[k].kind == "{":
+                found.append(f"nested braces at {tokens[k].pos + 1}")
+            elif tokens[k].kind == "ident" and tokens[k].text == SENTINEL_LABEL:
+                has_selector = True
+            k += 1
+        if not has_selector:
+            found.append(f"the selector at {start.pos + 1} lacks {{{{ selector }}}}")
+        if k >= n:
+            found.append(f"the selector at {start.pos + 1} is not closed")
+        return k + 1
+
+    stack: list[str] = []  # per open "(": "agg" (an aggregation's body, no by/without yet), "call" or "paren"
+    operand = True  # an expression must start here; else an operator, a modifier, "," or ")"
+    modifiers = ""  # right after a binary operator: "bool" (a comparison), "on", then "group" after on (...)
+    agg_closed = False  # the ")" just read closed an aggregation's body that had no by/without
+    i = 0
+    while i < n:
+        token, name = tokens[i], word(i)
+        if operand:
+            if name == "bool" and modifiers == "bool":
+                modifiers, i = "on", i + 1
+                continue
+            if name in ("on", "ignoring") and modifiers in ("bool", "on") and kind(i + 1) == "(":
+                modifiers, i = "group", label_list(i + 1)
+                continue
+            if name in ("group_left", "group_right") and modifiers == "group":
+                modifiers, i = "", i + 1
+                if kind(i) == "(":
+                    i = label_list(i)
+                continue
+            modifiers = ""
+            if token.kind in ("+", "-"):  # a unary sign
+                i += 1
+            elif token.kind in ("number", "string") or name in _NUMBERS:
+                operand, i = False, i + 1
+            elif token.kind == "{":
+                operand, i = False, braces(i)
+            elif token.kind == "(":
+                stack.append("paren")
+                i += 1
+            elif token.kind == "ident" and kind(i + 1) == "{":  # a metric name, its braces checked
+                operand, i = False, braces(i + 1)
+            elif name in _AGGREGATIONS and kind(i + 1) == "(":
+                stack.append("agg")
+                i += 2
+            elif name in _AGGREGATIONS and word(i + 1) in ("by", "without") and kind(i + 2) == "(":
+                i = label_list(i + 2)
+                if kind(i) == "(":
+                    stack.append("call")
+                    i += 1
+                else:
+                    found.append(f"the aggregation {token.text} at {token.pos + 1} has no body")
+                    operand = False
+            elif token.kind == "ident" and name not in _KEYWORDS and kind(i + 1) == "(":  # a function call
+                stack.append("call")
+                i += 2
+            elif token.kind == "ident":
+                found.append(f"the metric {token.text} at {token.pos + 1} is selected without {{{{ selector }}}}")
+                operand, i = False, i + 1
+            else:
+                unexpected(i, " where an expression must start")
+                i += 1
             continue
-        elif token.kind == "(":
-            paren_depth += 1
-            prev = tokens[i - 1] if i else None
-            if grouping_depth == 0 and prev is not None and prev.kind == "ident" and prev.text.lower() in _GROUPING:
-                grouping_depth = paren_depth
-        elif token.kind == ")":
-            if grouping_depth == paren_depth:
-                grouping_depth = 0
-            paren_depth -= 1
-        elif token.kind == "ident" and not grouping_depth:
-            if token.text.lower() in _KEYWORDS or (nxt is not None and nxt.kind in ("(", "{")):
-                continue  # a keyword, a function call, or a metric name whose braces are checked
-            found.append(f"the metric {token.text} at {token.pos + 1} is selected without {{{{ selector }}}}")
+        closed, agg_closed = agg_closed, False
+        if token.kind == ")":
+            if stack:
+                agg_closed = stack.pop() == "agg"
+            else:
+                unexpected(i)
+            i += 1
+        elif token.kind == "," and stack and stack[-1] != "paren":
+            operand, i = True, i + 1
+        elif token.kind == "[":  # a range or a subquery: durations only ([1m:10s] lexes ':10s' as a name)
+            while i < n and tokens[i].kind != "]":
+                i += 1
+            if i >= n:
+                found.append("a range is not closed")
+            i += 1
+        elif token.kind in _BINARY or name in _SET_OPERATORS or name == "atan2":
+            operand, modifiers = True, ("bool" if token.kind in _COMPARISONS else "on")
+            i += 1
+        elif name == "offset" or token.kind == "@":
+            k = i + 1 + (kind(i + 1) in ("+", "-"))
+            if kind(k) == "number":
+                i = k + 1
+            elif token.kind == "@" and word(k) in ("start", "end") and kind(k + 1) == "(" and kind(k + 2) == ")":
+                i = k + 3
+            else:
+                found.append(f"{token.text} at {token.pos + 1} is not followed by a duration or a time")
+                i = k + 1
+        elif name in ("by", "without") and closed and kind(i + 1) == "(":
+            i = label_list(i + 1)
+        else:
+            unexpected(i, " where an operator must stand")
+            i += 1
     if not any(t.kind == "{" for t in tokens):
         found.append("the query selects no series with {{ selector }}")
     return found
