@@ -137,6 +137,20 @@ def parse_matchers(text: str) -> list[tuple[str, str, str]]:
     return found
 
 
+def render_matchers(text: str) -> str:
+    """``text`` (``spec.prometheus.extraMatchers``) decoded by :func:`parse_matchers` and written again, each
+    name checked and each value an escaped string literal: ``a="x", b=~"y"``. TemplateError when it is not a
+    list of label matchers. Whatever a value holds stays inside its literal; nothing of ``text`` is pasted."""
+    return _render_pairs(parse_matchers(text))
+
+
+def _render_pairs(pairs: list[tuple[str, str, str]]) -> str:
+    for name, _, _ in pairs:
+        if not LABEL_NAME.match(name):
+            raise TemplateError(f"{name!r} is not a label name")
+    return ", ".join(f"{name}{op}{escape_label_value(value)}" for name, op, value in pairs)
+
+
 @dataclass(frozen=True)
 class Selection:
     """What ``{{ selector }}`` selects: one variant's engines of one policy. Label names are the operator's
@@ -158,10 +172,7 @@ class Selection:
         ]
         if self.extra_matchers:
             pairs += parse_matchers(self.extra_matchers)
-        for name, _, _ in pairs:
-            if not LABEL_NAME.match(name):
-                raise TemplateError(f"{name!r} is not a label name")
-        return ", ".join(f"{name}{op}{escape_label_value(value)}" for name, op, value in pairs)
+        return _render_pairs(pairs)
 
 
 def _substitute(template: str, values: dict[str, str]) -> str:
