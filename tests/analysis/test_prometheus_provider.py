@@ -291,6 +291,29 @@ def test_a_broken_answer_gives_an_error(case: str, attrs: dict[str, object], exp
     assert result.stable is None
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"status":"success"}',  # KeyError in the client
+        b'{"status":"success","data":{}}',
+        b'{"status":"success","data":null}',  # TypeError
+        b'{"status":"success","data":["result"]}',
+        b'{"status":"success","data":{"result":"1"}}',
+        b"[]",
+    ],
+)
+def test_instant_reports_an_answer_without_a_result_as_no_answer_never_raises(body: bytes) -> None:
+    server, url = serve(status=200, body=body)
+    try:
+        answers = PrometheusProvider(url, timeout=2, retries=0).instant(["sum(x)", "max(y)"])
+    finally:
+        server.shutdown()
+    assert len(answers) == 2
+    for answer in answers:
+        assert isinstance(answer, str), answer
+        assert "not understood" in answer
+
+
 class _Recording(_Canned):
     paths: list[str] = []  # noqa: RUF012
 

@@ -563,7 +563,15 @@ class PrometheusProvider:
         def one(expr: str) -> list[dict[str, Any]] | str:
             try:
                 return self._query(expr, at)
-            except (requests.RequestException, PrometheusApiClientException, OSError, ValueError, TypeError) as exc:
+            except (
+                requests.RequestException,
+                PrometheusApiClientException,
+                OSError,
+                ValueError,
+                TypeError,
+                KeyError,  # a 200 without data.result: the client reads response.json()["data"]["result"]
+                IndexError,
+            ) as exc:
                 return _describe(exc)
 
         try:
