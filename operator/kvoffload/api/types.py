@@ -8,6 +8,7 @@ names are camelCase on the wire (aliases) and snake_case in Python.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from datetime import datetime
 from enum import StrEnum
@@ -18,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -775,6 +777,12 @@ class MetricResult(Status):
         description="Custom metric: its breach has lasted its sustainedFor (a gated one then rolls back; a dry-run "
         "one would have).",
     )
+
+    @field_serializer("canary", "stable", "threshold")
+    def _finite(self, value: float | None) -> float | None:
+        # A custom metric may read +Inf or -Inf (judged: a breach of a max or a min; the message says so), which
+        # JSON cannot carry: the API server would refuse the whole status. Written as null.
+        return value if value is None or math.isfinite(value) else None
 
 
 class AnalysisStatus(Status):
