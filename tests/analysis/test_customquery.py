@@ -1,16 +1,19 @@
-"""Reading custom metrics without Prometheus: what one answer means."""
+"""Reading custom metrics without Prometheus: what one answer means, and what ``{{ selector }}`` selects."""
 
 from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 import pytest
 
 from kvoffload.analysis.custom import CustomReading, judge_custom
-from kvoffload.analysis.customquery import one_number
+from kvoffload.analysis.customquery import one_number, read_custom
+from kvoffload.analysis.dialects import NEWEST
+from kvoffload.analysis.prometheus import LabelNames, Target, build_queries, fleet_matcher
 from kvoffload.api.analysistemplate import CustomMetric, MetricSource
 from kvoffload.api.types import AnalysisSpec
 
@@ -76,3 +79,54 @@ def test_an_infinite_reading_is_a_breach_of_a_max_or_a_min_and_the_status_stays_
         json.dumps(result.model_dump(mode="json", by_alias=True), allow_nan=False)
         json.loads(result.model_dump_json(by_alias=True))
     assert results["high"].model_dump(mode="json")["canary"] is None
+
+
+class Recorder:
+    """A provider that answers every query with one series and keeps what it was asked."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+
+    def instant(self, exprs: Sequence[str]) -> list[list[dict[str, Any]] | str]:
+        self.asked.extend(exprs)
+        return [[series("1")] for _ in exprs]
+
+
+QUERY = "sum(rate(vllm:time_to_first_token_seconds_count{ {{ selector }} }[{{ window }}]))"
+
+
+def test_an_observed_fleets_custom_metrics_select_its_pods_as_the_built_in_queries_do() -> None:
+    fleet = Target(
+        "llm", "team", "2m", extra_matchers='cluster="prod"', stable_hash="h1", canary_hash="h2", pods=("vllm-0", "v.1")
+    )
+    provider = Recorder()
+    (reading,) = read_custom(provider, [custom("ttft", max=5, comparison="ratio", query=QUERY)], fleet)
+    assert reading.error is None
+    assert (reading.canary, reading.stable) == (1.0, 1.0)
+    selector = 'namespace="llm", pod=~"v\\\\.1|vllm-0", cluster="prod"'
+    assert (
+        provider.asked == [f"sum(rate(vllm:time_to_first_token_seconds_count{{ {selector} }}[120s]))"] * 2
+    )  # the same engines answer for both roles
+    for expr in provider.asked:
+        assert "kvoffload_io" not in expr  # no label the observed fleet's series lack
+    # The same series the built-in queries select: namespace and pods by name (a raw string there).
+    built = build_queries("2m", NEWEST, 'cluster="prod"', scope=fleet_matcher(fleet), fleet=True)[0].expr
+    assert 'namespace="llm", pod=~`v\\.1|vllm-0`, cluster="prod"' in built
+    # Renamed labels follow the operator's settings.
+    renamed = Recorder()
+    read_custom(renamed, [custom("ttft", max=5, query=QUERY)], fleet, LabelNames(namespace="ns", pod="instance"))
+    assert renamed.asked == [
+        'sum(rate(vllm:time_to_first_token_seconds_count{ ns="llm", instance=~"v\\\\.1|vllm-0", '
+        'cluster="prod" }[120s]))'
+    ]
+
+
+def test_a_rendered_variant_is_still_selected_by_the_policys_labels() -> None:
+    target = Target("llm", "chat", "2m", stable_hash="h1", canary_hash="h2")
+    provider = Recorder()
+    read_custom(provider, [custom("ttft", max=5, comparison="ratio", query=QUERY)], target)
+    assert provider.asked == [
+        'sum(rate(vllm:time_to_first_token_seconds_count{ namespace="llm", kvoffload_io_policy="chat", '
+        f'kvoffload_io_config_hash="{h}" }}[120s]))'
+        for h in ("h2", "h1")
+    ]

@@ -26,7 +26,8 @@ class InstantQueries(Protocol):
 
 
 def selection(target: Target, config_hash: str, labels: LabelNames) -> Selection:
-    """What ``{{ selector }}`` selects for one variant of ``target``."""
+    """What ``{{ selector }}`` selects for one variant of ``target`` (for an observed fleet, its pods, whatever the
+    variant: the same engines answer for both roles)."""
     return Selection(
         namespace_label=labels.namespace,
         namespace=target.namespace,
@@ -35,6 +36,8 @@ def selection(target: Target, config_hash: str, labels: LabelNames) -> Selection
         config_hash_label=labels.config_hash,
         config_hash=config_hash,
         extra_matchers=target.extra_matchers,
+        pods=target.pods,  # an observed fleet: selected by its pods, as the built-in queries select it
+        pod_label=labels.pod,
     )
 
 
