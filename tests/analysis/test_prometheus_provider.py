@@ -7,6 +7,7 @@ import re
 import socket
 import threading
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -30,6 +31,7 @@ from kvoffload.analysis.prometheus import (
     promql_duration,
     scope_matcher,
 )
+from kvoffload.api import promql
 from tests.support import paths
 from tests.support.prometheus import (
     E2E_BUCKETS,
@@ -119,6 +121,50 @@ def test_renamed_labels_and_extra_matchers_reach_every_query() -> None:
         assert 'app_policy!="", cluster="prod"' in query.expr
         assert "ns, app_policy, tier, build" in query.expr
         assert "kvoffload_io" not in query.expr
+
+
+# spec.prometheus.extraMatchers as a review sent it: a value ending in a backslash, so that pasted into a selector
+# the backslash escapes the closing quote and the rest of the text becomes PromQL reading another namespace.
+INJECTION = (
+    'a="\\", b="}[1m])) or sum by (namespace, kvoffload_io_policy, kvoffload_io_level, kvoffload_io_config_hash) '
+    '(label_replace(vllm:time_to_first_token_seconds_count{namespace=`victim`}, `namespace`, `mine`, ``, ``)) #"'
+)
+
+
+def _selectors(expr: str) -> list[str]:
+    """Each vector selector's matchers, as the PromQL lexer of api/promql.py reads the query: string tokens whole."""
+    found: list[str] = []
+    current: list[str] | None = None
+    for token in promql._tokens(expr):
+        if token.kind == "{":
+            current = []
+        elif token.kind == "}":
+            assert current is not None, expr
+            found.append(" ".join(current))
+            current = None
+        elif current is not None:
+            current.append(token.text)
+    return found
+
+
+def test_extra_matchers_that_would_break_out_of_their_string_are_refused_not_pasted() -> None:
+    assert INJECTION.startswith('a="\\", b="')  # a=, a one-backslash value, then the payload
+    with pytest.raises(promql.TemplateError):
+        build_queries("2m", NEWEST, INJECTION)
+    # The same text as an honest value (escaped): it stays inside one string literal of every selector.
+    payload = INJECTION.split('b="', 1)[1][:-1]
+    honest = f"b={promql.escape_label_value(payload)}"
+    plain = build_queries("2m", NEWEST, 'b="x"', workload=True)
+    for query, base in zip(build_queries("2m", NEWEST, honest, workload=True), plain, strict=True):
+        selectors = _selectors(query.expr)
+        assert len(selectors) == len(_selectors(base.expr))  # exactly the operator's vector selectors
+        assert all(sel.startswith('kvoffload_io_policy != "" , b = "') for sel in selectors), selectors
+        strings = [t.text for t in promql._tokens(query.expr) if t.kind == "string"]
+        assert "victim" not in query.expr.replace(promql.escape_label_value(payload), "")  # only inside its literal
+        assert promql.escape_label_value(payload) in strings
+        assert "label_replace" not in query.expr.replace(promql.escape_label_value(payload), "") or (
+            query.field.startswith("workload.")  # the workload quantiles label their series themselves
+        )
 
 
 def test_older_dialects_use_their_own_names_and_skip_what_they_lack() -> None:
@@ -243,6 +289,60 @@ def test_a_broken_answer_gives_an_error(case: str, attrs: dict[str, object], exp
     assert expected in result.error, result.error
     assert result.canary is None
     assert result.stable is None
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"status":"success"}',  # KeyError in the client
+        b'{"status":"success","data":{}}',
+        b'{"status":"success","data":null}',  # TypeError
+        b'{"status":"success","data":["result"]}',
+        b'{"status":"success","data":{"result":"1"}}',
+        b"[]",
+    ],
+)
+def test_instant_reports_an_answer_without_a_result_as_no_answer_never_raises(body: bytes) -> None:
+    server, url = serve(status=200, body=body)
+    try:
+        answers = PrometheusProvider(url, timeout=2, retries=0).instant(["sum(x)", "max(y)"])
+    finally:
+        server.shutdown()
+    assert len(answers) == 2
+    for answer in answers:
+        assert isinstance(answer, str), answer
+        assert "not understood" in answer
+
+
+class _Recording(_Canned):
+    paths: list[str] = []  # noqa: RUF012
+
+    def do_GET(self) -> None:
+        type(self).paths.append(self.path)
+        super().do_GET()
+
+
+def test_hostile_extra_matchers_reach_no_query_and_give_an_error() -> None:
+    answer = b'{"status":"success","data":{"resultType":"vector","result":[]}}'
+    handler = type("Handler", (_Recording,), {"body": answer, "seen_headers": [], "paths": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        provider = PrometheusProvider(f"http://127.0.0.1:{server.server_address[1]}", retries=0)
+        target = synthetic_target("llm", "chat", WINDOW, extra_matchers=INJECTION)
+        result = provider.measure([target])[target.key]
+        assert result.error is not None
+        assert "extraMatchers" in result.error
+        assert provider.present_metric_names(target) == frozenset()
+        assert handler.paths == []  # nothing of it was sent
+        # An honest extra matcher is written again, escaped, into the series lookup as into the queries.
+        provider.present_metric_names(replace(target, extra_matchers='cluster = "a\\\\"'))
+    finally:
+        server.shutdown()
+    (path,) = handler.paths
+    match = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)["match[]"]
+    assert match == ['{__name__=~"vllm:.+", namespace="llm", kvoffload_io_policy="chat", cluster="a\\\\"}']
 
 
 class _Slow(_Canned):

@@ -12,6 +12,7 @@ from kvoffload.api.promql import (
     for_checking,
     parse_matchers,
     render,
+    render_matchers,
     selector_problems,
     unquote,
 )
@@ -141,3 +142,20 @@ def test_a_window_must_be_a_promql_duration() -> None:
 
 def test_the_stand_ins_make_plain_promql() -> None:
     assert for_checking("rate(x{ {{selector}} }[{{ window }}])") == f'rate(x{{ {SENTINEL_LABEL}="1" }}[1m])'
+
+
+def test_extra_matchers_whose_value_ends_in_a_backslash_are_refused_by_the_policy() -> None:
+    from pydantic import ValidationError
+
+    from kvoffload.api.types import PrometheusSpec
+    from tests.analysis.test_prometheus_provider import INJECTION
+
+    # A backslash escapes the quote after it, in the pattern as in PromQL: the literal does not end there.
+    for bad in (INJECTION, 'a="x\\"', 'a="x\\", b="y"', 'a="\\q"'):
+        with pytest.raises(ValidationError):
+            PrometheusSpec.model_validate({"extraMatchers": bad})
+    # An escaped backslash or quote is a value like any other, decoded and written again as the same literal.
+    good = PrometheusSpec.model_validate({"extraMatchers": 'a="x\\\\", b=~"y\\"z"'})
+    assert good.extra_matchers is not None
+    assert parse_matchers(good.extra_matchers) == [("a", "=", "x\\"), ("b", "=~", 'y"z')]
+    assert render_matchers(good.extra_matchers) == 'a="x\\\\", b=~"y\\"z"'

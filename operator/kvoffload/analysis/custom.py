@@ -18,6 +18,7 @@ built-in breach keeps the policy-wide rule (``sustained()`` with ``analysis.sust
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
@@ -80,6 +81,8 @@ def judge_custom(
             value = None
             if reading.canary is not None and reading.stable is not None and reading.stable != 0:
                 value = reading.canary / reading.stable
+                if math.isnan(value):  # both infinite: no ratio to judge
+                    value = None
             if not has_canary or not stable_side:
                 gated, message = False, "a ratio needs a canary beside stable engines (reported, not gated)"
             elif not comparing:
@@ -87,7 +90,7 @@ def judge_custom(
             elif reading.error is not None:
                 message = f"not judged: {reading.error}"
             elif value is None:
-                message = "canary/stable needs both values, the stable one not zero"
+                message = "canary/stable needs both values, the stable one not zero, not both infinite"
             else:
                 passed = _within(value, metric.min, metric.max) if enough else None
                 message = f"canary/stable = {value:.3g}, {'' if passed is not False else 'not '}{_bounds_text(metric.min, metric.max)}"  # noqa: E501

@@ -26,7 +26,8 @@ class InstantQueries(Protocol):
 
 
 def selection(target: Target, config_hash: str, labels: LabelNames) -> Selection:
-    """What ``{{ selector }}`` selects for one variant of ``target``."""
+    """What ``{{ selector }}`` selects for one variant of ``target`` (for an observed fleet, its pods, whatever the
+    variant: the same engines answer for both roles)."""
     return Selection(
         namespace_label=labels.namespace,
         namespace=target.namespace,
@@ -35,22 +36,38 @@ def selection(target: Target, config_hash: str, labels: LabelNames) -> Selection
         config_hash_label=labels.config_hash,
         config_hash=config_hash,
         extra_matchers=target.extra_matchers,
+        pods=target.pods,  # an observed fleet: selected by its pods, as the built-in queries select it
+        pod_label=labels.pod,
     )
 
 
-def one_number(answer: list[dict[str, Any]] | str) -> tuple[float | None, str | None]:
-    """(value, None), (None, None) for an empty answer (no data), or (None, why) for an error or several series."""
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def one_number(answer: list[dict[str, Any]] | list[Any] | str) -> tuple[float | None, str | None]:
+    """(value, None), (None, None) for an empty answer (no data), or (None, why) for an error or several series.
+
+    A vector answers as a list of series (``{"metric": ..., "value": [t, "v"]}``); a scalar as the pair
+    ``[t, "v"]`` itself. ``+Inf`` and ``-Inf`` are values (a breach of a max, of a min); ``NaN`` is none."""
     if isinstance(answer, str):
         return None, answer
     if not answer:
         return None, None
-    if len(answer) > 1:
+    if len(answer) == 2 and _is_number(answer[0]) and isinstance(answer[1], str):
+        raw: object = answer[1]  # a scalar
+    elif len(answer) > 1:
         return None, f"the query gave {len(answer)} series, not one number: aggregate it (sum, max, ...)"
+    else:
+        try:
+            raw = answer[0]["value"][1]
+        except (KeyError, IndexError, TypeError):
+            return None, "the answer is not an instant vector or scalar"
     try:
-        number = float(answer[0]["value"][1])
-    except (KeyError, IndexError, TypeError, ValueError):
+        number = float(raw)  # type: ignore[arg-type]  # Prometheus writes numbers as strings: "1.5", "+Inf", "NaN"
+    except (TypeError, ValueError):
         return None, "the answer is not an instant vector or scalar"
-    return (None, None) if math.isnan(number) or math.isinf(number) else (number, None)
+    return (None, None) if math.isnan(number) else (number, None)
 
 
 def read_custom(

@@ -59,6 +59,7 @@ from kvoffload.analysis.dialects import (
     SOURCE_EXTERNAL_KV_TRANSFER,
     Dialect,
 )
+from kvoffload.api.promql import TemplateError, escape_label_value, render_matchers
 from kvoffload.api.quantity import parse_duration
 
 log = logging.getLogger(__name__)
@@ -207,7 +208,9 @@ def build_queries(
     labels = labels or LabelNames()
     w = promql_duration(window)
     by = labels.namespace if fleet else labels.grouping()
-    sel = (scope or f'{labels.policy}!=""') + (f", {extra_matchers}" if extra_matchers else "")
+    # Decoded and written again, never pasted: a value ending in a backslash cannot close its literal early.
+    # A text that is not a list of label matchers raises TemplateError (a ValueError).
+    sel = (scope or f'{labels.policy}!=""') + (f", {render_matchers(extra_matchers)}" if extra_matchers else "")
 
     def s(extra: str = "") -> str:
         return "{" + sel + (f", {extra}" if extra else "") + "}"
@@ -472,10 +475,10 @@ class PrometheusProvider:
                 scope: str | None = fleet_matcher(members[0], self.labels)
             else:
                 scope = scope_matcher([t.key for t in members], self.labels)
-            queries = build_queries(
-                window, dialect, extra, self.labels, workload=workload, scope=scope, fleet=fleet is not None
-            )
             try:
+                queries = build_queries(
+                    window, dialect, extra, self.labels, workload=workload, scope=scope, fleet=fleet is not None
+                )
                 collected = self._collect(queries, at)
             except (
                 requests.RequestException,
@@ -560,7 +563,15 @@ class PrometheusProvider:
         def one(expr: str) -> list[dict[str, Any]] | str:
             try:
                 return self._query(expr, at)
-            except (requests.RequestException, PrometheusApiClientException, OSError, ValueError, TypeError) as exc:
+            except (
+                requests.RequestException,
+                PrometheusApiClientException,
+                OSError,
+                ValueError,
+                TypeError,
+                KeyError,  # a 200 without data.result: the client reads response.json()["data"]["result"]
+                IndexError,
+            ) as exc:
                 return _describe(exc)
 
         try:
@@ -598,11 +609,14 @@ class PrometheusProvider:
         """The ``vllm:`` series names in Prometheus, for one target's engines when given; empty on error."""
         matcher = '__name__=~"vllm:.+"'
         if target is not None:
-            matcher += f', {self.labels.namespace}="{target.namespace}", {self.labels.policy}="{target.policy}"'
-            if target.extra_matchers:
-                matcher += f", {target.extra_matchers}"
+            matcher += (
+                f", {self.labels.namespace}={escape_label_value(target.namespace)}"
+                f", {self.labels.policy}={escape_label_value(target.policy)}"
+            )
         self.queries += 1
         try:
+            if target is not None and target.extra_matchers:
+                matcher += f", {render_matchers(target.extra_matchers)}"  # TemplateError is a ValueError
             self._authenticate()
             names = self._client.get_label_values("__name__", params={"match[]": "{" + matcher + "}"})
         except (requests.RequestException, PrometheusApiClientException, OSError, ValueError, KeyError, TypeError):
@@ -700,6 +714,8 @@ def _describe(exc: BaseException) -> str:
         return _REFUSED.get(code, f"Prometheus answered with an error: HTTP {code}: {status.group(2)[:300]}")
     if isinstance(exc, requests.exceptions.RetryError | PrometheusApiClientException):
         return f"Prometheus answered with an error: {str(exc)[:300]}"
+    if isinstance(exc, TemplateError):  # only extraMatchers is parsed on the way out
+        return f"spec.prometheus.extraMatchers cannot be used: {str(exc)[:200]}"
     if isinstance(exc, ValueError | KeyError | TypeError | IndexError):
         return f"Prometheus answer not understood: {type(exc).__name__}: {str(exc)[:200]}"
     return f"Prometheus query failed: {type(exc).__name__}: {str(exc)[:200]}"

@@ -4,7 +4,9 @@ A template is PromQL with two placeholders and nothing else of a template langua
 
 - ``{{ selector }}``: label matchers, without braces, that select one variant's engines of one policy:
   its namespace, its name and the config hash of the variant's level (the series labels the rendered
-  PodMonitor copies from the pods), plus ``spec.prometheus.extraMatchers``. Written inside braces:
+  PodMonitor copies from the pods), plus ``spec.prometheus.extraMatchers``; for an observe-only policy, the
+  observed fleet's namespace and pods by name instead (its series carry none of those labels), as the
+  built-in queries select it. Written inside braces:
   ``vllm:num_requests_waiting{ {{ selector }} }`` or ``...{ {{ selector }}, finished_reason="abort" }``;
 - ``{{ window }}``: ``spec.analysis.window`` as a PromQL duration (``rate(x{...}[{{ window }}])``).
 
@@ -150,6 +152,20 @@ def parse_matchers(text: str) -> list[tuple[str, str, str]]:
     return found
 
 
+def render_matchers(text: str) -> str:
+    """``text`` (``spec.prometheus.extraMatchers``) decoded by :func:`parse_matchers` and written again, each
+    name checked and each value an escaped string literal: ``a="x", b=~"y"``. TemplateError when it is not a
+    list of label matchers. Whatever a value holds stays inside its literal; nothing of ``text`` is pasted."""
+    return _render_pairs(parse_matchers(text))
+
+
+def _render_pairs(pairs: list[tuple[str, str, str]]) -> str:
+    for name, _, _ in pairs:
+        if not LABEL_NAME.match(name):
+            raise TemplateError(f"{name!r} is not a label name")
+    return ", ".join(f"{name}{op}{escape_label_value(value)}" for name, op, value in pairs)
+
+
 @dataclass(frozen=True)
 class Selection:
     """What ``{{ selector }}`` selects: one variant's engines of one policy. Label names are the operator's
@@ -162,19 +178,27 @@ class Selection:
     config_hash_label: str
     config_hash: str
     extra_matchers: str | None = None
+    pods: tuple[str, ...] | None = None
+    """Observe-only: the observed fleet's pods. Its series carry none of the policy's labels, so it is selected
+    as the built-in queries select it (``analysis/prometheus.py``'s ``fleet_matcher``): its namespace and its
+    pods by name; policy and config hash are then not matched."""
+    pod_label: str = "pod"
 
     def matchers(self) -> str:
-        pairs = [
-            (self.namespace_label, "=", self.namespace),
-            (self.policy_label, "=", self.policy),
-            (self.config_hash_label, "=", self.config_hash),
-        ]
+        pairs: list[tuple[str, str, str]]
+        if self.pods is not None:
+            # Pod names are Kubernetes names, whose only regex metacharacter is "."; Prometheus anchors the regex.
+            names = "|".join(sorted(p.replace(".", "\\.") for p in self.pods))
+            pairs = [(self.namespace_label, "=", self.namespace), (self.pod_label, "=~", names)]
+        else:
+            pairs = [
+                (self.namespace_label, "=", self.namespace),
+                (self.policy_label, "=", self.policy),
+                (self.config_hash_label, "=", self.config_hash),
+            ]
         if self.extra_matchers:
             pairs += parse_matchers(self.extra_matchers)
-        for name, _, _ in pairs:
-            if not LABEL_NAME.match(name):
-                raise TemplateError(f"{name!r} is not a label name")
-        return ", ".join(f"{name}{op}{escape_label_value(value)}" for name, op, value in pairs)
+        return _render_pairs(pairs)
 
 
 def _substitute(template: str, values: dict[str, str]) -> str:

@@ -8,6 +8,7 @@ names are camelCase on the wire (aliases) and snake_case in Python.
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from datetime import datetime
 from enum import StrEnum
@@ -18,6 +19,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    field_serializer,
     field_validator,
     model_validator,
 )
@@ -36,6 +38,7 @@ from kvoffload.api.fields import (
 )
 from kvoffload.api.notifications import NotificationsSpec
 from kvoffload.api.podspec import EmptyDirSource, EnvVar, HostPathSource, PodTemplate, PVCSource, Toleration
+from kvoffload.api.promql import TemplateError, render_matchers
 from kvoffload.api.quantity import parse_duration, parse_quantity
 from kvoffload.api.vllmflags import cel_managed_pattern, judge_extra_args
 
@@ -502,7 +505,9 @@ class PrometheusSpec(Model):
     extra_matchers: str | None = Field(
         default=None,
         max_length=1024,
-        pattern=r'^[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*"(\s*,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"[^"]*")*$',
+        # Each value a PromQL string literal: a backslash always escapes the next character, so a value cannot
+        # end in one and close its literal early (``\"`` reads as a quote inside the string).
+        pattern=r'^[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*"(\s*,\s*[a-zA-Z_][a-zA-Z0-9_]*\s*(=|!=|=~|!~)\s*"(?:[^"\\]|\\.)*")*$',
         description='Label matchers added to every query, e.g. cluster="prod".',
     )
     monitor_labels: dict[str, str] = Field(
@@ -510,6 +515,18 @@ class PrometheusSpec(Model):
         max_length=32,
         description="More labels for the rendered PodMonitor, e.g. the release label your Prometheus selects on.",
     )
+
+    @field_validator("extra_matchers")
+    @classmethod
+    def _matchers_decode(cls, text: str | None) -> str | None:
+        # The pattern admits any escape; PromQL knows a few (\q is refused by Prometheus): decode it as the
+        # operator will, so a value the queries could not carry is refused here, not each cycle.
+        if text is not None:
+            try:
+                render_matchers(text)
+            except TemplateError as exc:
+                raise ValueError(str(exc)) from None
+        return text
 
 
 class KVOffloadPolicySpec(Model):
@@ -760,6 +777,12 @@ class MetricResult(Status):
         description="Custom metric: its breach has lasted its sustainedFor (a gated one then rolls back; a dry-run "
         "one would have).",
     )
+
+    @field_serializer("canary", "stable", "threshold")
+    def _finite(self, value: float | None) -> float | None:
+        # A custom metric may read +Inf or -Inf (judged: a breach of a max or a min; the message says so), which
+        # JSON cannot carry: the API server would refuse the whole status. Written as null.
+        return value if value is None or math.isfinite(value) else None
 
 
 class AnalysisStatus(Status):
