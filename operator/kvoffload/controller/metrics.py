@@ -73,6 +73,7 @@ TARGET_LABELS = frozenset({"namespace", "pod", "job", "instance", "service", "co
 operator's series itself: no series of ours may carry one."""
 API_OPERATIONS = (
     "list",
+    "list_pods",
     "read_configmap",
     "read_secret",
     "read_analysis_template",
