@@ -7,7 +7,15 @@ from datetime import UTC, datetime, timedelta
 from kvoffload.analysis.assess import REQUESTS, Assessment, record_verdict
 from kvoffload.analysis.custom import CustomReading, breach_sustained, judge_custom, with_custom
 from kvoffload.api.analysistemplate import CustomMetric, MetricSource
-from kvoffload.api.types import AnalysisSpec, AnalysisStatus, MetricResult, Verdict
+from kvoffload.api.types import (
+    AnalysisSpec,
+    AnalysisStatus,
+    KVOffloadPolicyStatus,
+    MetricResult,
+    StageStatus,
+    Verdict,
+)
+from kvoffload.rollout.record import evidence_of
 
 T0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 ANALYSIS = AnalysisSpec(sustained_for="2m")
@@ -113,3 +121,49 @@ def test_a_built_in_breach_keeps_the_policy_wide_rule() -> None:
     status = status.model_copy(update={"metrics": [builtin, custom.model_copy(update={"sustained": False})]})
     assert not breach_sustained(status, "2m", T0 + timedelta(seconds=10))
     assert breach_sustained(status, "2m", T0 + timedelta(minutes=2))
+
+
+def ratio_cycle(
+    reading: CustomReading, previous: AnalysisStatus | None, now: datetime, *, has_canary: bool = True
+) -> AnalysisStatus:
+    results = judge_custom([reading], previous, ANALYSIS, now, has_canary=has_canary)
+    return record_verdict(previous, with_custom(passing(), results), now)
+
+
+def test_a_ratio_breach_that_rolled_back_does_not_carry_its_failing_since_into_the_retry() -> None:
+    # A gated ratio breaches for its sustainedFor on the first canary: the step rolls back.
+    ratio = source("queue", comparison="ratio", max=1.5)
+    breaching = CustomReading(ratio, canary=3.0, stable=1.0)
+    status = None
+    for seconds in (0, 60, 120):
+        status = ratio_cycle(breaching, status, T0 + timedelta(seconds=seconds))
+    assert status is not None
+    assert breach_sustained(status, ANALYSIS.sustained_for, T0 + timedelta(seconds=120))
+    # No canary runs (rolled back): the ratio does not apply, so the breach run ends there.
+    resting = ratio_cycle(CustomReading(ratio, stable=1.0), status, T0 + timedelta(minutes=5), has_canary=False)
+    assert row(resting, "queue").passed is None
+    assert row(resting, "queue").failing_since is None
+    # A retry starts a new canary; its first breaching reading starts a new run, it is no sustained breach.
+    retry = T0 + timedelta(minutes=30)
+    first = ratio_cycle(breaching, resting, retry)
+    assert row(first, "queue").failing_since == retry
+    assert row(first, "queue").sustained is False
+    assert not breach_sustained(first, ANALYSIS.sustained_for, retry)
+
+
+def test_a_custom_failing_since_never_spans_a_step_start() -> None:
+    # The adapter passes judge_custom the previous analysis cut at the step start, as decide() cuts the verdict's.
+    metric = source("errors")
+    status = None
+    for seconds in (0, 60, 120):
+        status = cycle([CustomReading(metric, canary=0.05)], status, T0 + timedelta(seconds=seconds))
+    assert status is not None
+    assert row(status, "errors").sustained is True
+    step_start = T0 + timedelta(seconds=150)
+    policy = KVOffloadPolicyStatus(
+        stage=StageStatus(index=1, name="cpu", step=1, started_at=step_start), last_analysis=status
+    )
+    now = step_start + timedelta(seconds=30)
+    first = cycle([CustomReading(metric, canary=0.05)], evidence_of(policy, None, now), now)
+    assert row(first, "errors").failing_since == now
+    assert not breach_sustained(first, ANALYSIS.sustained_for, now)

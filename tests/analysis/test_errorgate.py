@@ -178,6 +178,54 @@ def test_too_few_finished_requests_on_the_canary_is_inconclusive_even_when_all_o
     assert "fewer than minRequests 50" in row(result, ERROR_SHARE).message
 
 
+@pytest.mark.parametrize("ttft_count", [0.0, None], ids=["ttft-count-0", "no-ttft-series"])
+def test_a_canary_failing_every_request_before_its_first_token_fails_not_inconclusive(ttft_count: float | None) -> None:
+    # 400 finished, all failed: none got a first token, so the TTFT histogram counts none (or has no series).
+    canary = VariantSample(requests=ttft_count, finished=finished(400, 400))
+    result = judge(canary)
+    assert result.verdict is Verdict.FAIL, result.message
+    share = row(result, ERROR_SHARE)
+    assert share.passed is False
+    assert share.canary == pytest.approx(1.0)
+    assert "canary failed 100.0%" in result.message
+    assert "over maxShare 5.0%" in result.message
+    assert row(result, "requests").passed is None  # the TTFT count is still short, and says so
+    assert row(result, "ttftP99").passed is None  # latency waits for samples of its own
+
+
+def test_a_canary_failing_30_percent_fails_though_its_ttft_count_is_under_min_requests() -> None:
+    # 70 finished, 21 failed before a first token: 49 TTFT samples, one under minRequests 50.
+    canary = replace(CANARY, requests=49, finished=finished(70, 21))
+    result = judge(canary)
+    assert result.verdict is Verdict.FAIL, result.message
+    assert row(result, ERROR_SHARE).passed is False
+    assert row(result, ERROR_SHARE).canary == pytest.approx(0.3)
+    assert row(result, ERROR_SHARE_INCREASE).passed is False
+    assert row(result, "ttftP99").passed is None  # within budget, but on too few samples: not judged
+
+
+def test_a_short_ttft_count_with_the_error_gate_within_budget_stays_inconclusive() -> None:
+    result = judge(replace(CANARY, requests=49, finished=finished(70)))
+    assert result.verdict is Verdict.INCONCLUSIVE, result.message
+    assert row(result, ERROR_SHARE).passed is True
+    assert "fewer than minRequests 50" in result.message
+
+
+def test_a_short_ttft_count_with_too_few_finished_requests_too_stays_inconclusive() -> None:
+    result = judge(VariantSample(requests=0.0, finished=finished(40, 40)))
+    assert result.verdict is Verdict.INCONCLUSIVE, result.message
+    assert row(result, ERROR_SHARE).passed is None
+
+
+def test_a_canary_failing_every_request_rolls_back_once_the_breach_is_sustained() -> None:
+    failing = VariantSample(requests=0.0, finished=finished(400, 400))
+    start = datetime(2026, 12, 5, 19, 0, tzinfo=UTC)
+    status = record_verdict(None, judge(failing), start)
+    status = record_verdict(status, judge(failing), start + timedelta(minutes=2))
+    assert status.verdict is Verdict.FAIL
+    assert sustained(status, "2m", start + timedelta(minutes=2))
+
+
 def test_too_few_finished_requests_on_the_stable_leaves_the_increase_unjudged_and_the_verdict_inconclusive() -> None:
     result = judge(CANARY, replace(STABLE, finished=finished(10)))
     assert row(result, ERROR_SHARE).passed is True

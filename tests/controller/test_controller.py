@@ -1280,3 +1280,53 @@ async def test_pods_no_prometheus_scrapes_are_reported_naming_the_podmonitors_la
     monitor = kube.emulator.read_object("monitoring.coreos.com/v1", "PodMonitor", NS, "chat")
     assert monitor is not None
     assert monitor["metadata"]["labels"]["release"] == "kvoffload-lab"
+
+
+async def test_a_template_the_operator_may_not_read_leaves_the_cycle_to_decide_and_a_hard_failure_rolls_back(
+    kube: EmulatedCluster, controller: Controller, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The emulator has no authorizer: a 403 on the template (its ClusterRole missing) is played here at will.
+    forbidden = False
+    shared = {
+        "apiVersion": POLICY_API,
+        "kind": "KVOffloadAnalysisTemplate",
+        "metadata": {"name": "platform-gates", "generation": 1},
+        "spec": {"metrics": [{"name": "queue", "query": "max(q{ {{ selector }} })", "max": 5, "dryRun": True}]},
+    }
+
+    async def read_analysis_template(name: str) -> dict[str, Any] | None:
+        if forbidden:
+            raise ApiRejectedError(f"read KVOffloadAnalysisTemplate {name}: 403 forbidden", 403)
+        return copy.deepcopy(shared)
+
+    monkeypatch.setattr(controller.gateway, "read_analysis_template", read_analysis_template)
+    spec = chat_spec()
+    spec["analysis"]["templates"] = [{"name": "platform-gates"}]
+    await create_policy(kube, spec=spec)
+    await controller.reconcile(policy_body(kube))
+    await run_pods(kube, "chat-gpu-only", 4)
+    await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-cpu") is not None)
+
+    forbidden = True
+    clock.advance(1)
+    await controller.reconcile(policy_body(kube))  # no ReconcileError: the cycle goes on
+    analysis = status_of(kube)["lastAnalysis"]
+    assert analysis["verdict"] == "Inconclusive"
+    (row,) = [m for m in analysis["metrics"] if m["name"] == "template/platform-gates"]
+    assert "could not be read" in row["message"]
+    assert "403 forbidden" in row["message"]
+
+    oom = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
+    await run_pods(
+        kube,
+        "chat-cpu",
+        1,
+        conditions=[{"type": "Ready", "status": "False"}],
+        containerStatuses=[{"name": "vllm", "ready": False, "restartCount": 0, "lastState": oom, "state": oom}],
+    )
+    clock.advance(1)
+    await controller.reconcile(policy_body(kube))
+    assert deployment(kube, "chat-cpu") is None
+    status = status_of(kube)
+    assert status["phase"] == "RolledBack"
+    assert status["history"][-1]["reason"] == "CanaryOOMKilled"

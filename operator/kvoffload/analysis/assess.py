@@ -247,7 +247,10 @@ def assess(
     """Judge one cycle. Pure: the same inputs always give the same Assessment.
 
     - Prometheus error, no series, or fewer than ``minRequests`` on the subject: Inconclusive,
-      never Fail (a breach seen on too few requests is reported but does not count).
+      never Fail (a breach seen on too few requests is reported but does not count). One exception: the
+      error gate counts its own requests (a request failing before its first token has no TTFT), so an
+      error row judged on ``minRequests`` of its own count that breached fails the verdict even when the
+      TTFT count is short; the latency and offload rows still need their own samples.
     - Fail when any gated metric breached: p99 TTFT or ITL over budget; canary/stable p99 over
       ``maxRegression``; external share under ``minExternalShare`` (levels with offload, after
       warm-up); a secondary tier that served no tokens (after warm-up); a failed-request share over
@@ -612,9 +615,20 @@ def _live_config_message(subject: VariantSample, level: Level, who: str) -> str:
     return f"{seen}: {'matches' if matches else 'DOES NOT MATCH'} level {level.name}"
 
 
+ERROR_ROWS = (ERROR_SHARE, ERROR_SHARE_INCREASE)
+"""The error gate's rows: judged on their own request counts, so they can fail a subject short of TTFT samples."""
+
+
 def _verdict(rows: list[_Row], *, error_free_subject: bool, enough: bool, req_msg: str) -> Assessment:
     metrics = tuple(r.result for r in rows)
     if not error_free_subject or not enough:
+        # A request that fails before its first token has no TTFT, so a canary failing most of its requests is
+        # short of minRequests by the TTFT count. The error gate counts its own requests (finished ones, HTTP
+        # answers) and judges a row only with minRequests in that count: such a breach fails the verdict, while
+        # every other row still waits for its own samples.
+        failed_errors = [r.result for r in rows if r.gated and r.result.passed is False and r.result.name in ERROR_ROWS]
+        if failed_errors:
+            return Assessment(Verdict.FAIL, metrics, "; ".join(r.message for r in failed_errors))
         return Assessment(Verdict.INCONCLUSIVE, metrics, req_msg)
     failed = [r.result for r in rows if r.gated and r.result.passed is False]
     if failed:

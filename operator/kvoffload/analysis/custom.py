@@ -10,7 +10,9 @@ ones, and ``with_custom()`` folds them into the cycle's Assessment:
 - too few requests, or no measurements at all, stay Inconclusive whatever the custom metrics say.
 
 Each custom result carries ``failingSince`` (when its current run of breaches began, kept across
-Inconclusive cycles as the verdict's is) and ``sustained`` (the breach has lasted the metric's own
+Inconclusive cycles as the verdict's is, ended by a pass or by a cycle where the metric does not apply: a
+ratio with no canary beside a stable side, or in the warm-up; ``previous`` must not span a step start, see
+``rollout.record.evidence_of``) and ``sustained`` (the breach has lasted the metric's own
 ``sustainedFor``, over two readings at least). ``breach_sustained()`` is the rollback rule with them:
 a Fail whose only breaches are custom metrics rolls back once one of them is sustained; a Fail with a
 built-in breach keeps the policy-wide rule (``sustained()`` with ``analysis.sustainedFor``).
@@ -75,6 +77,9 @@ def judge_custom(
         metric = reading.source.metric
         who = "canary" if has_canary else "stable"
         gated = not metric.dry_run
+        # False where the metric cannot be judged this cycle by its nature (a ratio without a canary beside a
+        # stable side, or during the warm-up): no breach runs on then, so its failingSince ends.
+        applies = True
         passed: bool | None = None
         value: float | None
         if metric.comparison is Comparison.RATIO:
@@ -84,9 +89,11 @@ def judge_custom(
                 if math.isnan(value):  # both infinite: no ratio to judge
                     value = None
             if not has_canary or not stable_side:
-                gated, message = False, "a ratio needs a canary beside stable engines (reported, not gated)"
+                gated, applies = False, False
+                message = "a ratio needs a canary beside stable engines (reported, not gated)"
             elif not comparing:
-                gated, message = False, "warming up: canary/stable reported, gated once the canary is warm"
+                gated, applies = False, False
+                message = "warming up: canary/stable reported, gated once the canary is warm"
             elif reading.error is not None:
                 message = f"not judged: {reading.error}"
             elif value is None:
@@ -111,7 +118,7 @@ def judge_custom(
         since = None
         if passed is False:
             since = old.failing_since if old is not None and old.failing_since is not None else now
-        elif passed is None and old is not None:
+        elif passed is None and old is not None and applies:
             since = old.failing_since  # missing evidence neither clears a breach nor extends it
         hold = parse_duration(metric.sustained_for or analysis.sustained_for)
         lasted = passed is False and since is not None and since < now and (now - since).total_seconds() >= hold

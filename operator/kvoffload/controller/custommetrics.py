@@ -7,8 +7,11 @@ generation judged it (``template: name@generation``).
 A template that is not there (yet: GitOps may apply the policy first) does not make the policy Invalid, whose
 spec is right: the analysis is Inconclusive, with a result ``template/<name>`` saying what is missing, so a
 step neither promotes nor rolls back on missing gates, and the policy pauses after ``maxInconclusive``
-cycles, naming the template. A template that does not validate (an older operator's, or one admitted while
-the webhook was down) is reported the same way.
+cycles, naming the template. A template the operator may not read (403: its RBAC) or the API server would not
+give (5xx) is reported the same way, naming the error, and the cycle goes on to decide(). A template that does
+not validate (an older operator's, or one admitted while the webhook was down) is reported the same way; where
+only some of its metrics are bad, each bad metric is reported on its own (``template/<name>/<metric>``) and the
+rest judged: a bad gated metric is not judged (Inconclusive), a bad dry-run metric is shown and never gates.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -24,10 +28,10 @@ from kvoffload.analysis.assess import REQUESTS, Assessment
 from kvoffload.analysis.custom import CustomResult, judge_custom, with_custom
 from kvoffload.analysis.customquery import read_custom
 from kvoffload.analysis.prometheus import LabelNames, MetricsProvider, Target
-from kvoffload.api.analysistemplate import KVOffloadAnalysisTemplate, metric_sources
+from kvoffload.api.analysistemplate import CustomMetric, KVOffloadAnalysisTemplate, metric_sources
 from kvoffload.api.errors import errors_from
 from kvoffload.api.types import AnalysisStatus, KVOffloadPolicySpec, MetricResult
-from kvoffload.controller.gateway import KubernetesGateway
+from kvoffload.controller.gateway import GatewayError, KubernetesGateway, Obj
 from kvoffload.rollout.plan import AnalysisSubject
 
 log = logging.getLogger(__name__)
@@ -39,26 +43,85 @@ TEMPLATE_RESULT_PREFIX = "template/"
 async def read_templates(
     gateway: KubernetesGateway, names: Sequence[str]
 ) -> tuple[list[KVOffloadAnalysisTemplate], list[CustomResult]]:
-    """The templates named, in order, and a not-judged gated result for each one missing or invalid."""
+    """The templates named, in order, and a not-judged result for each one missing, unreadable or invalid, and
+    for each bad metric of a template otherwise valid (gated unless that metric is a dry run).
+
+    Never raises the gateway's errors: a template the operator may not read (403) or the API server would not
+    give (5xx) is not judged, as a missing one is, so the cycle goes on to decide() (a hard failure still rolls
+    back at once) and the policy pauses after ``maxInconclusive`` cycles naming the template and the error."""
     found: list[KVOffloadAnalysisTemplate] = []
     missing: list[CustomResult] = []
     for name in names:
-        obj = await gateway.read_analysis_template(name)
+        obj: Obj | None = None
         problem = None
-        if obj is None:
-            problem = f"KVOffloadAnalysisTemplate {name} not found: analysis waits for it"
+        try:
+            obj = await gateway.read_analysis_template(name)
+        except GatewayError as exc:
+            log.warning("KVOffloadAnalysisTemplate %s could not be read: %s", name, exc)
+            problem = f"KVOffloadAnalysisTemplate {name} could not be read: {exc}: analysis waits for it"
         else:
-            try:
-                found.append(KVOffloadAnalysisTemplate.model_validate(obj))
-            except ValidationError as exc:
-                problem = f"KVOffloadAnalysisTemplate {name} is invalid: " + "; ".join(map(str, errors_from(exc)))
+            if obj is None:
+                problem = f"KVOffloadAnalysisTemplate {name} not found: analysis waits for it"
+            else:
+                template, bad, problem = _parse_template(name, obj)
+                if template is not None:
+                    found.append(template)
+                missing += bad
         if problem is not None:
-            version = None if obj is None else f"{name}@{(obj.get('metadata') or {}).get('generation', 0)}"
+            version = None if obj is None else _version_of(name, obj)
             result = MetricResult(
                 name=f"{TEMPLATE_RESULT_PREFIX}{name}", message=problem, dry_run=False, template=version or name
             )
             missing.append(CustomResult(result, gated=True))
     return found, missing
+
+
+def _version_of(name: str, obj: Obj) -> str:
+    return f"{name}@{(obj.get('metadata') or {}).get('generation', 0)}"
+
+
+def _parse_template(name: str, obj: Obj) -> tuple[KVOffloadAnalysisTemplate | None, list[CustomResult], str | None]:
+    """The template with its valid metrics, a not-judged result for each bad metric, and the problem that makes
+    the whole template invalid (None when there is none).
+
+    Each metric is judged on its own: one bad metric does not take its template's other gates away, and a bad
+    dry-run metric is shown, never gated (a dry run never decides, even by being wrong)."""
+    try:
+        return KVOffloadAnalysisTemplate.model_validate(obj), [], None
+    except ValidationError as exc:
+        whole = f"KVOffloadAnalysisTemplate {name} is invalid: " + "; ".join(map(str, errors_from(exc)))
+    spec = obj.get("spec")
+    raw_metrics = spec.get("metrics") if isinstance(spec, dict) else None
+    if not isinstance(spec, dict) or not isinstance(raw_metrics, list):
+        return None, [], whole
+    good: list[Any] = []
+    bad: list[CustomResult] = []
+    version = _version_of(name, obj)
+    for i, raw in enumerate(raw_metrics):
+        try:
+            CustomMetric.model_validate(raw)
+        except ValidationError as exc:
+            dry_run = isinstance(raw, dict) and raw.get("dryRun") is True
+            metric_name = raw.get("name") if isinstance(raw, dict) else None
+            label = metric_name if isinstance(metric_name, str) and metric_name else f"metrics[{i}]"
+            why = "; ".join(map(str, errors_from(exc, prefix=("spec", "metrics", i))))
+            message = f"KVOffloadAnalysisTemplate {name} metric {label} is invalid: {why}: not judged"
+            result = MetricResult(
+                name=f"{TEMPLATE_RESULT_PREFIX}{name}/{label}",
+                message=f"dry run: {message}" if dry_run else message,
+                dry_run=dry_run,
+                template=version,
+            )
+            bad.append(CustomResult(result, gated=not dry_run))
+        else:
+            good.append(raw)
+    if not bad:
+        return None, [], whole  # the problem is not in a metric: the template as a whole is invalid
+    try:
+        template = KVOffloadAnalysisTemplate.model_validate({**obj, "spec": {**spec, "metrics": good}})
+    except ValidationError:
+        return None, [], whole
+    return template, bad, None
 
 
 async def judged_with_custom(
@@ -74,7 +137,7 @@ async def judged_with_custom(
 ) -> Assessment:
     """``assessment`` with the policy's custom metrics judged beside it (see the module and ``analysis/custom``).
 
-    May raise the gateway's errors (reading a template), as any read of the cycle does."""
+    A template that cannot be read is a not-judged result (``read_templates``), never an error of the cycle."""
     analysis = spec.analysis
     templates, unread = await read_templates(gateway, [ref.name for ref in analysis.templates])
     try:

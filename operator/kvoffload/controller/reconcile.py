@@ -139,6 +139,7 @@ from kvoffload.rollout.observations import (
 from kvoffload.rollout.observe import observing, would_apply
 from kvoffload.rollout.plan import Plan, Variants
 from kvoffload.rollout.preflight import RestorePrice, prompt_tokens_for
+from kvoffload.rollout.record import evidence_of
 from kvoffload.rollout.warmup import analysis_subject
 
 log = logging.getLogger(__name__)
@@ -416,7 +417,9 @@ class Controller:
                         target=target,
                         subject=subject,
                         assessment=assessment,
-                        previous=ctx.status.last_analysis if ctx.status is not None else None,
+                        # Cut at the step start as decide() cuts the verdict's streak: a custom metric's
+                        # failingSince never spans a step start either.
+                        previous=evidence_of(ctx.status, None, ctx.now) if ctx.status is not None else None,
                         now=ctx.now,
                     ),
                     ctx.ref,
