@@ -1315,6 +1315,8 @@ async def test_a_template_the_operator_may_not_read_leaves_the_cycle_to_decide_a
     (row,) = [m for m in analysis["metrics"] if m["name"] == "template/platform-gates"]
     assert "could not be read" in row["message"]
     assert "403 forbidden" in row["message"]
+    errors = {"operation": "read_analysis_template"}
+    assert controller.metrics.registry.get_sample_value("kvoffload_api_errors_total", errors) == 1
 
     oom = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
     await run_pods(

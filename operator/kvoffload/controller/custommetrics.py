@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -41,7 +41,7 @@ TEMPLATE_RESULT_PREFIX = "template/"
 
 
 async def read_templates(
-    gateway: KubernetesGateway, names: Sequence[str]
+    gateway: KubernetesGateway, names: Sequence[str], on_read_error: Callable[[], None] | None = None
 ) -> tuple[list[KVOffloadAnalysisTemplate], list[CustomResult]]:
     """The templates named, in order, and a not-judged result for each one missing, unreadable or invalid, and
     for each bad metric of a template otherwise valid (gated unless that metric is a dry run).
@@ -58,6 +58,8 @@ async def read_templates(
             obj = await gateway.read_analysis_template(name)
         except GatewayError as exc:
             log.warning("KVOffloadAnalysisTemplate %s could not be read: %s", name, exc)
+            if on_read_error is not None:
+                on_read_error()
             problem = f"KVOffloadAnalysisTemplate {name} could not be read: {exc}: analysis waits for it"
         else:
             if obj is None:
@@ -134,12 +136,13 @@ async def judged_with_custom(
     assessment: Assessment,
     previous: AnalysisStatus | None,
     now: datetime,
+    on_read_error: Callable[[], None] | None = None,
 ) -> Assessment:
     """``assessment`` with the policy's custom metrics judged beside it (see the module and ``analysis/custom``).
 
     A template that cannot be read is a not-judged result (``read_templates``), never an error of the cycle."""
     analysis = spec.analysis
-    templates, unread = await read_templates(gateway, [ref.name for ref in analysis.templates])
+    templates, unread = await read_templates(gateway, [ref.name for ref in analysis.templates], on_read_error)
     try:
         sources = metric_sources(list(analysis.metrics), templates)
     except ValueError as exc:

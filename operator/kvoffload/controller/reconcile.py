@@ -408,21 +408,20 @@ class Controller:
                 observing=fleet is not None,
             )
             if source is not None and (spec.analysis.metrics or spec.analysis.templates):
-                assessment = await self._api(
-                    "read_analysis_template",
-                    judged_with_custom(
-                        gateway=self.gateway,
-                        provider=self.hub.provider_for(source),
-                        spec=spec,
-                        target=target,
-                        subject=subject,
-                        assessment=assessment,
-                        # Cut at the step start as decide() cuts the verdict's streak: a custom metric's
-                        # failingSince never spans a step start either.
-                        previous=evidence_of(ctx.status, None, ctx.now) if ctx.status is not None else None,
-                        now=ctx.now,
-                    ),
-                    ctx.ref,
+                # A template that cannot be read is a not-judged row (counted here), never the end of the cycle.
+                unread = self.metrics.api_errors.labels(operation="read_analysis_template").inc
+                assessment = await judged_with_custom(
+                    gateway=self.gateway,
+                    provider=self.hub.provider_for(source),
+                    spec=spec,
+                    target=target,
+                    subject=subject,
+                    assessment=assessment,
+                    # Cut at the step start as decide() cuts the verdict's streak: a custom metric's
+                    # failingSince never spans a step start either.
+                    previous=evidence_of(ctx.status, None, ctx.now) if ctx.status is not None else None,
+                    now=ctx.now,
+                    on_read_error=unread,
                 )
             self.metrics.verdicts.labels(verdict=assessment.verdict.value).inc()
             if in_baseline and spec.rollout.preflight is not None:
