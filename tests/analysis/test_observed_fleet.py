@@ -20,7 +20,8 @@ def test_a_fleets_queries_select_its_pods_by_name_and_sum_them_by_namespace() ->
     for query in build_queries("2m", NEWEST, 'cluster="prod"', workload=True, scope=matcher, fleet=True):
         assert f'{{{matcher}, cluster="prod"' in query.expr
         assert "kvoffload_io" not in query.expr  # neither selected nor grouped by labels the fleet lacks
-    assert fleet_matcher(Target("llm", "team", pods=())) == 'namespace="llm", pod=~``'  # matches no pod
+    # No pods: a name no pod can have. An empty regex would match every series of the namespace without a pod label.
+    assert fleet_matcher(Target("llm", "team", pods=())) == 'namespace="llm", pod=~`-`'
 
 
 @pytest.mark.prometheus

@@ -59,7 +59,7 @@ from kvoffload.analysis.dialects import (
     SOURCE_EXTERNAL_KV_TRANSFER,
     Dialect,
 )
-from kvoffload.api.promql import TemplateError, escape_label_value, render_matchers
+from kvoffload.api.promql import TemplateError, escape_label_value, pods_regex, render_matchers
 from kvoffload.api.quantity import parse_duration
 
 log = logging.getLogger(__name__)
@@ -184,8 +184,7 @@ def fleet_matcher(target: Target, labels: LabelNames | None = None) -> str:
     """The matcher of an observed fleet: its namespace and its pods by name (anchored by Prometheus; a pod name's
     only regex metacharacter is ``.``). A fleet without pods matches no series."""
     labels = labels or LabelNames()
-    names = "|".join(sorted(p.replace(".", "\\.") for p in target.pods or ()))
-    return f'{labels.namespace}="{target.namespace}", {labels.pod}=~`{names}`'
+    return f'{labels.namespace}="{target.namespace}", {labels.pod}=~`{pods_regex(target.pods or ())}`'
 
 
 def build_queries(

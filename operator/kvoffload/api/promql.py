@@ -30,7 +30,7 @@ asked too where one is reachable (``analysis/queryparse.py``).
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 SELECTOR = "selector"
@@ -166,6 +166,13 @@ def _render_pairs(pairs: list[tuple[str, str, str]]) -> str:
     return ", ".join(f"{name}{op}{escape_label_value(value)}" for name, op, value in pairs)
 
 
+def pods_regex(pods: Iterable[str]) -> str:
+    """A regex for exactly these pods, as Prometheus anchors it. Pod names are Kubernetes names, whose only regex
+    metacharacter is ``.``. No pods: ``-``, a name no pod can have (an empty regex would match every series
+    without the label)."""
+    return "|".join(sorted(p.replace(".", "\\.") for p in pods)) or "-"
+
+
 @dataclass(frozen=True)
 class Selection:
     """What ``{{ selector }}`` selects: one variant's engines of one policy. Label names are the operator's
@@ -187,9 +194,7 @@ class Selection:
     def matchers(self) -> str:
         pairs: list[tuple[str, str, str]]
         if self.pods is not None:
-            # Pod names are Kubernetes names, whose only regex metacharacter is "."; Prometheus anchors the regex.
-            names = "|".join(sorted(p.replace(".", "\\.") for p in self.pods))
-            pairs = [(self.namespace_label, "=", self.namespace), (self.pod_label, "=~", names)]
+            pairs = [(self.namespace_label, "=", self.namespace), (self.pod_label, "=~", pods_regex(self.pods))]
         else:
             pairs = [
                 (self.namespace_label, "=", self.namespace),
