@@ -394,7 +394,9 @@ def scenario(run: Scenario, tag: str) -> None:
         first["metadata"]["finalizers"] = [FINALIZER]
     run.kube.kubectl("apply", "-f", "-", stdin=json.dumps(first))
     other = policy(plain, OTHER, {"url": run.recorder.url})
-    other["spec"]["analysis"]["templates"] = [{"name": "platform-gates"}]  # read (cluster-scoped) at every analysis
+    # Read (cluster-scoped) at every analysis. A name no other test creates: the session's API server is shared, and
+    # a template that exists is judged by its metrics' names, not reported as template/<name>.
+    other["spec"]["analysis"]["templates"] = [{"name": "rbac-gates"}]
     run.kube.kubectl("apply", "-f", "-", stdin=json.dumps(other))
 
     get = run.get
@@ -417,7 +419,7 @@ def scenario(run: Scenario, tag: str) -> None:
     run.until(
         "the other policy's template looked for",
         lambda: any(
-            m["name"] == "template/platform-gates"
+            m["name"] == "template/rbac-gates"
             for m in (run.status(plain, OTHER).get("lastAnalysis") or {}).get("metrics") or []
         ),
     )
