@@ -22,17 +22,19 @@ PACKAGE = paths.PACKAGE
 # What each subpackage may import, besides itself: the core at the bottom, the lab and the CLI on top.
 ALLOWED: dict[str, set[str]] = {
     "api": set(),
-    "policy": {"api"},
-    "analysis": {"api", "policy"},
-    "rollout": {"api", "policy", "analysis"},
-    "economics": {"api", "policy"},
+    # engines: each serving engine's command line and checks; the rest reach it through the seam only (below).
+    "engines": {"api"},
+    "policy": {"api", "engines"},
+    "analysis": {"api", "policy", "engines"},
+    "rollout": {"api", "policy", "analysis", "engines"},
+    "economics": {"api", "policy", "engines"},
     # notify: derives notifications from the status (api) and delivers them; the controller calls it.
     "notify": {"api"},
     # economics: the preflight's restore-vs-recompute price on the GPU class's shipped profile (the judgment
     # itself is pure, in rollout/preflight.py, which may not import economics).
-    "controller": {"api", "policy", "analysis", "rollout", "economics", "notify"},
-    "cli": {"api", "policy", "analysis", "rollout", "economics", "controller", "notify"},
-    "lab": {"api", "policy", "analysis", "rollout", "economics", "cli"},
+    "controller": {"api", "policy", "analysis", "rollout", "economics", "notify", "engines"},
+    "cli": {"api", "policy", "analysis", "rollout", "economics", "controller", "notify", "engines"},
+    "lab": {"api", "policy", "analysis", "rollout", "economics", "cli", "engines"},
 }
 
 
@@ -129,6 +131,27 @@ def test_subpackages_import_only_downwards() -> None:
         and b not in ALLOWED[a]
     )
     assert wrong == []
+
+
+# The seam: outside engines/, only these modules may be imported (not an engine's own package).
+ENGINE_SEAM = {"kvoffload.engines", "kvoffload.engines.engine"}
+
+
+def test_only_the_seam_reaches_an_engine() -> None:
+    wrong = sorted(
+        f"{source} imports {target}"
+        for source, targets in import_graph().items()
+        for target in targets
+        if subpackage(source) != "engines" and subpackage(target) == "engines" and target not in ENGINE_SEAM
+    )
+    assert wrong == []
+
+
+def test_the_seam_check_sees_an_engine_module() -> None:
+    # Proves the check above is live: render.py's seam import resolves to a module the rule knows.
+    graph = import_graph()
+    assert "kvoffload.engines" in graph["kvoffload.policy.render"]
+    assert {"kvoffload.engines.vllm.command", "kvoffload.engines.sglang.command"} <= graph["kvoffload.engines"]
 
 
 def test_nothing_outside_the_lab_and_the_cli_imports_the_lab() -> None:

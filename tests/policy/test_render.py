@@ -21,13 +21,12 @@ from kvoffload.api.quantity import GIB, quantity_bytes
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.main import main
 from kvoffload.policy.ladder import Level, build_ladder, find_level
+from kvoffload.engines.vllm.command import gib, kv_transfer_config
 from kvoffload.policy.render import (
     config_hash,
     dump_yaml,
     engine_args,
     engine_env,
-    gib,
-    kv_transfer_config,
     render,
     render_level,
 )

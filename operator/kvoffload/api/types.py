@@ -49,6 +49,11 @@ RESERVED_LEVEL_NAMES = frozenset({"gpu-only", "cpu-pilot", "cpu"})
 # --- spec --------------------------------------------------------------------
 
 
+class EngineName(StrEnum):
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
 class KVCacheDtype(StrEnum):
     AUTO = "auto"
     BFLOAT16 = "bfloat16"
@@ -564,6 +569,11 @@ class KVOffloadPolicySpec(Model):
         )
     )
 
+    engine: EngineName = Field(
+        default=EngineName.VLLM,
+        description="The serving engine: vllm (`vllm serve`, its native OffloadingConnector or LMCache) or sglang "
+        "(`sglang.launch_server` with its hierarchical cache; one filesystem tier through its file backend).",
+    )
     model: ModelSpec = Field(description="The model and engine.")
     gpu: GPUSpec = Field(description="The GPU class and count per replica.")
     replicas: int = Field(ge=1, le=1000, description="Engine replicas in total.")

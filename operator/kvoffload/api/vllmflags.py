@@ -66,17 +66,20 @@ class OptionTable:
         return sorted(found, key=lambda o: (not o.startswith("--"), o))
 
 
-@functools.cache
-def option_table() -> OptionTable:
-    """The option table shipped with the operator (vLLM's parsers, every version in ``versions``)."""
-    raw: dict[str, Any] = json.loads(
-        (resources.files("kvoffload.api") / "data" / "vllm-options.json").read_text(encoding="utf-8")
-    )
+def load_option_table(package: str, name: str) -> OptionTable:
+    """An option table shipped in ``package``'s ``data`` folder (written by ``scripts/*_options.py``)."""
+    raw: dict[str, Any] = json.loads((resources.files(package) / "data" / name).read_text(encoding="utf-8"))
     return OptionTable(
         versions=tuple(raw["versions"]),
         allow_abbrev=bool(raw["allowAbbrev"]),
         options={o: (e["dest"], e["nargs"]) for o, e in raw["options"].items()},
     )
+
+
+@functools.cache
+def option_table() -> OptionTable:
+    """The option table shipped with the operator (vLLM's parsers, every version in ``versions``)."""
+    return load_option_table("kvoffload.api", "vllm-options.json")
 
 
 def managed_flags() -> list[str]:
@@ -117,9 +120,17 @@ def _name(arg: str) -> tuple[str, bool, bool]:
     return base, bool(eq), bool(dot)
 
 
-def judge_extra_args(args: Sequence[str], table: OptionTable | None = None) -> list[ArgProblem]:
-    """Every ``extraArgs`` item that would set a managed value, that vLLM has no option for, or that vLLM
-    would read as a positional argument (the model); empty when all may stand.
+def judge_extra_args(
+    args: Sequence[str],
+    table: OptionTable | None = None,
+    *,
+    managed: Mapping[str, str] = MANAGED_DESTS,
+    engine: str = "vLLM",
+) -> list[ArgProblem]:
+    """Every ``extraArgs`` item that would set a ``managed`` value, that the engine has no option for, or that
+    it would read as a positional argument (the model); empty when all may stand. The table and managed
+    dests are vLLM's unless an engine gives its own (SGLang's plain argparse is judged the same way, and
+    ``_`` in a name is read as ``-`` there too, which can only refuse more).
 
     The walk follows ``FlexibleArgumentParser.parse_args`` and argparse: names normalised, dotted keys
     reduced to their base flag, aliases and abbreviations resolved, and each option's values skipped."""
@@ -131,18 +142,18 @@ def judge_extra_args(args: Sequence[str], table: OptionTable | None = None) -> l
         arg = args[i]
         i += 1
         if arg == "--":
-            found.append(ArgProblem(i - 1, "'--' ends vLLM's options: what follows would be read as the model"))
+            found.append(ArgProblem(i - 1, f"'--' ends {engine}'s options: what follows would be read as the model"))
             break
         if not _option_like(arg):
             found.append(
                 ArgProblem(
                     i - 1,
-                    f"{arg!r} is no option's value: vLLM would read it as a positional argument, the model "
+                    f"{arg!r} is no option's value: {engine} would read it as a positional argument, the model "
                     "(give values right after their flag, or as --flag=value)",
                 )
             )
             continue
-        if arg.startswith("-O") and not arg.startswith("--"):
+        if engine == "vLLM" and arg.startswith("-O") and not arg.startswith("--"):
             # vLLM's own shorthand for --optimization-level: -O3, -O=3 or -O 3 (a bare -O takes only 0-3).
             if arg != "-O":
                 continue
@@ -155,20 +166,20 @@ def judge_extra_args(args: Sequence[str], table: OptionTable | None = None) -> l
         candidates = _candidates(table, name)
         if not name.startswith("--") and len(name) > 2 and len(candidates) == 1 and len(candidates[0]) == 2:
             attached = True  # "-qfp8": argparse reads a two-character option with its value attached
-        managed = [c for c in candidates if table.options[c][0] in MANAGED_DESTS]
-        if managed:
-            dest = table.options[managed[0]][0]
-            spelled = "" if name == managed[0] else f" ({arg.partition('=')[0]} is read as {managed[0]})"
+        hits = [c for c in candidates if table.options[c][0] in managed]
+        if hits:
+            dest = table.options[hits[0]][0]
+            spelled = "" if name == hits[0] else f" ({arg.partition('=')[0]} is read as {hits[0]})"
             found.append(
                 ArgProblem(
                     i - 1,
-                    f"sets {table.flags_of(dest)[0]}{spelled}, which the operator manages: {MANAGED_DESTS[dest]}",
+                    f"sets {table.flags_of(dest)[0]}{spelled}, which the operator manages: {managed[dest]}",
                 )
             )
         elif not candidates:
-            found.append(ArgProblem(i - 1, f"vLLM {known} has no option {name}"))
+            found.append(ArgProblem(i - 1, f"{engine} {known} has no option {name}"))
         elif len(candidates) > 1:
-            found.append(ArgProblem(i - 1, f"{name} is ambiguous in vLLM: it could be {', '.join(candidates[:4])}"))
+            found.append(ArgProblem(i - 1, f"{name} is ambiguous in {engine}: it could be {', '.join(candidates[:4])}"))
         if attached:
             continue
         nargs = 1 if dotted or len(candidates) != 1 else table.options[candidates[0]][1]
@@ -198,6 +209,7 @@ __all__ = [
     "OptionTable",
     "cel_managed_pattern",
     "judge_extra_args",
+    "load_option_table",
     "managed_flags",
     "option_table",
 ]

@@ -1,7 +1,7 @@
 """Rendering: the Kubernetes manifests of one ladder level (Deployment, Service, PodMonitor).
 
-Python computes every value (the vLLM command line, the KV-transfer JSON, the
-LMCache environment, sizes, labels and the config hash); the Jinja2 templates
+Python computes every value (the engine's command line and environment, from ``engines/``;
+sizes, labels and the config hash); the Jinja2 templates
 in ``templates/`` only give them their structure. Pure: no I/O apart from
 reading the packaged templates.
 """
@@ -17,7 +17,6 @@ import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from decimal import Context, Decimal, Inexact
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -40,15 +39,14 @@ from kvoffload.api.conventions import (
 )
 from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.podspec import LabelSelector, NodeSelectorTerm, PodAffinityTerm, PodTemplate, Toleration
-from kvoffload.api.quantity import GIB, parse_duration, quantity_bytes, to_quantity
+from kvoffload.api.quantity import parse_duration, quantity_bytes, to_quantity
 from kvoffload.api.types import (
-    Backend,
-    EvictionPolicy,
     KVOffloadPolicy,
     KVOffloadPolicySpec,
     SecondaryTier,
     TierVolume,
 )
+from kvoffload.engines import PORT, SHM_PATH, engine_for
 from kvoffload.policy.catalog import GPUClass, find_gpu_class, gpu_class_names
 from kvoffload.policy.ladder import Level
 from kvoffload.policy.sizing import (
@@ -59,23 +57,6 @@ from kvoffload.policy.sizing import (
     startup_seconds,
     tier_capacity_tokens,
 )
-
-PORT = 8000
-CONTAINER = "vllm"
-
-
-# vLLM keeps the CPU pool in /dev/shm/vllm_offload_<engine>.mmap (PR 50094) and an
-# OOM-kill leaves it there (issue 57303). The memory emptyDir outlives a container
-# restart, so the stale file would count against the limit a second time and the
-# restarted engine would be OOM-killed again. An initContainer runs only when the
-# pod starts, when the emptyDir is new and empty anyway, so the engine container
-# clears the files itself before it execs vLLM: that runs on every restart.
-SHM_PATH = "/dev/shm"
-ENGINE_COMMAND = ("/bin/sh", "-c", f'rm -f {SHM_PATH}/vllm_offload_*; exec vllm serve "$@"', "vllm")
-
-# vLLM's GPU KV block is 16 tokens on CUDA attention backends; an offload block
-# (``block_size`` in kv_connector_extra_config) must be a multiple of it.
-GPU_BLOCK_TOKENS = 16
 
 STARTUP_PROBE_PERIOD_SECONDS = 10
 TERMINATION_GRACE_SECONDS = 60
@@ -105,146 +86,16 @@ _PROM_UNITS = (("h", 3_600_000), ("m", 60_000), ("s", 1000), ("ms", 1))
 # --- the engine command line ---------------------------------------------------------
 
 
-def _decimal(numerator: int, denominator: int) -> str:
-    """An exact decimal of a fraction when it terminates (sizes over 2^30 do), else 12 digits."""
-    ctx = Context(prec=80, traps=[Inexact])
-    try:
-        value = ctx.divide(Decimal(numerator), Decimal(denominator))
-    except Inexact:
-        ctx = Context(prec=12)
-        value = ctx.divide(Decimal(numerator), Decimal(denominator))
-    return format(value.normalize(ctx), "f")
-
-
-def gib(n_bytes: int) -> str:
-    """Bytes as the GiB figure vLLM's ``--kv-offloading-size`` takes, exact: 536870912 -> ``0.5``.
-
-    vLLM multiplies the parsed float by 2^30; every whole byte count below 2^53
-    survives that round trip exactly.
-    """
-    return _decimal(n_bytes, GIB)
-
-
-def _needs_connector_config(spec: KVOffloadPolicySpec, level: Level) -> bool:
-    offload = spec.offload
-    return bool(
-        level.secondary_tiers
-        or offload.block_size is not None
-        or offload.eviction_policy != EvictionPolicy.LRU
-        or offload.store_threshold is not None
-    )
-
-
-def _fs_tier_config(tier: SecondaryTier) -> dict[str, Any]:
-    # vLLM 0.32 FileSystemTierManager(root_dir, n_read_threads, n_write_threads): it
-    # has no size setting, so ``size`` bounds the volume instead (see _tier_volume).
-    return {
-        "type": tier.type.value,
-        "root_dir": tier.path,
-        "n_read_threads": tier.read_threads,
-        "n_write_threads": tier.write_threads,
-    }
-
-
-def kv_transfer_config(spec: KVOffloadPolicySpec, level: Level) -> dict[str, Any] | None:
-    """The ``--kv-transfer-config`` object of a level, or None when the plain flags say it all.
-
-    native: OffloadingConnector with ``CPUOffloadingSpec`` (one CPU tier) or
-    ``TieringOffloadingSpec`` (CPU plus filesystem tiers), used when the level has
-    secondary tiers or the spec sets blockSize, evictionPolicy arc or storeThreshold.
-    lmcache: LMCacheConnectorV1, configured through LMCACHE_* variables.
-    """
-    if level.cpu_bytes is None:
-        return None
-    offload = spec.offload
-    if offload.backend == Backend.LMCACHE:
-        return {"kv_connector": "LMCacheConnectorV1", "kv_role": "kv_both"}
-    if not _needs_connector_config(spec, level):
-        return None
-    extra: dict[str, Any] = {
-        "spec_name": "TieringOffloadingSpec" if level.secondary_tiers else "CPUOffloadingSpec",
-        "cpu_bytes_to_use": level.cpu_bytes,
-        "eviction_policy": offload.eviction_policy.value,
-    }
-    if offload.block_size is not None:
-        extra["block_size"] = offload.block_size
-    if offload.store_threshold is not None:
-        extra["store_threshold"] = offload.store_threshold
-    if level.secondary_tiers:
-        extra["secondary_tiers"] = [_fs_tier_config(t) for t in level.secondary_tiers]
-    return {"kv_connector": "OffloadingConnector", "kv_role": "kv_both", "kv_connector_extra_config": extra}
-
-
-def offload_args(spec: KVOffloadPolicySpec, level: Level) -> list[str]:
-    """The offload flags of a level (none on the GPU-only level).
-
-    native always carries ``--kv-offloading-size/--kv-offloading-backend``, so
-    ``vllm:cache_config_info`` shows the CPU tier on every level (the live config
-    check); vLLM then merges ``cpu_bytes_to_use`` into any ``--kv-transfer-config``
-    with the same value. lmcache must not: ``--kv-offloading-backend lmcache``
-    selects LMCacheMPConnector, which needs a separate LMCache server.
-    """
-    if level.cpu_bytes is None:
-        return []
-    args: list[str] = []
-    if spec.offload.backend == Backend.NATIVE:
-        args += ["--kv-offloading-size", gib(level.cpu_bytes), "--kv-offloading-backend", "native"]
-    config = kv_transfer_config(spec, level)
-    if config is not None:
-        args += ["--kv-transfer-config", json.dumps(config, separators=(",", ":"))]
-    return args
-
-
 def engine_args(policy: KVOffloadPolicy, level: Level) -> list[str]:
-    """The ``vllm serve`` arguments of a level: managed flags, offload flags, then extraArgs."""
-    spec = policy.spec
-    model = spec.model
-    return [
-        "--model",
-        model.name,
-        "--served-model-name",
-        model.served_model_name or policy.metadata.name,
-        "--port",
-        str(PORT),
-        "--max-model-len",
-        str(model.max_model_len),
-        "--tensor-parallel-size",
-        str(model.tensor_parallel_size),
-        "--kv-cache-dtype",
-        model.kv_cache_dtype.value,
-        "--gpu-memory-utilization",
-        repr(spec.gpu.memory_utilization),
-        *offload_args(spec, level),
-        *model.extra_args,
-    ]
-
-
-def lmcache_env(spec: KVOffloadPolicySpec, level: Level) -> list[dict[str, str]]:
-    """LMCACHE_* variables of a level (lmcache backend only).
-
-    LMCache sizes are GiB (it multiplies by 1024**3) per engine process, and every
-    TP rank runs its own LMCache engine, so the totals are divided by the TP size.
-    """
-    if spec.offload.backend != Backend.LMCACHE or level.cpu_bytes is None:
-        return []
-    ranks = spec.model.tensor_parallel_size
-    env = [
-        {"name": "LMCACHE_LOCAL_CPU", "value": "True"},
-        {"name": "LMCACHE_MAX_LOCAL_CPU_SIZE", "value": _decimal(level.cpu_bytes, GIB * ranks)},
-    ]
-    if spec.offload.block_size is not None:
-        env.append({"name": "LMCACHE_CHUNK_SIZE", "value": str(spec.offload.block_size)})
-    for tier in level.secondary_tiers:  # at most one: check_renderable refuses more
-        env.append({"name": "LMCACHE_LOCAL_DISK", "value": f"file://{tier.path}/"})
-        env.append({"name": "LMCACHE_MAX_LOCAL_DISK_SIZE", "value": _decimal(quantity_bytes(tier.size), GIB * ranks)})
-    return env
+    """The engine's arguments for a level (``spec.engine``'s: managed flags, offload flags, then extraArgs)."""
+    return engine_for(policy.spec).args(policy, level)
 
 
 def engine_env(spec: KVOffloadPolicySpec, level: Level) -> list[dict[str, Any]]:
-    """The engine's environment: the backend's variables, then spec.model.env, then spec.podTemplate.env."""
+    """The engine's environment: its offload's variables, then spec.model.env, then spec.podTemplate.env."""
     overlay = spec.pod_template.env if spec.pod_template is not None else []
     return [
-        *lmcache_env(spec, level),
+        *engine_for(spec).env(spec, level),
         *({"name": e.name, "value": e.value} for e in spec.model.env),
         *(_dump(e) for e in overlay),
     ]
@@ -262,7 +113,7 @@ def _mount_path_problem(path: str) -> str | None:
     if posixpath.normpath(path) != path:
         return f"{path!r} must be a normalized absolute path (no '..', '//' or trailing /)"
     if _under(SHM_PATH, path) or _under(path, SHM_PATH):
-        return f"{path!r} collides with {SHM_PATH}, where vLLM keeps the CPU pool"
+        return f"{path!r} collides with {SHM_PATH}, where the engine keeps the CPU pool and its IPC"
     if any(_under(path, d) for d in _NO_MOUNTS_UNDER) or any(_under(d, path) for d in _SYSTEM_DIRS):
         return f"{path!r} would hide a system directory of the image"
     return None
@@ -346,22 +197,7 @@ def check_renderable(policy: KVOffloadPolicy) -> list[FieldError]:
                     "an offload tier is written to; it cannot be read-only",
                 )
             )
-    if offload.backend == Backend.LMCACHE:
-        if len(offload.secondary_tiers) > 1:
-            errors.append(FieldError("spec.offload.secondaryTiers", "lmcache supports one local disk tier"))
-        if offload.eviction_policy != EvictionPolicy.LRU:
-            errors.append(FieldError("spec.offload.evictionPolicy", "arc is a native-backend policy; lmcache uses lru"))
-        if offload.store_threshold is not None:
-            errors.append(FieldError("spec.offload.storeThreshold", "applies to the native backend only"))
-    elif offload.block_size is not None and offload.block_size % GPU_BLOCK_TOKENS:
-        errors.append(
-            FieldError(
-                "spec.offload.blockSize",
-                f"must be a multiple of vLLM's GPU block size ({GPU_BLOCK_TOKENS} tokens)",
-            )
-        )
-    managed = {"LMCACHE_LOCAL_CPU", "LMCACHE_MAX_LOCAL_CPU_SIZE", "LMCACHE_CHUNK_SIZE"}
-    managed |= {"LMCACHE_LOCAL_DISK", "LMCACHE_MAX_LOCAL_DISK_SIZE"}
+    errors += engine_for(spec).check(policy)
     names: set[str] = set()
     overlay_env = spec.pod_template.env if spec.pod_template is not None else []
     for where, env_name in (
@@ -371,8 +207,6 @@ def check_renderable(policy: KVOffloadPolicy) -> list[FieldError]:
         if env_name in names:
             errors.append(FieldError(where, f"{env_name} is set twice"))
         names.add(env_name)
-        if offload.backend == Backend.LMCACHE and env_name in managed:
-            errors.append(FieldError(where, f"{env_name} is managed by the operator from spec.offload"))
     for key in spec.prometheus.monitor_labels:
         errors += check_label(f"spec.prometheus.monitorLabels[{key!r}]", key, spec.prometheus.monitor_labels[key])
     if spec.pod_template is not None:
@@ -687,7 +521,7 @@ def _engine(policy: KVOffloadPolicy, level: Level) -> _Engine:
     volumes, mounts = _volumes(spec, level)
     return _Engine(
         image=spec.model.image,
-        command=list(ENGINE_COMMAND),
+        command=engine_for(spec).command(spec),
         args=engine_args(policy, level),
         env=engine_env(spec, level),
         resources=_resources(spec, level, gpu),
@@ -731,7 +565,7 @@ def tier_capacity_annotation(policy: KVOffloadPolicy, level: Level) -> str:
 
 def _common_labels(policy: KVOffloadPolicy) -> dict[str, str]:
     return {
-        "app.kubernetes.io/name": "vllm",
+        "app.kubernetes.io/name": engine_for(policy.spec).name,
         "app.kubernetes.io/instance": policy.metadata.name,
         "app.kubernetes.io/component": "engine",
         "app.kubernetes.io/managed-by": "kvoffload",
@@ -840,7 +674,7 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> d
     pod_labels = {**pod.pop("labels", {}), **labels}
     pod_annotations = {
         **pod.pop("annotations", {}),
-        "kubectl.kubernetes.io/default-container": CONTAINER,
+        "kubectl.kubernetes.io/default-container": engine_for(spec).container,
         ANNOTATION_TIERS: tiers,
         # What each tier holds, for KV-aware routers that size their per-pod prefix index.
         ANNOTATION_TIER_CAPACITY: tier_capacity_annotation(policy, level),
@@ -867,6 +701,7 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> d
         container_security=CONTAINER_SECURITY,
         node_selector={**gpu.node_labels, **spec.gpu.node_selector},
         tolerations=_tolerations(spec, gpu),
+        container=engine_for(spec).container,
         image=engine.image,
         command=engine.command,
         args=engine.args,

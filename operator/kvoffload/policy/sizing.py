@@ -17,8 +17,16 @@ from pydantic.alias_generators import to_camel
 
 from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.quantity import GIB, MIB, format_bytes, format_duration, parse_duration, quantity_bytes
-from kvoffload.api.types import Architecture, Backend, KVCacheDtype, KVOffloadPolicy, KVOffloadPolicySpec
+from kvoffload.api.types import (
+    Architecture,
+    Backend,
+    EngineName,
+    KVCacheDtype,
+    KVOffloadPolicy,
+    KVOffloadPolicySpec,
+)
 from kvoffload.api.versions import parse_version, version_from_image
+from kvoffload.engines import engine_for
 from kvoffload.policy.catalog import (
     MODELS,
     ConfigError,
@@ -229,7 +237,9 @@ def pins_per_layer(spec: KVOffloadPolicySpec, level: Level) -> bool:
     A level with secondary tiers runs TieringOffloadingSpec, which keeps the tier in the /dev/shm
     region in every version; lmcache allocates its own buffers.
     """
-    if level.cpu_bytes is None or level.secondary_tiers or spec.offload.backend != Backend.NATIVE:
+    if spec.engine != EngineName.VLLM or spec.offload.backend != Backend.NATIVE:
+        return False
+    if level.cpu_bytes is None or level.secondary_tiers:
         return False
     version = engine_version(spec)
     return version is not None and version < PER_LAYER_PINNED_BEFORE
@@ -292,8 +302,9 @@ def host_memory(spec: KVOffloadPolicySpec, level: Level) -> HostMemory:
     so it is counted once. All figures are whole MiB.
     """
     pinned = pinned_pool_bytes(spec, level)
-    # an engine that pins per layer keeps nothing of the pool in /dev/shm
-    shm = pinned + SHM_EXTRA_BYTES if pinned and not pins_per_layer(spec, level) else 0
+    # an engine that pins per layer, or pins anonymous memory, keeps nothing of the pool in /dev/shm
+    in_shm = engine_for(spec).pool_in_shm(spec, level) and not pins_per_layer(spec, level)
+    shm = pinned + SHM_EXTRA_BYTES if pinned and in_shm else 0
     request = (
         quantity_bytes(spec.resources.base_memory)
         + pinned

@@ -18,7 +18,7 @@ from urllib.parse import urlsplit
 
 from kvoffload.api.errors import FieldError
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.api.vllmflags import judge_extra_args
+from kvoffload.engines import engine_for
 
 # Hosts that name the node or the cloud's metadata service whatever they resolve to.
 _METADATA_HOSTS = frozenset({"localhost", "metadata", "metadata.google.internal", "metadata.azure.internal"})
@@ -83,7 +83,8 @@ def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -
     """Everything in ``policy`` that asks for more than ``tenancy`` allows; empty when it may run."""
     spec = policy.spec
     errors = [
-        FieldError(f"spec.model.extraArgs[{p.index}]", p.message) for p in judge_extra_args(spec.model.extra_args)
+        FieldError(f"spec.model.extraArgs[{p.index}]", p.message)
+        for p in engine_for(spec).judge_extra_args(spec.model.extra_args)
     ]
     if tenancy.image_patterns and not image_allowed(spec.model.image, tenancy.image_patterns):
         errors.append(

@@ -1,0 +1,85 @@
+"""What the operator needs from a serving engine: its container, its command line and environment for
+one ladder level, the checks only it can make, and where it keeps the pinned pool.
+
+The rest of the operator speaks to this protocol through :func:`kvoffload.engines.engine_for`; the
+engines' own modules (``engines/vllm``, ``engines/sglang``) are imported by nothing else (the layout test
+checks it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from kvoffload.api.errors import FieldError
+from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec, SecondaryTier
+from kvoffload.api.vllmflags import ArgProblem
+
+# The port every engine serves on: the probes, the Service and the PodMonitor use it.
+PORT = 8000
+SHM_PATH = "/dev/shm"
+
+
+class Rung(Protocol):
+    """The part of a ladder level an engine renders (``policy.ladder.Level``)."""
+
+    @property
+    def cpu_bytes(self) -> int | None: ...
+
+    @property
+    def secondary_tiers(self) -> tuple[SecondaryTier, ...]: ...
+
+
+class Engine(Protocol):
+    """One serving engine, as the operator renders and judges it."""
+
+    @property
+    def name(self) -> str:
+        """``spec.engine``, and the pods' ``app.kubernetes.io/name``."""
+        ...
+
+    @property
+    def title(self) -> str:
+        """The engine's name in messages (``vLLM``, ``SGLang``)."""
+        ...
+
+    @property
+    def container(self) -> str:
+        """The engine container's name."""
+        ...
+
+    def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
+        """Whether the pinned CPU pool lives in /dev/shm (so the emptyDir must hold it)."""
+        ...
+
+    def command(self, spec: KVOffloadPolicySpec) -> list[str]: ...
+
+    def args(self, policy: KVOffloadPolicy, rung: Rung) -> list[str]:
+        """The engine's arguments: managed flags, offload flags for ``rung``, then ``spec.model.extraArgs``."""
+        ...
+
+    def env(self, spec: KVOffloadPolicySpec, rung: Rung) -> list[dict[str, Any]]:
+        """The variables the engine's offload is configured through (before spec.model.env)."""
+        ...
+
+    def check(self, policy: KVOffloadPolicy) -> list[FieldError]:
+        """What this engine cannot run in the spec, each naming its field; empty when it renders."""
+        ...
+
+    def judge_extra_args(self, args: Sequence[str]) -> list[ArgProblem]:
+        """Every ``extraArgs`` item that would set a managed value or that the engine's parser has no option for."""
+        ...
+
+
+def managed_env_errors(policy: KVOffloadPolicy, managed: frozenset[str], why: str) -> list[FieldError]:
+    """``spec.model.env`` and ``spec.podTemplate.env`` items that set a variable the engine's offload reads."""
+    spec = policy.spec
+    overlay = spec.pod_template.env if spec.pod_template is not None else []
+    return [
+        FieldError(where, f"{name} is managed by the operator from spec.offload{why}")
+        for where, name in (
+            *((f"spec.model.env[{i}].name", e.name) for i, e in enumerate(spec.model.env)),
+            *((f"spec.podTemplate.env[{i}].name", e.name) for i, e in enumerate(overlay)),
+        )
+        if name in managed
+    ]

@@ -1,0 +1,163 @@
+"""``python3 -m sglang.launch_server`` for one ladder level, with SGLang's hierarchical cache (HiCache).
+
+The facts below are SGLang 0.5.23's (the ``sglang`` wheel on PyPI), and every rendered command line is
+checked by its own parser (tests/sglang):
+
+- ``--hicache-size`` is an int, "the size of host KV cache memory pool in gigabytes", read as
+  ``host_size * 1e9`` bytes by each rank's pool (``mem_cache/pool_host/base.py`` line 223), so the CPU
+  tier must be whole decimal gigabytes per TP rank. It overrides ``--hicache-ratio``.
+- The pool is anonymous host memory pinned with cudaHostRegister (``mem_cache/pool_host/common.py``
+  ``alloc_with_host_register``), not a /dev/shm file: the memory request holds it, /dev/shm does not.
+- The one secondary tier is the ``file`` storage backend, whose directory is
+  ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` (``mem_cache/hicache_storage.py`` ``HiCacheFile``; the
+  variable wins over the backend's extra config). It has no size setting; the volume bounds it.
+- SGLang binds 127.0.0.1:30000 by default (``arg_groups/fields/serving.py``) and serves ``/metrics`` only
+  with ``--enable-metrics``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from kvoffload.api.errors import FieldError
+from kvoffload.api.quantity import quantity_bytes
+from kvoffload.api.types import Backend, EvictionPolicy, KVCacheDtype, KVOffloadPolicy, KVOffloadPolicySpec
+from kvoffload.api.vllmflags import ArgProblem, OptionTable, judge_extra_args, load_option_table
+from kvoffload.engines.engine import PORT, Rung, managed_env_errors
+
+LAUNCH = ("python3", "-m", "sglang.launch_server")
+GB = 10**9
+FILE_BACKEND_DIR = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
+
+# spec.model.kvCacheDtype values SGLang 0.5.23's --kv-cache-dtype takes as they are spelt.
+KV_CACHE_DTYPES = frozenset({KVCacheDtype.AUTO, KVCacheDtype.BFLOAT16, KVCacheDtype.FP8_E4M3, KVCacheDtype.FP8_E5M2})
+
+# dest -> why extraArgs may not set it (SGLang's parser's dests).
+_RENDERED = "the operator renders it from the spec"
+_POOL = "the pinned pool is sized from spec.offload per ladder level"
+MANAGED_DESTS: Mapping[str, str] = {
+    "model_path": _RENDERED + " (spec.model.name)",
+    "served_model_name": _RENDERED + " (spec.model.servedModelName)",
+    "host": _RENDERED + ": the probes, the Service and the PodMonitor use it",
+    "port": _RENDERED + ": the probes, the Service and the PodMonitor use it",
+    "context_length": _RENDERED + " (spec.model.maxModelLen), and the sizing uses it",
+    "tp_size": _RENDERED + " (spec.model.tensorParallelSize), and the GPUs and pinned pool follow it",
+    "kv_cache_dtype": _RENDERED + " (spec.model.kvCacheDtype), and the bytes per token follow it",
+    "mem_fraction_static": _RENDERED + " (spec.gpu.memoryUtilization)",
+    "enable_metrics": _RENDERED + ": the analysis reads /metrics",
+    "enable_hierarchical_cache": _RENDERED + " per ladder level: " + _POOL,
+    "hicache_size": _RENDERED + " per ladder level: " + _POOL,
+    "hicache_ratio": _POOL + " (--hicache-size), which a ratio would override or resize",
+    "hicache_host_memory_fraction": _POOL + " (--hicache-size)",
+    "hicache_host_memory_mode": _POOL + ", as a cache tier",
+    "hicache_storage_backend": _RENDERED + " per ladder level (spec.offload.secondaryTiers)",
+    "hicache_storage_backend_extra_config": "it can move the storage tier off the volume the operator mounts",
+    "dp_size": "more engines per pod would each pin a pool the memory request does not hold",
+    "pp_size": "it changes the GPUs an engine spans, which spec.gpu.count sets",
+    "nnodes": "an engine spanning pods is not what the operator sizes",
+    "cpu_offload_gb": "weights offloaded to host memory are pinned memory the request does not hold",
+    "config": "a config file can set any flag, managed ones included",
+}
+
+
+@functools.cache
+def option_table() -> OptionTable:
+    """SGLang 0.5.23's launch_server options (its own parser: ``scripts/sglang_options.py``)."""
+    return load_option_table("kvoffload.engines.sglang", "sglang-options.json")
+
+
+def hicache_gigabytes(cpu_bytes: int, ranks: int) -> int | None:
+    """``--hicache-size`` for a CPU tier of ``cpu_bytes`` over ``ranks``; None when it is not whole gigabytes."""
+    per_rank, rest = divmod(cpu_bytes, ranks * GB)
+    return per_rank if not rest and per_rank > 0 else None
+
+
+class SGLang:
+    """SGLang with HiCache: a pinned host pool, and the file storage backend as its one further tier."""
+
+    name = "sglang"
+    title = "SGLang"
+    container = "sglang"
+
+    def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
+        return False
+
+    def command(self, spec: KVOffloadPolicySpec) -> list[str]:
+        return list(LAUNCH)
+
+    def args(self, policy: KVOffloadPolicy, rung: Rung) -> list[str]:
+        spec = policy.spec
+        model = spec.model
+        args = [
+            "--model-path",
+            model.name,
+            "--served-model-name",
+            model.served_model_name or policy.metadata.name,
+            "--host",
+            "0.0.0.0",
+            "--port",
+            str(PORT),
+            "--context-length",
+            str(model.max_model_len),
+            "--tp-size",
+            str(model.tensor_parallel_size),
+            "--kv-cache-dtype",
+            model.kv_cache_dtype.value,
+            "--mem-fraction-static",
+            repr(spec.gpu.memory_utilization),
+            "--enable-metrics",
+        ]
+        if rung.cpu_bytes is not None:
+            size = hicache_gigabytes(rung.cpu_bytes, model.tensor_parallel_size)
+            if size is None:  # check() refused it already
+                raise ValueError(f"{rung.cpu_bytes} bytes are not whole gigabytes per rank")
+            args += ["--enable-hierarchical-cache", "--hicache-size", str(size)]
+            if rung.secondary_tiers:
+                args += ["--hicache-storage-backend", "file"]
+        return [*args, *model.extra_args]
+
+    def env(self, spec: KVOffloadPolicySpec, rung: Rung) -> list[dict[str, Any]]:
+        if rung.cpu_bytes is None or not rung.secondary_tiers:
+            return []
+        return [{"name": FILE_BACKEND_DIR, "value": rung.secondary_tiers[0].path}]
+
+    def check(self, policy: KVOffloadPolicy) -> list[FieldError]:
+        spec = policy.spec
+        offload = spec.offload
+        ranks = spec.model.tensor_parallel_size
+        errors: list[FieldError] = []
+        if offload.backend != Backend.NATIVE:
+            errors.append(FieldError("spec.offload.backend", "lmcache is a vLLM connector; SGLang offloads natively"))
+        if offload.eviction_policy != EvictionPolicy.LRU:
+            errors.append(FieldError("spec.offload.evictionPolicy", "SGLang's radix cache evicts by LRU only"))
+        for field, value in (("blockSize", offload.block_size), ("storeThreshold", offload.store_threshold)):
+            if value is not None:
+                errors.append(FieldError(f"spec.offload.{field}", "applies to vLLM's native offload only"))
+        if len(offload.secondary_tiers) > 1:
+            errors.append(FieldError("spec.offload.secondaryTiers", "SGLang has one storage tier (its file backend)"))
+        if spec.model.vllm_version is not None:
+            errors.append(FieldError("spec.model.vllmVersion", "applies to engine vllm only"))
+        if spec.model.kv_cache_dtype not in KV_CACHE_DTYPES:
+            takes = ", ".join(sorted(d.value for d in KV_CACHE_DTYPES))
+            errors.append(FieldError("spec.model.kvCacheDtype", f"SGLang's --kv-cache-dtype takes {takes}"))
+        sizes = [("spec.offload.cpu", offload.cpu)]
+        if spec.rollout.pilot_cpu is not None:
+            sizes.append(("spec.rollout.pilotCpu", spec.rollout.pilot_cpu))
+        for where, size in sizes:
+            if hicache_gigabytes(quantity_bytes(size), ranks) is None:
+                errors.append(
+                    FieldError(
+                        where,
+                        f"SGLang's --hicache-size takes whole gigabytes (10^9 bytes) per TP rank: {size} over "
+                        f"{ranks} rank(s) is not; use a multiple of {ranks}G",
+                    )
+                )
+        return errors + managed_env_errors(policy, frozenset({FILE_BACKEND_DIR}), "")
+
+    def judge_extra_args(self, args: Sequence[str]) -> list[ArgProblem]:
+        return judge_extra_args(args, option_table(), managed=MANAGED_DESTS, engine="SGLang")
+
+
+ENGINE = SGLang()
