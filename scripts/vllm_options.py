@@ -28,7 +28,7 @@ _SWITCHES = (
 )
 
 
-def _nargs(action: argparse.Action) -> int | str:
+def nargs(action: argparse.Action) -> int | str:
     if isinstance(action, _SWITCHES):
         return 0
     if action.nargs is None:
@@ -52,7 +52,7 @@ def table() -> dict[str, Any]:
     # option_strings, which 0.33's EnableDisableAction trims to those shown in --help (--no-enable-x and
     # --no-disable-x stay accepted).
     options = {
-        option: {"dest": action.dest, "nargs": _nargs(action)}
+        option: {"dest": action.dest, "nargs": nargs(action)}
         for option, action in parser._option_string_actions.items()
     }
     return {"version": vllm.__version__.split("+")[0], "allowAbbrev": parser.allow_abbrev, "options": options}

@@ -96,3 +96,29 @@ def policy_object(metadata: dict[str, Any] | None = None, **spec_patch: Any) -> 
 def make_policy(metadata: dict[str, Any] | None = None, **spec_patch: Any) -> KVOffloadPolicy:
     """The policy of ``policy_object``, validated as the operator of :data:`RENDER_TENANCY` validates it."""
     return parse_policy(policy_object(metadata, **spec_patch), tenancy=RENDER_TENANCY)
+
+
+SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23-cu129"
+
+
+def sglang_policy(**spec_patch: Any) -> KVOffloadPolicy:
+    """A Qwen3-8B policy on SGLang with a 32 GB HiCache pool, ``spec_patch`` merged into its spec."""
+    base = {"engine": "sglang", "model": {"image": SGLANG_IMAGE}, "offload": {"cpu": "32G"}}
+    return make_policy(**merge(base, spec_patch))
+
+
+def sglang_policies() -> dict[str, KVOffloadPolicy]:
+    """SGLang policies the rendering and SGLang's own parser check, each at every level."""
+    nvme = {"name": "nvme", "size": "1Ti", "path": "/mnt/kv-nvme"}
+    return {
+        "cpu": sglang_policy(),
+        "pilot-and-file-tier": sglang_policy(
+            offload={"cpu": "64G", "secondaryTiers": [nvme]}, rollout={"pilotCpu": "8G"}
+        ),
+        "fp8-tp2": sglang_policy(
+            model={"tensorParallelSize": 2, "kvCacheDtype": "fp8_e4m3", "servedModelName": "chat-fp8"},
+            gpu={"count": 2, "memoryUtilization": 0.85},
+            offload={"cpu": "64G"},
+        ),
+        "extra-args": sglang_policy(model={"extraArgs": ["--hicache-write-policy", "write_back", "--page-size", "64"]}),
+    }

@@ -20,8 +20,8 @@ from kvoffload.api.errors import PolicyError
 from kvoffload.api.quantity import GIB, quantity_bytes
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.main import main
-from kvoffload.policy.ladder import Level, build_ladder, find_level
 from kvoffload.engines.vllm.command import gib, kv_transfer_config
+from kvoffload.policy.ladder import Level, build_ladder, find_level
 from kvoffload.policy.render import (
     config_hash,
     dump_yaml,

@@ -105,6 +105,7 @@ from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
 from kvoffload.controller.workloads import Workloads
 from kvoffload.economics.breakeven import breakeven
 from kvoffload.economics.profile import Profile, ProfileError, shipped_profile
+from kvoffload.engines import engine_for
 from kvoffload.notify.derive import notices
 from kvoffload.notify.notifier import Notifier
 from kvoffload.policy.catalog import ConfigError, architecture_from_configmap_data
@@ -798,6 +799,8 @@ def judge_resolved(policy: KVOffloadPolicy) -> tuple[Dialect, dict[int, str]]:
     can be sized. Returns the metric dialect and the config hash of each ladder level (by index);
     raises PolicyError naming the fields. No I/O: the admission webhook runs it too."""
     problems = check_renderable(policy)
+    if gap := engine_for(policy.spec).analysis_gap:
+        problems.append(FieldError("spec.engine", gap))
     if problems:
         raise PolicyError(problems)
     version = policy.spec.model.vllm_version

@@ -48,6 +48,12 @@ class Engine(Protocol):
         """The engine container's name."""
         ...
 
+    @property
+    def analysis_gap(self) -> str | None:
+        """Why the analysis cannot judge this engine's pods yet; None when it can. A policy whose engine the
+        analysis cannot judge is rendered (``kvoffload render``, ``plan``) but never rolled out."""
+        ...
+
     def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
         """Whether the pinned CPU pool lives in /dev/shm (so the emptyDir must hold it)."""
         ...

@@ -80,6 +80,12 @@ class SGLang:
     name = "sglang"
     title = "SGLang"
     container = "sglang"
+    # The gates read vLLM's series (analysis/dialects.py); SGLang's (sglang:time_to_first_token_seconds,
+    # sglang:cached_tokens_total{cache_source}, ...) have no dialect there yet.
+    analysis_gap = (
+        "the analysis reads vLLM's metrics only, so an SGLang policy is rendered (kvoffload render, kvoffload "
+        "plan) but not rolled out yet"
+    )
 
     def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
         return False

@@ -151,6 +151,7 @@ class VLLM:
     name = "vllm"
     title = "vLLM"
     container = "vllm"
+    analysis_gap = None
 
     def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
         # Since PR 50094 (0.27) vLLM's native pool is a /dev/shm file; the sizing handles the older
