@@ -201,6 +201,8 @@ def _series(engine: SyntheticEngine, dialect: Dialect) -> list[tuple[str, float]
             rows.append((f'{name}_bucket{{{base},le="{le}"}}', engine.requests_per_s * below))
         rows.append((f"{name}_count{{{base}}}", engine.requests_per_s))
         rows.append((f"{name}_sum{{{base}}}", engine.requests_per_s * sum(v * share for v, share in shares)))
+    if dialect.request_success is None:
+        return [*rows, *_sglang_series(engine, dialect, base)]
     finished = {"stop": 0.0, "length": 1.0 - engine.failed_share, "abort": 0.0, "error": engine.failed_share}
     for reason, share in finished.items():
         rows.append((f'{dialect.request_success}{{{base},finished_reason="{reason}"}}', engine.requests_per_s * share))
@@ -235,6 +237,32 @@ def _series(engine: SyntheticEngine, dialect: Dialect) -> list[tuple[str, float]
         for tier, queries_per_s, hits_per_s in engine.tier_chunks:
             rows.append((f'{dialect.tiering_chunk_queries}{{{base},tier="{tier}"}}', queries_per_s))
             rows.append((f'{dialect.tiering_chunk_hits}{{{base},tier="{tier}"}}', hits_per_s))
+    if dialect.offload is not None and engine.load_bytes_per_s > 0:
+        rows.append((f"{dialect.offload.load_bytes}{{{base}}}", engine.load_bytes_per_s))
+        rows.append((f"{dialect.offload.load_time}{{{base}}}", engine.load_bytes_per_s / engine.load_throughput))
+    return rows
+
+
+def _sglang_series(engine: SyntheticEngine, dialect: Dialect, base: str) -> list[tuple[str, float]]:
+    """The rest of an SGLang engine's counters, as SGLang 0.5.23 labels them: finished and aborted requests in two
+    counters, HTTP answers by status code, cached tokens by ``cache_source``. Like prometheus_client in SGLang, a
+    label set shows only once used: no abort counter before the first abort, no cached source before a hit."""
+    assert dialect.requests_finished is not None
+    assert dialect.requests_aborted is not None
+    assert dialect.prompt_tokens_cached_by_source is not None
+    rate, failed = engine.requests_per_s, engine.failed_share
+    rows = [(f'{dialect.requests_finished}{{{base},is_streaming="false"}}', rate * (1.0 - failed))]
+    if failed:
+        rows.append((f"{dialect.requests_aborted}{{{base}}}", rate * failed))
+    endpoint = 'endpoint="/v1/completions",method="POST"'
+    for code, share in (("200", 1.0 - failed), ("500", failed)):
+        if share:
+            rows.append((f'{dialect.http_requests}{{{base},{endpoint},status_code="{code}"}}', rate * share))
+    rows.append((f'{dialect.http_requests}{{{base},endpoint="/v1/models",method="GET",status_code="200"}}', 1.0))
+    rows.append((f'{dialect.prompt_tokens}{{{base},is_streaming="false"}}', engine.prompt_tokens_per_s))
+    for source, per_s in (("host", engine.host_tokens_per_s), ("storage", engine.disk_tokens_per_s)):
+        if per_s:
+            rows.append((f'{dialect.prompt_tokens_cached_by_source}{{{base},cache_source="{source}"}}', per_s))
     if dialect.offload is not None and engine.load_bytes_per_s > 0:
         rows.append((f"{dialect.offload.load_bytes}{{{base}}}", engine.load_bytes_per_s))
         rows.append((f"{dialect.offload.load_time}{{{base}}}", engine.load_bytes_per_s / engine.load_throughput))
@@ -305,10 +333,12 @@ class SyntheticFleet:
             else:
                 moving.append((usage, engine.kv_usage, engine.kv_usage_peak))
             gauges.append(f'{dialect.num_requests_running}{{engine="0",{labels}}} {engine.running}')
-            gauges.append(
-                f'{dialect.cache_config_info}{{engine="0",{labels},kv_offloading_backend="{engine.offloading_backend}",'
-                f'kv_offloading_size="{engine.offloading_size}"}} 1.0'
-            )
+            if dialect.cache_config_info:
+                gauges.append(
+                    f'{dialect.cache_config_info}{{engine="0",{labels},'
+                    f'kv_offloading_backend="{engine.offloading_backend}",'
+                    f'kv_offloading_size="{engine.offloading_size}"}} 1.0'
+                )
             if dialect.offload_config_info:
                 for tier, size, chunks in engine.allocated:
                     info = (

@@ -70,7 +70,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Final
 
-from kvoffload.api.versions import VersionTuple, parse_version
+from kvoffload.api.types import EngineName, KVOffloadPolicySpec
+from kvoffload.api.versions import VersionTuple, parse_version, version_from_image
 
 # Label values of vllm:prompt_tokens_by_source_total.
 SOURCE_LOCAL_COMPUTE: Final = "local_compute"
@@ -196,17 +197,31 @@ class Dialect:
     """Histogram base name."""
     e2e: str = "vllm:e2e_request_latency_seconds"
     """Histogram base name."""
-    request_success: str = "vllm:request_success_total"
+    request_success: str | None = "vllm:request_success_total"
     """Counter, label ``finished_reason``: every request the engine finished, by why (the error gate)."""
+    requests_finished: str | None = None
+    """Where the engine has no ``request_success``: a counter of finished requests (SGLang's), read as ``stop``."""
+    requests_aborted: str | None = None
+    """...and a counter of aborted ones, read as ``abort`` (the error gate's failed reason)."""
     http_requests: str = "http_requests_total"
     """Counter of vLLM's API server (prometheus-fastapi-instrumentator), labels ``handler``, ``method``, ``status``
     (``2xx``, ``4xx``, ``5xx``). Not the engine's: the error gate reads it where it exists, and never requires it."""
+    http_status_label: str = LABEL_HTTP_STATUS
+    """The label of ``http_requests``' status: vLLM's holds classes (``5xx``); any other holds codes (``500``),
+    which the query folds into classes."""
     prompt_tokens: str = "vllm:prompt_tokens_total"
     generation_tokens: str = "vllm:generation_tokens_total"
     prompt_tokens_by_source: str | None = "vllm:prompt_tokens_by_source_total"
     """Label ``source``: local_compute, local_cache_hit, external_kv_transfer."""
     prompt_tokens_cached_by_source: str | None = "vllm:prompt_tokens_cached_by_source_total"
     """Label ``source``: device, host, p2p, disk, external_unspecified."""
+    cached_source_label: str = "source"
+    """The label of ``prompt_tokens_cached_by_source`` (SGLang's: ``cache_source``)."""
+    cached_tier_sources: tuple[str, str] = ("host", "disk")
+    """Its values for the CPU tier and the secondary tiers, read as ``host`` and ``disk`` (SGLang's: host, storage)."""
+    external_from_cached: bool = False
+    """Whether the offload share is the tier sources of ``prompt_tokens_cached_by_source`` over ``prompt_tokens``
+    (an engine with no ``prompt_tokens_by_source``)."""
     kv_cache_usage: str = "vllm:kv_cache_usage_perc"
     prefix_cache_queries: str = "vllm:prefix_cache_queries_total"
     prefix_cache_hits: str = "vllm:prefix_cache_hits_total"
@@ -216,7 +231,7 @@ class Dialect:
     """Gauge: requests in the engine's running batch (concurrency)."""
     num_preemptions: str = "vllm:num_preemptions_total"
     """Counter: requests preempted (their KV freed) because the GPU KV cache ran out."""
-    cache_config_info: str = "vllm:cache_config_info"
+    cache_config_info: str | None = "vllm:cache_config_info"
     config_offload_labels: bool = True
     """Whether cache_config_info carries kv_offloading_size / kv_offloading_backend."""
     offload: OffloadSeries | None = FLAT_OFFLOAD
@@ -251,13 +266,16 @@ class Dialect:
     def required_families(self) -> tuple[str, ...]:
         """Every non-offload series name this dialect names (histograms by base name).
 
-        An engine of this version shows all of them from start, offload or not.
+        A vLLM engine of this version shows all of them from start, offload or not; SGLang shows a labelled
+        family with its first sample (prometheus_client creates a label set when it is first used).
         """
         names: list[str | None] = [
             self.ttft,
             self.itl,
             self.e2e,
             self.request_success,
+            self.requests_finished,
+            self.requests_aborted,
             self.prompt_tokens,
             self.generation_tokens,
             self.prompt_tokens_by_source,
@@ -396,6 +414,58 @@ DIALECTS: Final = _build_table()
 NEWEST: Final = DIALECTS[-1][1]
 
 
+SGLANG_OFFLOAD: Final = OffloadSeries(
+    load_bytes="sglang:load_back_bytes_total",
+    load_time="sglang:load_back_duration_seconds_sum",
+    store_bytes="sglang:hicache_backup_bytes_total",
+    store_time="sglang:hicache_backup_duration_seconds_sum",
+)
+"""HiCache's transfers: host (and storage) to GPU is a load back, GPU to host a backup (0.5.23
+``observability/metrics_collector.py``; the durations are histograms, so their ``_sum`` is the time)."""
+
+SGLANG: Final = Dialect(
+    name="sglang-0.5",
+    ttft="sglang:time_to_first_token_seconds",
+    itl="sglang:inter_token_latency_seconds",
+    e2e="sglang:e2e_request_latency_seconds",
+    request_success=None,
+    requests_finished="sglang:num_requests_total",
+    requests_aborted="sglang:num_aborted_requests_total",
+    http_requests="sglang:http_responses_total",
+    http_status_label="status_code",
+    prompt_tokens="sglang:prompt_tokens_total",
+    generation_tokens="sglang:generation_tokens_total",
+    prompt_tokens_by_source=None,
+    prompt_tokens_cached_by_source="sglang:cached_tokens_total",
+    cached_source_label="cache_source",
+    cached_tier_sources=("host", "storage"),
+    external_from_cached=True,
+    kv_cache_usage="sglang:token_usage",
+    # Tokens, as vLLM's prefix-cache counters are: cached tokens of any source over prompt tokens.
+    prefix_cache_queries="sglang:prompt_tokens_total",
+    prefix_cache_hits="sglang:cached_tokens_total",
+    request_prompt_tokens="sglang:prompt_tokens_histogram",
+    num_requests_running="sglang:num_running_reqs",
+    num_preemptions="sglang:num_retracted_requests_total",
+    cache_config_info=None,
+    config_offload_labels=False,
+    offload=SGLANG_OFFLOAD,
+    offload_cpu_usage=None,
+    tiering_chunk_queries=None,
+    tiering_chunk_hits=None,
+    offload_config_info=None,
+    tiering_promotion_latency=None,
+)
+"""SGLang 0.5.23's series (its collectors, instantiated in tests/sglang; docs/engines.md):
+
+- TTFT, ITL and e2e histograms as vLLM's, under ``sglang:``;
+- the error gate: ``sglang:num_aborted_requests_total`` over it plus ``sglang:num_requests_total`` (SGLang has no
+  finished reason; it counts an abort when a client or the API aborts a request, ``tokenizer_manager.py``
+  ``abort_request``), and ``sglang:http_responses_total{status_code}`` for 5xx;
+- the offload share: ``sglang:cached_tokens_total{cache_source}`` host and storage over ``sglang:prompt_tokens_total``;
+- no cache config series, no per-tier chunk lookups: those rows are not judged for SGLang."""
+
+
 def dialect_for(version: str | None) -> Dialect:
     """The dialect of a vLLM version; None (unknown) gives the newest.
 
@@ -409,6 +479,15 @@ def dialect_for(version: str | None) -> Dialect:
         if wanted >= since:
             chosen = dialect
     return chosen
+
+
+def policy_dialect(spec: KVOffloadPolicySpec) -> Dialect:
+    """The dialect of a policy's engines: SGLang's, or vLLM's of ``model.vllmVersion``, else of the image tag.
+
+    Raises ValueError when the vLLM version is not a version."""
+    if spec.engine == EngineName.SGLANG:
+        return SGLANG
+    return dialect_for(spec.model.vllm_version or version_from_image(spec.model.image))
 
 
 def has_family(name: str, present: Iterable[str] | set[str]) -> bool:

@@ -48,6 +48,8 @@ from kvoffload.analysis.assess import WORKLOAD_QUANTILES, Measurements, Percenti
 from kvoffload.analysis.dialects import (
     CACHED_SOURCE_DISK,
     CACHED_SOURCE_HOST,
+    FINISHED_ABORT,
+    FINISHED_STOP,
     LABEL_CPU_NUM_CHUNKS,
     LABEL_CPU_SIZE_BYTES,
     LABEL_FINISHED_REASON,
@@ -217,27 +219,66 @@ def build_queries(
     def increase(name: str, extra: str = "", by_labels: str = by) -> str:
         return f"sum by ({by_labels}) (increase({name}{s(extra)}[{w}]))"
 
+    def relabel(expr: str, to: str, value: str, source: str = "", regex: str = "") -> str:
+        return f'label_replace({expr}, "{to}", "{value}", "{source}", "{regex}")'
+
     queries = [
         Query("requests", increase(f"{dialect.ttft}_count")),
         Query("ttft_p99", f"histogram_quantile(0.99, sum by (le, {by}) (rate({dialect.ttft_bucket}{s()}[{w}])))"),
         Query("itl_p99", f"histogram_quantile(0.99, sum by (le, {by}) (rate({dialect.itl_bucket}{s()}[{w}])))"),
         Query("kv_usage", f"avg by ({by}) (avg_over_time({dialect.kv_cache_usage}{s()}[{w}]))"),
-        Query(
-            "config",
-            f"group by ({by}, {LABEL_OFFLOADING_SIZE}, {LABEL_OFFLOADING_BACKEND}) "
-            f"(last_over_time({dialect.cache_config_info}{s()}[{w}]))",
-        ),
     ]
+    if dialect.cache_config_info:
+        queries.append(
+            Query(
+                "config",
+                f"group by ({by}, {LABEL_OFFLOADING_SIZE}, {LABEL_OFFLOADING_BACKEND}) "
+                f"(last_over_time({dialect.cache_config_info}{s()}[{w}]))",
+            )
+        )
     # The error gate: every finished request by its reason; assess() counts FAILED_REASONS as failed.
-    queries.append(Query("finished", increase(dialect.request_success, "", f"{by}, {LABEL_FINISHED_REASON}")))
-    queries.append(Query("http_responses", increase(dialect.http_requests, "", f"{by}, {LABEL_HTTP_STATUS}")))
+    if dialect.request_success:
+        queries.append(Query("finished", increase(dialect.request_success, "", f"{by}, {LABEL_FINISHED_REASON}")))
+    elif dialect.requests_finished and dialect.requests_aborted:
+        # Two counters read as two reasons; an engine shows its abort counter only from the first abort.
+        done = relabel(increase(dialect.requests_finished), LABEL_FINISHED_REASON, FINISHED_STOP)
+        aborted = relabel(increase(dialect.requests_aborted), LABEL_FINISHED_REASON, FINISHED_ABORT)
+        queries.append(Query("finished", f"{done} or {aborted}"))
+    if dialect.http_status_label == LABEL_HTTP_STATUS:
+        queries.append(Query("http_responses", increase(dialect.http_requests, "", f"{by}, {LABEL_HTTP_STATUS}")))
+    else:  # status codes, folded into vLLM's classes: 503 -> 5xx
+        codes = relabel(
+            f"increase({dialect.http_requests}{s()}[{w}])",
+            LABEL_HTTP_STATUS,
+            "${1}xx",
+            dialect.http_status_label,
+            "([1-5])[0-9][0-9]",
+        )
+        queries.append(Query("http_responses", f"sum by ({by}, {LABEL_HTTP_STATUS}) ({codes})"))
     if dialect.prompt_tokens_by_source:
         name = dialect.prompt_tokens_by_source
         external = increase(name, f'source="{SOURCE_EXTERNAL_KV_TRANSFER}"')
         queries.append(Query("external_share", f"{external} / {increase(name)}"))
     if dialect.prompt_tokens_cached_by_source:
-        sources = f'source=~"{CACHED_SOURCE_HOST}|{CACHED_SOURCE_DISK}"'
-        queries.append(Query("tier_hits", increase(dialect.prompt_tokens_cached_by_source, sources, f"{by}, source")))
+        cached, label = dialect.prompt_tokens_cached_by_source, dialect.cached_source_label
+        host, disk = dialect.cached_tier_sources
+        tiers = f'{label}=~"{host}|{disk}"'
+        if (label, host, disk) == ("source", CACHED_SOURCE_HOST, CACHED_SOURCE_DISK):
+            queries.append(Query("tier_hits", increase(cached, tiers, f"{by}, source")))
+        else:  # the engine's label and values, read as vLLM's: source host and disk
+            hits = relabel(f"increase({cached}{s(tiers)}[{w}])", "source", "$1", label, "(.*)")
+            hits = relabel(
+                relabel(hits, "source", CACHED_SOURCE_HOST, "source", host),
+                "source",
+                CACHED_SOURCE_DISK,
+                "source",
+                disk,
+            )
+            queries.append(Query("tier_hits", f"sum by ({by}, source) ({hits})"))
+        if dialect.external_from_cached:
+            # No hit yet shows no series: read that as a share of 0, not as no share.
+            prompt = increase(dialect.prompt_tokens)
+            queries.append(Query("external_share", f"({increase(cached, tiers)} or {prompt} * 0) / {prompt}"))
     if dialect.tiering_chunk_queries and dialect.tiering_chunk_hits:
         queries.append(Query("tier_chunk_queries", increase(dialect.tiering_chunk_queries, "", f"{by}, {LABEL_TIER}")))
         queries.append(Query("tier_chunk_hits", increase(dialect.tiering_chunk_hits, "", f"{by}, {LABEL_TIER}")))

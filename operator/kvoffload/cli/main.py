@@ -277,10 +277,9 @@ def analyze(
     from dataclasses import replace
 
     from kvoffload.analysis.assess import assess, format_metric_value, format_threshold
-    from kvoffload.analysis.dialects import confirm_dialect, dialect_for
+    from kvoffload.analysis.dialects import confirm_dialect, policy_dialect
     from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider, Target
     from kvoffload.api.types import Verdict
-    from kvoffload.api.versions import version_from_image
     from kvoffload.policy.ladder import build_ladder, find_level
     from kvoffload.policy.loading import load_policy
     from kvoffload.policy.render import config_hash
@@ -306,7 +305,7 @@ def analyze(
         below = [lv for lv in ladder[: chosen.index] if not lv.canary_only]
         stable = below[-1] if below else chosen
     try:
-        dialect = dialect_for(spec.model.vllm_version or version_from_image(spec.model.image))
+        dialect = policy_dialect(spec)
     except ValueError as exc:
         raise click.BadParameter(str(exc), param_hint="spec.model.vllmVersion") from None
 

@@ -62,7 +62,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvoffload.analysis.assess import Measurements, assess, not_scraped
-from kvoffload.analysis.dialects import Dialect, confirm_dialect, dialect_for
+from kvoffload.analysis.dialects import Dialect, confirm_dialect, policy_dialect
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.prometheus import Connection, Target
 from kvoffload.api.conventions import (
@@ -86,7 +86,6 @@ from kvoffload.api.types import (
     VariantStatus,
     Verdict,
 )
-from kvoffload.api.versions import version_from_image
 from kvoffload.controller.bodies import plain_body, unpacked_body
 from kvoffload.controller.custommetrics import judged_with_custom
 from kvoffload.controller.gateway import (
@@ -105,7 +104,6 @@ from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
 from kvoffload.controller.workloads import Workloads
 from kvoffload.economics.breakeven import breakeven
 from kvoffload.economics.profile import Profile, ProfileError, shipped_profile
-from kvoffload.engines import engine_for
 from kvoffload.notify.derive import notices
 from kvoffload.notify.notifier import Notifier
 from kvoffload.policy.catalog import ConfigError, architecture_from_configmap_data
@@ -799,13 +797,10 @@ def judge_resolved(policy: KVOffloadPolicy) -> tuple[Dialect, dict[int, str]]:
     can be sized. Returns the metric dialect and the config hash of each ladder level (by index);
     raises PolicyError naming the fields. No I/O: the admission webhook runs it too."""
     problems = check_renderable(policy)
-    if gap := engine_for(policy.spec).analysis_gap:
-        problems.append(FieldError("spec.engine", gap))
     if problems:
         raise PolicyError(problems)
-    version = policy.spec.model.vllm_version
     try:
-        dialect = dialect_for(version or version_from_image(policy.spec.model.image))
+        dialect = policy_dialect(policy.spec)
     except ValueError as exc:
         raise PolicyError([FieldError("spec.model.vllmVersion", str(exc))]) from None
     hashes: dict[int, str] = {}

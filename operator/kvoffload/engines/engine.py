@@ -48,14 +48,13 @@ class Engine(Protocol):
         """The engine container's name."""
         ...
 
-    @property
-    def analysis_gap(self) -> str | None:
-        """Why the analysis cannot judge this engine's pods yet; None when it can. A policy whose engine the
-        analysis cannot judge is rendered (``kvoffload render``, ``plan``) but never rolled out."""
-        ...
-
     def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
         """Whether the pinned CPU pool lives in /dev/shm (so the emptyDir must hold it)."""
+        ...
+
+    def host_reserve(self, spec: KVOffloadPolicySpec, rung: Rung) -> int:
+        """Host bytes the engine insists stay free beside its pool when it allocates it (the memory request holds
+        them too)."""
         ...
 
     def command(self, spec: KVOffloadPolicySpec) -> list[str]: ...

@@ -542,11 +542,10 @@ async def run_demo(
 
     ``api``: ``real`` runs it on kube-apiserver (building the control plane first when its binaries are
     missing), ``emulated`` on the in-process kubeemu."""
-    from kvoffload.analysis.dialects import dialect_for
+    from kvoffload.analysis.dialects import policy_dialect
     from kvoffload.analysis.prometheus import PrometheusProvider, Target
     from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY
     from kvoffload.api.types import KVOffloadPolicy
-    from kvoffload.api.versions import version_from_image
     from kvoffload.lab import load as loadgen
     from kvoffload.lab.capacity import Capacity
     from kvoffload.lab.cluster.kubecluster import KubeCluster
@@ -600,7 +599,7 @@ async def run_demo(
             namespace,
             name,
             spec.analysis.window,
-            dialect_for(spec.model.vllm_version or version_from_image(spec.model.image)),
+            policy_dialect(spec),
             spec.prometheus.extra_matchers,
         )
         interval = parse_duration(spec.analysis.interval)

@@ -298,18 +298,20 @@ def host_memory(spec: KVOffloadPolicySpec, level: Level) -> HostMemory:
     pinned = what the engine pins for the CPU tier × overheadFactor (``pinned_pool_bytes``);
     shm = pinned + 1 GiB (0 without a pool, or where the engine keeps it outside /dev/shm);
     request = limit = baseMemory + pinned + headroom (+ any memory-backed secondary
-    tier). The pool lives in /dev/shm, whose tmpfs pages count against the limit,
-    so it is counted once. All figures are whole MiB.
+    tier, + what the engine keeps free beside its pool: SGLang's 10 GiB). vLLM's pool lives in
+    /dev/shm, whose tmpfs pages count against the limit, so it is counted once. All figures are whole MiB.
     """
+    engine = engine_for(spec)
     pinned = pinned_pool_bytes(spec, level)
     # an engine that pins per layer, or pins anonymous memory, keeps nothing of the pool in /dev/shm
-    in_shm = engine_for(spec).pool_in_shm(spec, level) and not pins_per_layer(spec, level)
+    in_shm = engine.pool_in_shm(spec, level) and not pins_per_layer(spec, level)
     shm = pinned + SHM_EXTRA_BYTES if pinned and in_shm else 0
     request = (
         quantity_bytes(spec.resources.base_memory)
         + pinned
         + quantity_bytes(spec.resources.headroom)
         + memory_backed_tier_bytes(level)
+        + engine.host_reserve(spec, level)
     )
     return HostMemory(pinned=pinned, shm=shm, request=_round_up(request))
 

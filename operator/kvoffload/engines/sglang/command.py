@@ -7,7 +7,8 @@ checked by its own parser (tests/sglang):
   ``host_size * 1e9`` bytes by each rank's pool (``mem_cache/pool_host/base.py`` line 223), so the CPU
   tier must be whole decimal gigabytes per TP rank. It overrides ``--hicache-ratio``.
 - The pool is anonymous host memory pinned with cudaHostRegister (``mem_cache/pool_host/common.py``
-  ``alloc_with_host_register``), not a /dev/shm file: the memory request holds it, /dev/shm does not.
+  ``alloc_with_host_register``), not a /dev/shm file: the memory request holds it, /dev/shm does not. SGLang
+  allocates it only while its cgroup's headroom less 10 GiB holds it, so the request holds those 10 GiB too.
 - The one secondary tier is the ``file`` storage backend, whose directory is
   ``SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR`` (``mem_cache/hicache_storage.py`` ``HiCacheFile``; the
   variable wins over the backend's extra config). It has no size setting; the volume bounds it.
@@ -22,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvoffload.api.errors import FieldError
-from kvoffload.api.quantity import quantity_bytes
+from kvoffload.api.quantity import GIB, quantity_bytes
 from kvoffload.api.types import Backend, EvictionPolicy, KVCacheDtype, KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.api.vllmflags import ArgProblem, OptionTable, judge_extra_args, load_option_table
 from kvoffload.engines.engine import PORT, Rung, managed_env_errors
@@ -30,6 +31,8 @@ from kvoffload.engines.engine import PORT, Rung, managed_env_errors
 LAUNCH = ("python3", "-m", "sglang.launch_server")
 GB = 10**9
 FILE_BACKEND_DIR = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
+# HICACHE_HOST_MEMORY_RESERVE_BYTES (mem_cache/pool_host/base.py line 28): what must stay free beside the pool.
+HOST_RESERVE = 10 * GIB
 
 # spec.model.kvCacheDtype values SGLang 0.5.23's --kv-cache-dtype takes as they are spelt.
 KV_CACHE_DTYPES = frozenset({KVCacheDtype.AUTO, KVCacheDtype.BFLOAT16, KVCacheDtype.FP8_E4M3, KVCacheDtype.FP8_E5M2})
@@ -80,15 +83,14 @@ class SGLang:
     name = "sglang"
     title = "SGLang"
     container = "sglang"
-    # The gates read vLLM's series (analysis/dialects.py); SGLang's (sglang:time_to_first_token_seconds,
-    # sglang:cached_tokens_total{cache_source}, ...) have no dialect there yet.
-    analysis_gap = (
-        "the analysis reads vLLM's metrics only, so an SGLang policy is rendered (kvoffload render, kvoffload "
-        "plan) but not rolled out yet"
-    )
 
     def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
         return False
+
+    def host_reserve(self, spec: KVOffloadPolicySpec, rung: Rung) -> int:
+        # SGLang refuses to allocate the host pool unless its cgroup's headroom, less HOST_RESERVE, holds it
+        # (mem_cache/pool_host/base.py lines 248-257, host_memory.py 136-162).
+        return HOST_RESERVE if rung.cpu_bytes is not None else 0
 
     def command(self, spec: KVOffloadPolicySpec) -> list[str]:
         return list(LAUNCH)

@@ -151,12 +151,14 @@ class VLLM:
     name = "vllm"
     title = "vLLM"
     container = "vllm"
-    analysis_gap = None
 
     def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
         # Since PR 50094 (0.27) vLLM's native pool is a /dev/shm file; the sizing handles the older
         # per-layer pinning (policy/sizing.py, pins_per_layer), and LMCache's own buffers.
         return True
+
+    def host_reserve(self, spec: KVOffloadPolicySpec, rung: Rung) -> int:
+        return 0
 
     def command(self, spec: KVOffloadPolicySpec) -> list[str]:
         return list(ENGINE_COMMAND)

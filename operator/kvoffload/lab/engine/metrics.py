@@ -125,6 +125,9 @@ class EngineMetrics:
         return {"engine": self.engine, "model_name": self.model} if fam.per_engine else {"model_name": self.model}
 
     def _register_cache_config(self) -> None:
+        name = self.dialect.cache_config_info
+        if name is None:  # every vLLM dialect has one
+            return
         cfg = self.config
         labels = dict(CACHE_CONFIG_DEFAULTS)
         labels.update(
@@ -146,7 +149,7 @@ class EngineMetrics:
             labels.pop(dialects.LABEL_OFFLOADING_BACKEND)
         labels["engine"] = self.engine
         info = Gauge(
-            self.dialect.cache_config_info,
+            name,
             "Information of the LLMEngine CacheConfig",
             sorted(labels),
             registry=self.registry,
