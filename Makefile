@@ -6,6 +6,7 @@ VENV := .venv
 VLLM_VENV := .venv-vllm
 VLLM_033 := .vllm-033
 VLLM_034 := .vllm-034
+SGLANG_05 := .sglang-05
 TINY_MODEL := .tiny-model
 KUBE_BIN := .kube-bin
 LINT_PATHS := operator tests bench scripts hatch_build.py
@@ -25,12 +26,12 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 help:
 	@echo "make demo    set up, then run 'kvoffload demo' (the whole loop on this machine)"
 	@echo "make test    set up, then ruff, mypy and the whole pytest suite, real vLLM tier included"
-	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .vllm-033, .vllm-034, .tiny-model, .kube-bin with the Prometheus Operator)"
+	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .vllm-033, .vllm-034, .sglang-05, .tiny-model, .kube-bin with the Prometheus Operator)"
 	@echo "make lock    regenerate requirements/*.lock with uv"
 	@echo "make image   build the operator image (needs a Docker engine)"
 
 setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(VLLM_033)/.kvoffload-setup \
-	$(VLLM_034)/.kvoffload-setup $(TINY_MODEL)/config.json kube
+	$(VLLM_034)/.kvoffload-setup $(SGLANG_05)/.kvoffload-setup $(TINY_MODEL)/config.json kube
 
 # The real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), built from the Go
 # modules pinned in tools/kube, and the Prometheus Operator with its CRDs, from tools/prometheus-operator;
@@ -71,6 +72,12 @@ $(VLLM_033)/.kvoffload-setup: scripts/setup-vllm-sources.sh requirements/vllm-0.
 # vLLM 0.34.0's sources laid over it the same way, for 0.34's argument parser.
 $(VLLM_034)/.kvoffload-setup: scripts/setup-vllm-sources.sh requirements/vllm-0.34.lock $(VLLM_VENV)/.kvoffload-setup
 	scripts/setup-vllm-sources.sh 0.34.0 $(VLLM_034) $(VLLM_VENV)
+	touch $@
+
+# SGLang 0.5.23's sources laid over that venv too, for SGLang's own parser, resolution steps and metrics
+# collectors (tests/sglang_argcheck.py): the wheel's torch 2.14 and CUDA kernels are not needed for those.
+$(SGLANG_05)/.kvoffload-setup: scripts/setup-sglang-sources.sh requirements/sglang-0.5.lock $(VLLM_VENV)/.kvoffload-setup
+	scripts/setup-sglang-sources.sh 0.5.23 $(SGLANG_05) $(VLLM_VENV)
 	touch $@
 
 $(TINY_MODEL)/config.json: scripts/make_tiny_model.py $(VLLM_VENV)/.kvoffload-setup
