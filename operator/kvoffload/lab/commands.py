@@ -112,6 +112,13 @@ def _duration_option(_ctx: click.Context, _param: click.Parameter, value: str | 
     "emulated: the in-process emulated API, quicker to start.",
 )
 @click.option(
+    "--engine",
+    type=click.Choice(["vllm", "sglang"]),
+    default=None,
+    help="Run the policy's engines as this engine: sglang renders `sglang.launch_server` with HiCache (CPU sizes "
+    "in whole GB per TP rank), emulated speaking SGLang's metrics. Default: the policy's spec.engine (vllm).",
+)
+@click.option(
     "--give-up-after",
     "give_up_after",
     callback=_duration_option,
@@ -128,11 +135,12 @@ def demo(
     out_dir: Path,
     policy_path: Path | None,
     api: str,
+    engine: str | None,
     give_up_after: float | None,
 ) -> None:
     """The whole loop on this machine, no cluster needed: the real Kubernetes control plane (or, with
-    --api emulated, an emulated API), a real Prometheus, emulated vLLM engines, the operator, and a
-    replay of the Mooncake conversation trace.
+    --api emulated, an emulated API), a real Prometheus, emulated engines (vLLM, or SGLang with --engine), the
+    operator, and a replay of the Mooncake conversation trace.
 
     Shows the rollout live, writes a report (PNG plot and summary) into --out, and exits 0 when the
     scenario ended as expected, 1 otherwise. With -o json only the final status and timeline go to
@@ -155,6 +163,7 @@ def demo(
                 policy_path=policy_path,
                 progress=progress,
                 api=api,
+                engine=engine,
                 deadline=give_up_after,
             )
         )

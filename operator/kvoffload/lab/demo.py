@@ -42,7 +42,7 @@ import yaml
 
 from kvoffload.analysis.assess import Measurements
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, ROLLBACK_DECISIONS
-from kvoffload.api.quantity import format_duration, parse_duration
+from kvoffload.api.quantity import format_duration, parse_duration, quantity_bytes
 from kvoffload.api.types import HistoryEntry, KVOffloadPolicyStatus, Phase
 from kvoffload.lab.report import Decision, Sample, summary_json
 from kvoffload.policy.ladder import Level
@@ -94,6 +94,39 @@ def prepare_policy(doc: Mapping[str, Any], *, fast: bool, prometheus_url: str) -
     if fast:
         spec.setdefault("rollout", {}).update(FAST_ROLLOUT)
         spec.setdefault("analysis", {}).update(FAST_ANALYSIS)
+    return out
+
+
+SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23-cu129"
+
+
+def on_engine(doc: Mapping[str, Any], engine: str) -> dict[str, Any]:
+    """The demo policy on ``engine``. For SGLang: its image, and each CPU size in whole decimal gigabytes per TP
+    rank (``--hicache-size``), rounded down but at least 1 GB a rank; a pilot no smaller than the tier after
+    rounding is left out."""
+    out = copy.deepcopy(dict(doc))
+    spec = out.setdefault("spec", {})
+    if engine == spec.get("engine", "vllm"):
+        return out
+    if engine != "sglang":
+        on = spec.get("engine", "vllm")
+        raise DemoError(f"--engine {engine}: this policy runs on {on}; give a policy for {engine} with --policy")
+    spec["engine"] = "sglang"
+    model = spec.setdefault("model", {})
+    model["image"] = SGLANG_IMAGE
+    model.pop("vllmVersion", None)
+    ranks = int(model.get("tensorParallelSize", 1))
+
+    def whole(size: str) -> str:
+        return f"{max(1, quantity_bytes(size) // (10**9 * ranks)) * ranks}G"
+
+    offload = spec.setdefault("offload", {})
+    offload["cpu"] = whole(offload["cpu"])
+    rollout = spec.setdefault("rollout", {})
+    if "pilotCpu" in rollout:
+        rollout["pilotCpu"] = whole(rollout["pilotCpu"])
+        if quantity_bytes(rollout["pilotCpu"]) >= quantity_bytes(offload["cpu"]):
+            del rollout["pilotCpu"]
     return out
 
 
@@ -537,11 +570,13 @@ async def run_demo(
     load: Load | None = None,
     deadline: float | None = None,
     api: str = "real",
+    engine: str | None = None,
 ) -> DemoResult:
     """Run one scenario end to end and write the report; everything started is stopped on return or cancel.
 
     ``api``: ``real`` runs it on kube-apiserver (building the control plane first when its binaries are
-    missing), ``emulated`` on the in-process kubeemu."""
+    missing), ``emulated`` on the in-process kubeemu. ``engine``: run the policy on that engine
+    (:func:`on_engine`); None: as the policy says."""
     from kvoffload.analysis.dialects import policy_dialect
     from kvoffload.analysis.prometheus import PrometheusProvider, Target
     from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY
@@ -555,7 +590,7 @@ async def run_demo(
 
     prometheus_binary()
     source = policy_path or default_policy_path()
-    raw = load_policy_doc(source)
+    raw = load_policy_doc(source) if engine is None else on_engine(load_policy_doc(source), engine)
     load = load or Load()
     trace = loadgen.read_trace()
     out_dir.mkdir(parents=True, exist_ok=True)

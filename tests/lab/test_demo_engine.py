@@ -1,0 +1,40 @@
+"""``kvoffload demo --engine sglang``: the demo policy on SGLang, sized as HiCache takes it."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoffload.lab.cluster.localcluster import LAB_TENANCY
+from kvoffload.lab.demo import DemoError, default_policy_path, load_policy_doc, on_engine
+from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.loading import parse_policy
+from kvoffload.policy.render import check_renderable, engine_args
+
+
+def test_the_demo_policy_on_sglang_takes_whole_gigabytes_and_renders() -> None:
+    doc = load_policy_doc(default_policy_path())
+    assert (doc["spec"]["offload"]["cpu"], doc["spec"]["rollout"]["pilotCpu"]) == ("2304Mi", "1536Mi")
+    policy = parse_policy(on_engine(doc, "sglang"), tenancy=LAB_TENANCY)
+    assert check_renderable(policy) == []
+    # 2304Mi is 2.42 GB and 1536Mi 1.61 GB: rounded down to whole GB.
+    sizes = {lv.name: engine_args(policy, lv) for lv in build_ladder(policy.spec)}
+    assert [args[args.index("--hicache-size") + 1] for name, args in sizes.items() if name != "gpu-only"] == [
+        "1",
+        "2",
+        "2",
+    ]
+    assert on_engine(doc, "vllm") == doc
+
+
+def test_a_pilot_no_smaller_than_the_tier_after_rounding_is_left_out() -> None:
+    doc = load_policy_doc(default_policy_path())
+    doc["spec"]["offload"]["cpu"] = "1800Mi"  # 1.89 GB -> 1G, as the 1536Mi pilot
+    out = on_engine(doc, "sglang")
+    assert out["spec"]["offload"]["cpu"] == "1G"
+    assert "pilotCpu" not in out["spec"]["rollout"]
+
+
+def test_an_sglang_policy_is_not_turned_back_into_vllm() -> None:
+    doc = on_engine(load_policy_doc(default_policy_path()), "sglang")
+    with pytest.raises(DemoError, match="give a policy for vllm"):
+        on_engine(doc, "vllm")
