@@ -43,6 +43,7 @@ from tests.support.prometheus import (
     expected_p99,
     expected_quantile,
     require_prometheus,
+    scraping,
     synthetic_target,
 )
 
@@ -458,21 +459,8 @@ FLEET = [
 
 @pytest.fixture(scope="module")
 def scraped_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    """A real Prometheus that has scraped the synthetic fleet for at least one whole window."""
-    require_prometheus()
-    fleet = SyntheticFleet(FLEET)
-    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"))
-    server.start()
-    try:
-        server.add_targets([(fleet.address, {})])
-        # increase() needs samples across the whole window, or it extrapolates from a part of it.
-        server.wait_for_series(
-            f"count_over_time(vllm:time_to_first_token_seconds_count[{WINDOW}]) >= 10", deadline=60, count=5
-        )
+    with scraping(FLEET, tmp_path_factory.mktemp("prometheus"), WINDOW) as server:
         yield server
-    finally:
-        server.stop()
-        fleet.close()
 
 
 @pytest.mark.prometheus

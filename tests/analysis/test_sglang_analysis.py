@@ -19,9 +19,8 @@ from tests.support.prometheus import (
     TTFT_BUCKETS,
     PrometheusServer,
     SyntheticEngine,
-    SyntheticFleet,
     expected_p99,
-    require_prometheus,
+    scraping,
     synthetic_target,
 )
 
@@ -61,19 +60,8 @@ def test_sglang_has_no_cache_config_query_and_reads_its_counters_as_vllms_labels
 
 @pytest.fixture(scope="module")
 def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    require_prometheus()
-    fleet = SyntheticFleet([CANARY, STABLE], dialect=SGLANG)
-    server = PrometheusServer(tmp_path_factory.mktemp("prometheus"))
-    server.start()
-    try:
-        server.add_targets([(fleet.address, {})])
-        server.wait_for_series(
-            f"count_over_time(sglang:time_to_first_token_seconds_count[{WINDOW}]) >= 10", deadline=60, count=2
-        )
+    with scraping([CANARY, STABLE], tmp_path_factory.mktemp("prometheus"), WINDOW, SGLANG) as server:
         yield server
-    finally:
-        server.stop()
-        fleet.close()
 
 
 @pytest.mark.prometheus

@@ -11,6 +11,7 @@ against the same label layout as in a cluster.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import threading
@@ -360,3 +361,23 @@ class SyntheticFleet:
         self._server.shutdown()
         self._server.server_close()
         self._thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def scraping(
+    engines: Sequence[SyntheticEngine], workdir: Path, window: str, dialect: Dialect = NEWEST
+) -> Iterator[PrometheusServer]:
+    """A real Prometheus that has scraped ``engines`` (one synthetic fleet) for at least one whole ``window``:
+    increase() needs samples across the whole window, or it extrapolates from a part of it."""
+    require_prometheus()
+    fleet = SyntheticFleet(engines, dialect)
+    server = PrometheusServer(workdir)
+    server.start()
+    try:
+        server.add_targets([(fleet.address, {})])
+        policies = len({(e.namespace, e.policy, e.variant) for e in engines})
+        server.wait_for_series(f"count_over_time({dialect.ttft}_count[{window}]) >= 10", deadline=60, count=policies)
+        yield server
+    finally:
+        server.stop()
+        fleet.close()
