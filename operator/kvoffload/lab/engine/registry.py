@@ -2,7 +2,8 @@
 
 ``server`` reports each event of a request to it, the same for every personality: the admission (where
 the prompt's tokens came from, what was restored and stored), the finish or failure, the load of every
-engine step, and each HTTP request. ``metrics.EngineMetrics`` turns them into vLLM's families.
+engine step, and each HTTP request. ``metrics.EngineMetrics`` turns them into vLLM's families and
+``sglangmetrics.SGLangMetrics`` into SGLang 0.5.23's; the caches and prices behind them are the same.
 """
 
 from __future__ import annotations
@@ -10,9 +11,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from kvoffload.lab.engine.config import EngineConfig
+from kvoffload.lab.engine.config import SPEAK_SGLANG, EngineConfig
 from kvoffload.lab.engine.kvengine import Admission, KVEngine
 from kvoffload.lab.engine.metrics import EngineMetrics
+from kvoffload.lab.engine.sglangmetrics import SGLangMetrics
 
 
 class Registry(Protocol):
@@ -77,5 +79,7 @@ class Registry(Protocol):
 
 
 def registry_for(config: EngineConfig, engine: KVEngine) -> Registry:
-    """The engine's registry, over ``engine``'s caches: vLLM's."""
+    """The registry ``config.speak`` names: vLLM's (the default) or SGLang's, over ``engine``'s caches."""
+    if config.speak == SPEAK_SGLANG:
+        return SGLangMetrics(config, engine)
     return EngineMetrics(config)

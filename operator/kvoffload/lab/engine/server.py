@@ -1,4 +1,5 @@
-"""The engine over HTTP: ``/v1/completions``, ``/v1/models``, ``/health``, ``/metrics``, and ``/emulator/*``."""
+"""The engine over HTTP: ``/v1/completions``, ``/v1/models``, ``/health``, ``/metrics`` (vLLM's or SGLang's, as
+``--speak`` says), and ``/emulator/*``."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from kvoffload.lab.engine.config import EngineConfig
+from kvoffload.lab.engine.config import SGLANG_VERSION, SPEAK_SGLANG, EngineConfig
 from kvoffload.lab.engine.faults import Faults, apply_faults
 from kvoffload.lab.engine.kvengine import KVEngine, tokenize
 from kvoffload.lab.engine.registry import registry_for
@@ -153,7 +154,7 @@ class Emulator:
                         "id": self.config.name,
                         "object": "model",
                         "created": int(time.time()),
-                        "owned_by": "vllm",
+                        "owned_by": self.config.speak,
                         "root": self.config.model,
                         "max_model_len": self.config.max_model_len,
                     }
@@ -389,9 +390,9 @@ async def serve(emulator: Emulator, host: str, port: int, *, ready: asyncio.Even
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    log.info(
-        "emulated vLLM %s serving %s on http://%s:%d", emulator.config.vllm_version, emulator.config.name, host, port
-    )
+    config = emulator.config
+    speaks = f"SGLang {SGLANG_VERSION}" if config.speak == SPEAK_SGLANG else f"vLLM {config.vllm_version}"
+    log.info("emulated %s serving %s on http://%s:%d", speaks, config.name, host, port)
     if ready is not None:
         ready.set()
     try:
