@@ -25,7 +25,8 @@ Where the series come from:
 
 Priced as vLLM: the emulator has one cost model and one block cache for both engines, so SGLang's HiCache is
 priced exactly as vLLM's native offload (16-token blocks, where SGLang's radix cache matches single tokens
-on CUDA; stores as write-through; a storage hit at the fs tier's rate). Only the metrics differ.
+on CUDA, so a repeated 1,480-token prompt counts 1,472 cached tokens where SGLang would count 1,479; stores as
+write-through; a storage hit at the fs tier's rate; vLLM's batch defaults). Only the metrics differ.
 
 Not emitted, because the emulator has nothing honest to fill them with: the startup and CUDA-graph timings,
 speculative decoding, LoRA, PD disaggregation, grammar and routing-key families, the per-stage latencies,
@@ -166,7 +167,7 @@ class SGLangFamily:
     type: str
     doc: str
     labels: tuple[str, ...]
-    """Label names, sorted, as SGLang's multiprocess exposition writes them."""
+    """Label names (prometheus_client writes a sample's labels sorted, as SGLang's multiprocess exposition does)."""
     where: str
     """Where SGLang 0.5.23 defines it, under ``sglang/srt/observability/``."""
     buckets: tuple[float, ...] = ()
