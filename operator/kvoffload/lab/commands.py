@@ -41,7 +41,9 @@ def emulate(args: tuple[str, ...], port: int, host: str, **options: Any) -> None
     vLLM 0.32's exact /metrics families, and fault knobs (also `POST /emulator/faults`).
 
     Accepts a Deployment's `vllm serve MODEL --flag ...` arguments; flags it does not know
-    are ignored with a warning.
+    are ignored with a warning. `--speak sglang` exposes SGLang 0.5.23's /metrics families
+    instead (with `--enable-metrics`, as SGLang), priced the same; the local cluster translates
+    an SGLang container's command line into these options.
     """
     import logging
     import time

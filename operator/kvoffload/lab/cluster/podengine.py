@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.api.conventions import API_GROUP
+from kvoffload.lab.cluster import sglangargs
 from kvoffload.lab.cluster.kubeemu import Obj, now_rfc3339
 
 log = logging.getLogger("kvoffload.localcluster")
@@ -31,14 +32,22 @@ class LocalClusterError(RuntimeError):
 
 
 def vllm_serve_args(container: Mapping[str, Any]) -> list[str]:
-    """The ``vllm serve`` arguments of an engine container, after any shell wrapper.
+    """The ``vllm serve`` arguments of an engine container, after any shell wrapper: the emulator's options.
 
     Understood forms: no ``command`` (the vLLM image's entrypoint is ``vllm serve``),
     ``command: [vllm, serve, ...]``, and ``command: [sh, -c, '...; exec vllm serve "$@"', NAME]``
     with the arguments in ``args`` (``$0`` is NAME, ``$@`` the rest), as kvoffload renders it.
+    An SGLang container (``command: [python3, -m, sglang.launch_server]``) gets its arguments and
+    environment translated into the same vLLM-shaped options plus ``--speak sglang`` (``sglangargs``);
+    a flag that cannot be translated is refused, naming it.
     """
     command = [str(c) for c in container.get("command") or []]
     args = [str(a) for a in container.get("args") or []]
+    if sglangargs.is_sglang(command):
+        try:
+            return sglangargs.emulate_args([*command[3:], *args], container.get("env") or [])
+        except sglangargs.SGLangArgsError as exc:
+            raise LocalClusterError(f"cannot run this SGLang engine in the lab: {exc}") from exc
     if not command:
         return args[1:] if args[:1] == ["serve"] else args
     if Path(command[0]).name == "vllm" and command[1:2] == ["serve"]:
@@ -169,7 +178,7 @@ class PodEngine:
         except OSError:
             return ""
 
-    def container_status(self, image: str) -> Obj:
+    def container_status(self, image: str, name: str = "vllm") -> Obj:
         state: Obj
         if self.alive():
             state = {"running": {"startedAt": self.started_at}}
@@ -178,7 +187,7 @@ class PodEngine:
         else:
             state = {"waiting": {"reason": "ContainerCreating"}}
         status: Obj = {
-            "name": "vllm",
+            "name": name,
             "image": image,
             "imageID": image,
             "containerID": f"emulated://{self.process.pid if self.process else 0}",
@@ -194,6 +203,7 @@ class PodEngine:
         """The status of the pod this engine serves; a condition's transition time moves only when it changes."""
         containers = ((pod.get("spec") or {}).get("containers")) or [{}]
         image = str(containers[0].get("image", ""))
+        name = str(containers[0].get("name", "vllm"))
         ready = "True" if self.ready else "False"
         before = pod.get("status") or {}
         previous = {c.get("type"): c for c in before.get("conditions") or []}
@@ -216,5 +226,5 @@ class PodEngine:
                 condition("ContainersReady", ready),
                 condition("Ready", ready),
             ],
-            "containerStatuses": [self.container_status(image)],
+            "containerStatuses": [self.container_status(image, name)],
         }

@@ -18,6 +18,12 @@ log = logging.getLogger("kvoffload.emulate")
 
 DEFAULT_KV_BYTES_PER_TOKEN: Final = 114_688  # Qwen3-0.6B, bf16
 DEFAULT_VLLM_VERSION: Final = "0.32.0"
+SPEAK_VLLM: Final = "vllm"
+SPEAK_SGLANG: Final = "sglang"
+SPEAKS: Final = (SPEAK_VLLM, SPEAK_SGLANG)
+"""Whose /metrics the engine speaks (``--speak``): vLLM's families (the default), or SGLang 0.5.23's."""
+SGLANG_VERSION: Final = "0.5.23"
+"""The SGLang release whose families ``--speak sglang`` exposes (tests/data/sglang-0.5.23-families.json)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,10 @@ class EngineConfig:
     tensor_parallel_size: int = 1
     kv_cache_dtype: str = "auto"
     vllm_version: str = DEFAULT_VLLM_VERSION
+    speak: str = SPEAK_VLLM
+    """``vllm`` or ``sglang``: whose /metrics families the engine exposes (``metrics`` or ``sglangmetrics``)."""
+    enable_metrics: bool = False
+    """SGLang's ``--enable-metrics``: speaking SGLang, /metrics is served only with it (vLLM always serves it)."""
     startup_delay_s: float = 0.0
     allocate_cpu_bytes: int | None = None
     """Fault: the CPU tier the engine allocates instead of ``cpu_bytes`` (as kv_offload_config_info shows)."""
@@ -227,6 +237,8 @@ def config_from_options(
     max_num_batched_tokens: int | None = None,
     max_num_seqs: int | None = None,
     pinning_time_scale: float | None = None,
+    speak: str | None = None,
+    enable_metrics: bool = False,
 ) -> tuple[EngineConfig, list[str]]:
     """An engine config from ``vllm serve``-style options; also the arguments it ignores.
 
@@ -343,4 +355,25 @@ def config_from_options(
         raise ConfigError(
             "--kv-transfer-config: an offloading connector needs cpu_bytes_to_use or --kv-offloading-size"
         )
+    _apply_speak(cfg, speak, enable_metrics)
     return cfg, rest
+
+
+def _apply_speak(cfg: EngineConfig, speak: str | None, enable_metrics: bool) -> None:
+    """``--speak`` and SGLang's ``--enable-metrics``; what SGLang cannot run is refused, naming the flag.
+
+    SGLang's HiCache is its own offload (the native one, priced as vLLM's here), and its radix cache evicts
+    by LRU only; vLLM has no ``--enable-metrics`` (it always serves /metrics).
+    """
+    cfg.speak = speak or SPEAK_VLLM
+    if cfg.speak not in SPEAKS:
+        raise ConfigError(f"--speak: must be one of {', '.join(SPEAKS)}, got {cfg.speak!r}")
+    if cfg.speak != SPEAK_SGLANG:
+        if enable_metrics:
+            raise ConfigError("--enable-metrics: SGLang's flag (--speak sglang); vLLM serves /metrics always")
+        return
+    cfg.enable_metrics = enable_metrics
+    if cfg.offload_backend == "lmcache":
+        raise ConfigError("--kv-offloading-backend: lmcache is a vLLM connector; SGLang offloads natively (HiCache)")
+    if cfg.eviction_policy != "lru":
+        raise ConfigError("--kv-transfer-config: eviction_policy arc; SGLang's radix cache evicts by LRU only")

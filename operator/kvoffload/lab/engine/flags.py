@@ -1,4 +1,4 @@
-"""``kvoffload emulate``'s flags: vLLM's own where the engine models them, plus fault knobs.
+"""``kvoffload emulate``'s flags: vLLM's own where the engine models them, ``--speak``, plus fault knobs.
 
 They live beside the engine; the click command in ``kvoffload.lab.commands`` only wires them.
 Every fault knob also reads a ``KVOFFLOAD_EMULATE_*`` variable, so a Deployment's env can set it.
@@ -12,7 +12,7 @@ from typing import Any, Final, TypeVar
 
 import click
 
-from kvoffload.lab.engine.config import EngineConfig, config_from_options
+from kvoffload.lab.engine.config import SPEAKS, EngineConfig, config_from_options
 from kvoffload.lab.engine.faults import Faults, faults_from_options
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -77,6 +77,18 @@ OPTIONS: Final[tuple[Callable[[Any], Any], ...]] = (
     ),
     click.option(
         "--vllm-version", default=None, envvar=_env("VLLM_VERSION"), help="Metric dialect to speak (default 0.32.0)."
+    ),
+    click.option(
+        "--speak",
+        type=click.Choice(SPEAKS),
+        default=None,
+        help="Whose /metrics to expose: vllm (default) or sglang (SGLang 0.5.23's sglang: families). Not a vLLM flag.",
+    ),
+    click.option(
+        "--enable-metrics",
+        is_flag=True,
+        default=False,
+        help="SGLang's flag: speaking sglang, /metrics is served only with it, as SGLang does.",
     ),
     click.option(
         "--startup-delay",

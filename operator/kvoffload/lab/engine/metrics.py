@@ -44,6 +44,9 @@ from kvoffload.lab.engine.families import (
 )
 from kvoffload.lab.engine.kvengine import Admission
 
+UNCOUNTED_HANDLERS: Final = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
+"""The handlers vLLM's instrumentator excludes (``excluded_handlers``, entrypoints/serve/instrumentator/metrics.py)."""
+
 MANAGER_SINCE: Final[VersionTuple] = (0, 26)
 """The offload manager's lookup, allocation and read/write usage families: in the 0.26.0 capture; older not checked."""
 
@@ -386,7 +389,10 @@ class EngineMetrics:
         generated: int,
         finished_reason: str,
         queued: float = 0.0,
+        admission: Admission | None = None,
+        stream: bool = False,
     ) -> None:
+        """A finished request; vLLM counts its tokens at admission and labels nothing by streaming."""
         d = self.dialect
         self._m("vllm:time_to_first_token_seconds").observe(ttft)
         itl = self._m(d.itl)
@@ -406,7 +412,15 @@ class EngineMetrics:
         self._m("vllm:generation_tokens").inc(generated)
         self._m("vllm:request_success", finished_reason=finished_reason).inc()
 
-    def record_failure(self, *, e2e: float, queued: float, finished_reason: str) -> None:
+    def record_failure(
+        self,
+        *,
+        e2e: float,
+        queued: float,
+        finished_reason: str,
+        admission: Admission | None = None,
+        stream: bool = False,
+    ) -> None:
         """A request that ended before its first token (a failed KV load): vLLM counts it by its reason and times it
         like any finished request, but it has no TTFT and no ITL (``update_from_finished_request``)."""
         self._m("vllm:e2e_request_latency_seconds").observe(e2e)
@@ -419,9 +433,21 @@ class EngineMetrics:
         self._m("vllm:request_generation_tokens").observe(0)
         self._m("vllm:request_success", finished_reason=finished_reason).inc()
 
-    def record_http(self, *, handler: str, method: str, status: int) -> None:
+    serves_metrics = True
+
+    def http_endpoint(self, route: str | None, path: str) -> str | None:
+        """The handler a request counts under (``none`` when no route matched); vLLM's probes and /metrics are
+        left out as vLLM leaves them out, and so is the emulator's own control API."""
+        handler = route if route is not None else "none"
+        return None if handler in UNCOUNTED_HANDLERS or handler.startswith("/emulator/") else handler
+
+    def record_http_start(self, *, handler: str, method: str) -> None:
+        """vLLM's instrumentator counts a request only once answered."""
+
+    def record_http(self, *, handler: str, method: str, status: int | None) -> None:
         """One answer of the API server, as the instrumentator counts it (``5xx`` for any 500-599)."""
-        self.http_requests.labels(handler=handler, method=method, status=f"{status // 100}xx").inc()
+        if status is not None:
+            self.http_requests.labels(handler=handler, method=method, status=f"{status // 100}xx").inc()
 
     def set_load(self, running: int, used_blocks: int, waiting: int = 0) -> None:
         self._m("vllm:num_requests_running").set(running)

@@ -1,4 +1,5 @@
-"""The engine over HTTP: vLLM's ``/v1/completions``, ``/v1/models``, ``/health``, ``/metrics``, and ``/emulator/*``."""
+"""The engine over HTTP: ``/v1/completions``, ``/v1/models``, ``/health``, ``/metrics`` (vLLM's or SGLang's, as
+``--speak`` says), and ``/emulator/*``."""
 
 from __future__ import annotations
 
@@ -15,19 +16,15 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from kvoffload.lab.engine.config import EngineConfig
+from kvoffload.lab.engine.config import SGLANG_VERSION, SPEAK_SGLANG, EngineConfig
 from kvoffload.lab.engine.faults import Faults, apply_faults
 from kvoffload.lab.engine.kvengine import KVEngine, tokenize
-from kvoffload.lab.engine.metrics import EngineMetrics
+from kvoffload.lab.engine.registry import registry_for
 from kvoffload.lab.engine.scheduler import Request, Scheduler
 
 log = logging.getLogger("kvoffload.emulate")
 
 CONTENT_TYPE_CLASSIC: Final = "text/plain; version=0.0.4; charset=utf-8"
-
-
-UNCOUNTED_HANDLERS: Final = frozenset({"/metrics", "/health", "/load", "/ping", "/version", "/server_info"})
-"""The handlers vLLM's instrumentator excludes (``excluded_handlers``, entrypoints/serve/instrumentator/metrics.py)."""
 
 
 def _error(status: int, message: str, kind: str = "BadRequestError") -> web.Response:
@@ -40,7 +37,7 @@ class Emulator:
     def __init__(self, config: EngineConfig, faults: Faults | None = None) -> None:
         self.config = config
         self.engine = KVEngine(config)
-        self.metrics = EngineMetrics(config)
+        self.metrics = registry_for(config, self.engine)
         self.faults = faults or Faults()
         self.started = time.monotonic()
         self.scheduler = Scheduler(
@@ -104,7 +101,8 @@ class Emulator:
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._count_http, self._outage])
         app.router.add_get("/health", self.health)
-        app.router.add_get("/metrics", self.metrics_handler)
+        if self.metrics.serves_metrics:
+            app.router.add_get("/metrics", self.metrics_handler)
         app.router.add_get("/v1/models", self.models)
         app.router.add_post("/v1/completions", self.completions)
         app.router.add_get("/emulator/faults", self.get_faults)
@@ -114,19 +112,23 @@ class Emulator:
 
     @web.middleware
     async def _count_http(self, request: web.Request, handler: Any) -> web.StreamResponse:
-        """``http_requests_total`` as vLLM's API server counts: by route, method and status class; its probes and
-        /metrics are left out as vLLM leaves them out, and so is the emulator's own control API."""
+        """The API server's request counts, as the engine spoken counts them (``Registry.http_endpoint`` says
+        which requests and under what name); the emulator's own control API is never counted."""
         route = request.match_info.route.resource
-        path = route.canonical if route is not None else "none"
-        counted = path not in UNCOUNTED_HANDLERS and not path.startswith("/emulator/")
-        try:
+        endpoint = self.metrics.http_endpoint(route.canonical if route is not None else None, request.path)
+        if endpoint is None:
             response: web.StreamResponse = await handler(request)
+            return response
+        self.metrics.record_http_start(handler=endpoint, method=request.method)
+        status: int | None = None
+        try:
+            response = await handler(request)
+            status = response.status
         except web.HTTPException as exc:
-            if counted:
-                self.metrics.record_http(handler=path, method=request.method, status=exc.status)
+            status = exc.status
             raise
-        if counted:
-            self.metrics.record_http(handler=path, method=request.method, status=response.status)
+        finally:
+            self.metrics.record_http(handler=endpoint, method=request.method, status=status)
         return response
 
     @web.middleware
@@ -152,7 +154,7 @@ class Emulator:
                         "id": self.config.name,
                         "object": "model",
                         "created": int(time.time()),
-                        "owned_by": "vllm",
+                        "owned_by": self.config.speak,
                         "root": self.config.model,
                         "max_model_len": self.config.max_model_len,
                     }
@@ -265,7 +267,11 @@ class Emulator:
             # As vLLM answers a request that finished with reason error (GenerationError, a 500; streamed or not,
             # since nothing was sent yet here).
             self.metrics.record_failure(
-                e2e=time.monotonic() - arrived, queued=(req.scheduled_at or arrived) - arrived, finished_reason="error"
+                e2e=time.monotonic() - arrived,
+                queued=(req.scheduled_at or arrived) - arrived,
+                finished_reason="error",
+                admission=req.admission,
+                stream=stream,
             )
             return _error(500, "Internal server error", "InternalServerError")
         adm = req.admission
@@ -280,6 +286,8 @@ class Emulator:
             generated=max_tokens,
             finished_reason="length",
             queued=(req.scheduled_at or arrived) - arrived,
+            admission=adm,
+            stream=stream,
         )
         admission = self.config.cost.admission_seconds(len(tokens))
         ttft_target = (admission + req.token_times[0] - req.submitted) * ttft_factor + added
@@ -382,9 +390,9 @@ async def serve(emulator: Emulator, host: str, port: int, *, ready: asyncio.Even
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
-    log.info(
-        "emulated vLLM %s serving %s on http://%s:%d", emulator.config.vllm_version, emulator.config.name, host, port
-    )
+    config = emulator.config
+    speaks = f"SGLang {SGLANG_VERSION}" if config.speak == SPEAK_SGLANG else f"vLLM {config.vllm_version}"
+    log.info("emulated %s serving %s on http://%s:%d", speaks, config.name, host, port)
     if ready is not None:
         ready.set()
     try:
