@@ -144,6 +144,7 @@ def test_a_tp_size_must_divide_the_tier_into_whole_gigabytes() -> None:
         (["--tp", "2"], "manages"),
         (["--enforce-eager"], "SGLang 0.5.23 has no option --enforce-eager"),  # a vLLM flag
         (["--mem-fraction-static=0.9"], "manages"),
+        (["--enable-lmcache"], "pinned memory the request does not hold"),
         (["stray"], "positional"),
     ],
 )

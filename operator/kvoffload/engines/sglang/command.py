@@ -61,6 +61,8 @@ MANAGED_DESTS: Mapping[str, str] = {
     "pp_size": "it changes the GPUs an engine spans, which spec.gpu.count sets",
     "nnodes": "an engine spanning pods is not what the operator sizes",
     "cpu_offload_gb": "weights offloaded to host memory are pinned memory the request does not hold",
+    "enable_lmcache": "LMCache's host buffers are pinned memory the request does not hold",
+    "enable_flexkv": "FlexKV's host buffers are pinned memory the request does not hold",
     "config": "a config file can set any flag, managed ones included",
 }
 
