@@ -33,19 +33,19 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping, Sequence
-from decimal import Context, Decimal
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Final
 
+from kvoffload.engines.sglang.command import FILE_BACKEND_DIR, GB
+from kvoffload.engines.vllm.command import gib
+
 LAUNCH: Final = ("-m", "sglang.launch_server")
 """After the interpreter (``python3``, ``python``...): what marks an SGLang container."""
-FILE_BACKEND_DIR: Final = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"
 DEFAULT_FILE_DIR: Final = "/tmp/hicache"
 """The file backend's directory when the variable is not set (SGLang's ``mem_cache/hicache_storage.py``)."""
 DEFAULT_HOST: Final = "127.0.0.1"
 DEFAULT_PORT: Final = 30000
-GB: Final = 10**9
-GIB: Final = 2**30
 
 ALIASES: Final[Mapping[str, str]] = {
     "--model": "--model-path",
@@ -138,12 +138,6 @@ def _positive_int(flag: str, value: str) -> int:
     if number <= 0:
         raise SGLangArgsError(f"{flag}: must be positive, got {value!r}")
     return number
-
-
-def gib_of(nbytes: int) -> str:
-    """Bytes as an exact decimal GiB figure (any whole byte count over 2^30 terminates): 32e9 -> 29.8023223876953125."""
-    context = Context(prec=80)
-    return format(context.divide(Decimal(nbytes), Decimal(GIB)).normalize(context), "f")
 
 
 def _parse(args: Sequence[str]) -> dict[str, str | bool]:
@@ -254,7 +248,7 @@ def _hicache_args(
             "from the host's free memory), which the emulator does not translate; give --hicache-size"
         )
     cpu_bytes = gigabytes * GB * ranks
-    out = ["--kv-offloading-size", gib_of(cpu_bytes), "--kv-offloading-backend", "native"]
+    out = ["--kv-offloading-size", gib(cpu_bytes), "--kv-offloading-backend", "native"]
     if backend is None:
         return out
     if backend != "file":
