@@ -155,6 +155,9 @@ def mutated(base: dict[str, Any], changes: list[tuple[str, Any]]) -> dict[str, A
                     node[part] = [] if isinstance(after, int) else {}
                 node = node[part]
         last = parts[-1]
+        # A copy: JUNK's [] and {} are the same objects in every draw, and a later change would write into them
+        # (once into themselves: a circular value no JSON holds).
+        value = value if value is DELETE else copy.deepcopy(value)
         if isinstance(last, int):
             if isinstance(node, list) and value is not DELETE:
                 node[last:] = [value]
