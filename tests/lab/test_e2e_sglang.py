@@ -17,12 +17,12 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
+from kvoffload.lab.demo import SGLANG_IMAGE
 from tests.lab.test_e2e import canary_on, decisions, deployment, events_of, in_phase, level_hash, policy_doc
 from tests.support.cluster import Cluster, OperatorProcess, either_cluster, eventually, load_on
 
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus, pytest.mark.kube, pytest.mark.timeout(240)]
 
-SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23-cu129"
 CPU_CANARY = "kvoffload.io/level=cpu"  # cpu engines are the canary until cpu is promoted
 
 

@@ -9,6 +9,7 @@ from typing import Any
 import yaml
 
 from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.lab.demo import SGLANG_IMAGE
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.loading import load_policy, parse_policy
 from kvoffload.policy.tenancy import Tenancy
@@ -96,9 +97,6 @@ def policy_object(metadata: dict[str, Any] | None = None, **spec_patch: Any) -> 
 def make_policy(metadata: dict[str, Any] | None = None, **spec_patch: Any) -> KVOffloadPolicy:
     """The policy of ``policy_object``, validated as the operator of :data:`RENDER_TENANCY` validates it."""
     return parse_policy(policy_object(metadata, **spec_patch), tenancy=RENDER_TENANCY)
-
-
-SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23-cu129"
 
 
 def sglang_policy(**spec_patch: Any) -> KVOffloadPolicy:
