@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -673,3 +674,29 @@ async def test_an_injected_fault_answers_once_and_changes_nothing(
 
     patched = await kube.call(core.patch_namespaced_config_map, "a", NS, {"data": {"k": "x"}}, _content_type=MERGE)
     assert patched.data == {"k": "x"}
+
+
+async def test_a_watch_cancelled_while_it_retakes_the_lock_leaves_the_emulator_writable(kube: EmulatedCluster) -> None:
+    # Issue 39: the client of a waiting watch goes away (aiohttp cancels its handler) just as the lock the watch
+    # is waiting to take back is handed over. Under asyncio.wait_for on 3.11, the handler released a lock it did not
+    # hold and an orphaned Condition.wait then kept it: every later write, and the loop's teardown, waited for ever.
+    async with (
+        aiohttp.ClientSession() as session,
+        session.get(f"{kube.url}/api/v1/namespaces/{NS}/configmaps", params={"watch": "true"}) as response,
+    ):
+        assert response.status == 200
+        await asyncio.sleep(0.05)  # the watch waits for a change, half a second at a time
+        # aiohttp runs each connection's requests in one task; the watch's connection is the only one open.
+        (handler,) = [t for t in asyncio.all_tasks() if "RequestHandler.start" in t.get_coro().__qualname__]
+        lock = kube.emulator._cond  # a second party holds the lock as the watch's half second ends
+        await lock.acquire()
+        await asyncio.sleep(0.6)  # the watch now waits to take the lock back
+        handler.cancel()  # the client goes away ...
+        lock.release()  # ... as the lock is handed over
+        await asyncio.sleep(0.1)
+    async with asyncio.timeout(5):
+        created = await kube.emulator.create_object(
+            {"apiVersion": "v1", "kind": "ConfigMap", **configmap("after", namespace=NS)}
+        )
+    assert created["metadata"]["name"] == "after"
+    assert not lock.locked()

@@ -782,8 +782,12 @@ class KubeEmulator(kmock.KubernetesEmulator):
                 start = bisect.bisect_right(self._changes, cursor, key=lambda change: change.revision)
                 batch = self._changes[start:]
                 if not batch and not self._closing:
+                    # asyncio.timeout, never wait_for: on 3.11, wait_for cancelled after its own timeout leaves
+                    # Condition.wait retaking the lock in an orphaned task, and this block then releases a lock
+                    # it does not hold; the orphan keeps it for ever, and every write waits (issue 39).
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._cond.wait(), timeout=0.5)
+                        async with asyncio.timeout(0.5):
+                            await self._cond.wait()
             for change in batch:
                 cursor = change.revision
                 event = self._event_for(selection, change)
