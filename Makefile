@@ -20,6 +20,14 @@ SUDO := $(shell [ "$$(id -u)" -eq 0 ] || echo sudo)
 # Tests and the demo start `kvoffload`, `hadolint`, ... by name.
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
+# `make test`, setup included, ends inside CI's 90 minutes: tests/support/deadlines.py starts no test within 10
+# minutes of this deadline (epoch seconds) and ends the run at it, printing every thread's stack. Set it to `off`
+# to lift it.
+ifndef KVOFFLOAD_TEST_DEADLINE
+KVOFFLOAD_TEST_DEADLINE := $(shell echo $$(( $$(date +%s) + 85 * 60 )))
+endif
+export KVOFFLOAD_TEST_DEADLINE
+
 .DEFAULT_GOAL := help
 .PHONY: help setup system-deps kube test lint demo lock image
 
