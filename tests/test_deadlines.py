@@ -3,6 +3,7 @@ pytest of its own, end within a minute of their timeout with every thread's and 
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
@@ -132,3 +133,123 @@ def test_no_test_starts_within_the_margin_of_the_session_deadline(tmp_path: Path
     assert status == 1, output
     assert "no further test starts" in output, output
     assert output.count("PASSED") == 1, output
+
+
+# --- no wait without a deadline, in the lab and the test support ----------------------------------------------
+
+WAITS = frozenset({"wait", "join", "communicate", "get", "acquire", "read", "readline", "readexactly"})
+"""Methods that block until another party acts: each needs a timeout argument or an enclosing deadline."""
+BLOCKING_CALLS = frozenset({"run", "check_output", "check_call", "call"})
+"""subprocess's functions that wait for the child: each needs timeout=."""
+DEADLINE = "# deadline:"
+"""The comment that says where a wait's deadline is kept (a session's timeout), or that none is and why: a
+server's wait for work, which ends on cancellation."""
+
+
+def _name(node: ast.AST) -> str:
+    return ast.unparse(node)
+
+
+def _under_deadline(parents: list[ast.AST]) -> bool:
+    """Inside ``async with asyncio.timeout(...)`` (or ``timeout_at``)."""
+    for parent in parents:
+        if isinstance(parent, ast.AsyncWith):
+            for item in parent.items:
+                call = item.context_expr
+                if isinstance(call, ast.Call) and _name(call.func) in ("asyncio.timeout", "asyncio.timeout_at"):
+                    return True
+    return False
+
+
+def _problem(call: ast.Call, parents: list[ast.AST]) -> str | None:
+    """What makes a call wait without a deadline, or None."""
+    func = _name(call.func)
+    keywords = {k.arg for k in call.keywords}
+    if func == "asyncio.wait_for":
+        return f"{func}: asyncio.timeout instead (wait_for orphans its inner task on 3.11)"
+    needs_timeout = (
+        (func.startswith("subprocess.") and func.split(".")[-1] in BLOCKING_CALLS)
+        or func == "aiohttp.ClientSession"
+        or func.startswith("requests.")
+    )
+    if needs_timeout:
+        return None if "timeout" in keywords else f"{func}: no timeout="
+    if func == "asyncio.to_thread" and len(call.args) == 1 and not keywords:
+        target = _name(call.args[0])
+        return f"{func}({target}): a thread that waits for ever" if target.split(".")[-1] in WAITS else None
+    if not isinstance(call.func, ast.Attribute) or call.func.attr not in WAITS or call.args or "timeout" in keywords:
+        return None
+    awaited = bool(parents) and isinstance(parents[-1], ast.Await)
+    if awaited and _under_deadline(parents):
+        return None
+    if awaited or call.func.attr in ("wait", "join", "communicate"):
+        return f"{func}(): no timeout and no enclosing asyncio.timeout"
+    return None
+
+
+def unbounded_waits(path: Path) -> list[str]:
+    """The waits of one module that have no deadline: ``path:line: what``."""
+    source = path.read_text()
+    lines = source.splitlines()
+    found: list[str] = []
+
+    def marked(node: ast.AST) -> bool:
+        line = node.lineno - 1
+        return any(DEADLINE in lines[i] for i in (line - 1, line) if 0 <= i < len(lines))
+
+    def visit(node: ast.AST, parents: list[ast.AST]) -> None:
+        if isinstance(node, ast.Call) and not marked(node):
+            problem = _problem(node, parents)
+            if problem is not None:
+                found.append(f"{path.name}:{node.lineno}: {problem}")
+                if _name(node.func) == "asyncio.wait_for":
+                    return  # what it waits for is reported with it
+        for child in ast.iter_child_nodes(node):
+            visit(child, [*parents, node])
+
+    visit(ast.parse(source), [])
+    return found
+
+
+def test_no_wait_without_a_deadline_in_the_lab_or_the_test_support() -> None:
+    modules = [
+        *(paths.ROOT / "operator" / "kvoffload" / "lab").rglob("*.py"),
+        *(paths.ROOT / "tests" / "support").glob("*.py"),
+    ]
+    assert len(modules) > 40
+    found = [f"{module.parent.name}/{line}" for module in sorted(modules) for line in unbounded_waits(module)]
+    assert not found, "waits without a deadline:\n" + "\n".join(found)
+
+
+def test_the_wait_check_finds_each_kind_of_unbounded_wait(tmp_path: Path) -> None:
+    module = tmp_path / "probe.py"
+    text = textwrap.dedent(
+        """
+        async def f(process, event, queue, lock):
+            await asyncio.wait_for(event.wait(), 1)
+            subprocess.run(["true"])
+            await asyncio.to_thread(process.wait)
+            await event.wait()
+            await queue.get()
+            process.wait()
+            aiohttp.ClientSession()
+            requests.get("http://x")
+            async with asyncio.timeout(1):
+                await event.wait()
+            process.wait(timeout=1)
+            subprocess.run(["true"], timeout=1)
+            await event.wait()  # deadline: none; a server's wait for work, ended by cancellation
+        """
+    )
+    module.write_text(text)
+    found = unbounded_waits(module)
+    assert [line.split(": ")[1] for line in found] == [
+        "asyncio.wait_for",
+        "subprocess.run",
+        "asyncio.to_thread(process.wait)",
+        "event.wait()",
+        "queue.get()",
+        "process.wait()",
+        "aiohttp.ClientSession",
+        "requests.get",
+    ], found

@@ -39,6 +39,8 @@ from aiohttp import web
 from kvoffload.lab.cluster.kubeapi import tls_context
 from kvoffload.lab.controlplane import HOST, ControlPlane, ControlPlaneError, free_port
 
+BODY_READ_S = 30.0
+"""How long a proxy here waits for a client's request body."""
 _HOP_BY_HOP = frozenset(
     {"connection", "keep-alive", "transfer-encoding", "content-length", "host", "upgrade", "te", "trailer"}
 )
@@ -209,14 +211,15 @@ class PrometheusProxy(_Forwarder):
         if self._delay:
             await asyncio.sleep(self._delay)  # the fault itself: a Prometheus that takes this long to answer
         assert self._session is not None
+        async with asyncio.timeout(BODY_READ_S):
+            data = await request.read()
         async with self._session.request(
-            request.method,
-            f"{self.upstream}{request.path_qs}",
-            headers=_forwardable(request.headers),
-            data=await request.read(),
+            request.method, f"{self.upstream}{request.path_qs}", headers=_forwardable(request.headers), data=data
         ) as upstream:
             return web.Response(
-                status=upstream.status, body=await upstream.read(), headers=_forwardable(upstream.headers)
+                status=upstream.status,
+                body=await upstream.read(),  # deadline: the session's total timeout
+                headers=_forwardable(upstream.headers),
             )
 
 
@@ -301,7 +304,8 @@ class ApiServerProxy(_Forwarder):
         return self
 
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        body = await request.read()
+        async with asyncio.timeout(BODY_READ_S):
+            body = await request.read()
         status_write = STATUS_WRITE.match(request.path) if request.method in ("PATCH", "PUT") else None
         if status_write is not None and self.conflicts is not None:
             self._numbered += 1

@@ -36,6 +36,7 @@ import pytest_asyncio
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PLURAL
 from kvoffload.controller.gateway import KubernetesGateway, RetryPolicy
 from kvoffload.lab.cluster.kubeemu import KubeEmulator, serve, write_kubeconfig
+from kvoffload.lab.processes import KILL_WAIT_S
 
 T = TypeVar("T")
 
@@ -178,7 +179,8 @@ async def running_kopf(
         yield thread
     finally:
         stop.set()
-        await asyncio.wait_for(asyncio.wrap_future(outcome), timeout=15)
+        async with asyncio.timeout(15):
+            await asyncio.wrap_future(outcome)
         await asyncio.to_thread(thread.join, 5)
 
 
@@ -198,10 +200,12 @@ async def _process_on(
         if process.returncode is None:
             process.terminate()
             try:
-                await asyncio.wait_for(process.wait(), timeout=grace)
+                async with asyncio.timeout(grace):
+                    await process.wait()
             except TimeoutError:
                 process.kill()
-                await process.wait()
+                async with asyncio.timeout(KILL_WAIT_S):
+                    await process.wait()
 
 
 def kvoffload_run(

@@ -178,7 +178,7 @@ async def replay(
         }
         try:
             async with session.post(f"{url}/v1/completions", json=body) as resp:
-                await resp.read()
+                await resp.read()  # deadline: the session's total timeout
                 if resp.status == 200:
                     stats.ok += 1
                 else:

@@ -88,6 +88,10 @@ def build_script() -> Path:
     return Path(__file__).resolve().parents[3] / "scripts" / "build-prometheus-operator.sh"
 
 
+OPERATOR_BUILD_LIMIT_S = 20 * 60.0
+"""The build took about 1.5 minutes cold on 2 cores: one that runs for 20 is stuck."""
+
+
 def ensure_built(bin_dir: Path | None = None, *, progress: Callable[[str], None] = print) -> None:
     """Build the Prometheus Operator unless it is there (about 1.5 min cold on 2 cores)."""
     if not missing(bin_dir):
@@ -97,7 +101,9 @@ def ensure_built(bin_dir: Path | None = None, *, progress: Callable[[str], None]
         raise PrometheusOperatorError(f"missing {', '.join(missing(bin_dir))} and no {script} to build them")
     progress(f"building the Prometheus Operator with {script}")
     target = [str(bin_dir)] if bin_dir is not None else []
-    done = subprocess.run([str(script), *target], capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [str(script), *target], capture_output=True, text=True, check=False, timeout=OPERATOR_BUILD_LIMIT_S
+    )
     for line in (done.stdout + done.stderr).splitlines():
         progress(line)
     if done.returncode != 0 or missing(bin_dir):

@@ -448,7 +448,7 @@ async def serve_until_signalled(
                 progress(line)
             if ready is not None:
                 ready(cluster)
-            await stop.wait()
+            await stop.wait()  # deadline: none; it serves until SIGTERM or SIGINT, as `kvoffload cluster` says
             progress("stopping")
     finally:
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -37,6 +37,7 @@ from kvoffload.lab.cluster.engines import DEFAULT_TARGET_LABELS
 from kvoffload.lab.cluster.kubeemu import KubeEmulator, Obj, serve, write_kubeconfig
 from kvoffload.lab.cluster.kubelet import Kubelet
 from kvoffload.lab.cluster.podengine import CLI, LocalClusterError, set_parent_death_signal
+from kvoffload.lab.processes import end_process_async
 from kvoffload.lab.promoperator import LAB_RELEASE, RELEASE_LABEL
 from kvoffload.lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer
 from kvoffload.policy.tenancy import Tenancy
@@ -188,7 +189,10 @@ class LocalCluster(EngineControls):
         """The items at a collection path (``/apis/apps/v1/namespaces/NS/deployments``) over HTTP, as a client
         would list them (label selector honoured)."""
         params = {"labelSelector": selector} if selector else {}
-        async with aiohttp.ClientSession() as session, session.get(f"{self.url}{path}", params=params) as response:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10)) as session,
+            session.get(f"{self.url}{path}", params=params) as response,
+        ):
             response.raise_for_status()
             body = await response.json()
         return list(body["items"])
@@ -285,14 +289,7 @@ def start_operator(
 
 async def stop_operator(process: subprocess.Popen[bytes], grace: float = 10.0) -> int:
     """SIGTERM, then SIGKILL after ``grace`` seconds; returns the exit status."""
-    if process.poll() is None:
-        process.terminate()
-        try:
-            await asyncio.wait_for(asyncio.to_thread(process.wait), timeout=grace)
-        except TimeoutError:
-            process.kill()
-            await asyncio.to_thread(process.wait)
-    return int(process.returncode)
+    return await end_process_async(process, name="the operator", grace=grace)
 
 
 @contextlib.asynccontextmanager

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -17,6 +16,7 @@ from typing import Any
 from kvoffload.api.conventions import API_GROUP
 from kvoffload.lab.cluster import sglangargs
 from kvoffload.lab.cluster.kubeemu import Obj, now_rfc3339
+from kvoffload.lab.processes import end_process_async, reaped
 
 log = logging.getLogger("kvoffload.localcluster")
 
@@ -138,15 +138,7 @@ class PodEngine:
         process = self.process
         if process is None or process.poll() is not None:
             return
-        process.terminate()
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + grace
-        while process.poll() is None:
-            if loop.time() > deadline:
-                process.kill()
-                await asyncio.to_thread(process.wait)
-                break
-            await asyncio.sleep(0.05)  # poll for the exit; the loop keeps serving meanwhile
+        await end_process_async(process, name=f"the engine of pod {self.key}", grace=grace)
 
     def terminated(self, *, reason: str) -> None:
         """Record a dead container (lastState, restartCount); it is not serving until restarted."""
@@ -168,7 +160,7 @@ class PodEngine:
         """Kill the process as the kernel's OOM killer would; the container restarts at once."""
         assert self.process is not None
         self.process.kill()
-        await asyncio.to_thread(self.process.wait)
+        await reaped(self.process, name=f"the engine of pod {self.key}")
         self.terminated(reason="OOMKilled")
         self.start()  # the first restart is immediate
 

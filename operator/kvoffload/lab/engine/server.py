@@ -75,11 +75,12 @@ class Emulator:
                 wake = sched.next_event(wall)
                 self._wake.clear()
                 if wake is None and sched.idle:
-                    await self._wake.wait()
+                    await self._wake.wait()  # deadline: none; an idle engine waits for work, until cancelled
                 else:
                     timeout = 0.05 if wake is None else max(0.0, wake - wall)
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), timeout)
+                        async with asyncio.timeout(timeout):
+                            await self._wake.wait()
                 continue
             await _sleep_until(step.end)
             sched.finish()
@@ -243,7 +244,7 @@ class Emulator:
             while len(sent_times) < max_tokens:
                 if len(req.token_times) <= len(sent_times):
                     progress.clear()
-                    await progress.wait()
+                    await progress.wait()  # deadline: the step loop's next step for it; the engine's end cancels
                     continue
                 if not recorded and req.admission is not None:
                     self.metrics.record_admission(req.admission, max_tokens)
@@ -396,7 +397,7 @@ async def serve(emulator: Emulator, host: str, port: int, *, ready: asyncio.Even
     if ready is not None:
         ready.set()
     try:
-        await asyncio.Event().wait()
+        await asyncio.Event().wait()  # deadline: none; it serves until cancelled (SIGINT, SIGTERM)
     finally:
         if emulator._loop is not None:
             emulator._loop.cancel()
