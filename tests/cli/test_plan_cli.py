@@ -11,9 +11,8 @@ import yaml
 from click.testing import CliRunner, Result
 
 from kvoffload.cli.main import main
-from kvoffload.lab.promserver import free_port
 from tests.support import paths
-from tests.support.prometheus import PrometheusServer
+from tests.support.receiver import Receiver
 
 CONFIGS = paths.DATA / "configs"
 
@@ -271,21 +270,20 @@ CUSTOM = """
 """
 
 
-@pytest.mark.prometheus
-def test_plan_refuses_a_custom_query_prometheus_does_not_parse_naming_its_field(
-    tmp_path: Path, prometheus: PrometheusServer
-) -> None:
-    result = plan(tmp_path, POLICY + CUSTOM.format(url=prometheus.url), "--prometheus-allow-private")
-    assert result.exit_code == 2, result.output
-    assert "spec.analysis.metrics[1].query: Prometheus does not parse it: " in result.stderr
-    assert "spec.analysis.metrics[0]" not in result.stderr
-    assert "Traceback" not in result.output
-
-
-def test_plan_sizes_a_policy_whose_prometheus_cannot_be_asked_and_says_the_queries_were_not_parsed(
+def test_plan_refuses_a_custom_query_that_is_not_promql_naming_its_field_and_asks_no_prometheus(
     tmp_path: Path,
 ) -> None:
-    url = f"http://127.0.0.1:{free_port()}"
-    result = plan(tmp_path, POLICY + CUSTOM.format(url=url), "--prometheus-allow-private")
-    assert result.exit_code == 0, result.output
-    assert f"custom metric queries not parsed: Prometheus unreachable: connection failed ({url})" in result.stderr
+    with Receiver() as recorder:  # the policy's Prometheus: nothing may reach it
+        url = recorder.url.removesuffix("/hook")
+        result = plan(tmp_path, POLICY + CUSTOM.format(url=url), "--prometheus-allow-private")
+        lines = CUSTOM.format(url=url).splitlines(keepends=True)
+        waiting = next(i for i, line in enumerate(lines) if "name: waiting" in line)
+        fine = "".join(lines[:waiting] + lines[waiting + 3 :])  # abortShare and the Prometheus, not the broken one
+        good = plan(tmp_path, POLICY + fine, "--prometheus-allow-private")
+    assert result.exit_code == 2, result.output
+    assert "spec.analysis.metrics[1].query" in result.stderr
+    assert "not PromQL: expected type matrix in call to function 'rate', got vector" in result.stderr
+    assert "spec.analysis.metrics[0]" not in result.stderr
+    assert "Traceback" not in result.output
+    assert good.exit_code == 0, good.output
+    assert recorder.requests == []

@@ -47,6 +47,8 @@ class Receiver:
         self.arrived = 0
         """Requests that came in, answered or not."""
         self.headers: list[dict[str, str]] = []
+        self.requests: list[str] = []
+        """``METHOD path`` of every request, of any method, as it came."""
         self._changed = threading.Condition()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
@@ -59,9 +61,17 @@ class Receiver:
         receiver = self
 
         class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                with receiver._changed:
+                    receiver.requests.append(f"GET {self.path}")
+                self.send_response(404)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
             def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 with receiver._changed:
+                    receiver.requests.append(f"POST {self.path}")
                     receiver.arrived += 1
                     held = receiver.arrived <= receiver.hold_first
                     receiver._changed.notify_all()

@@ -422,10 +422,6 @@ QUERY_CONCURRENCY = 4
 that asks fleet-wide took 50-140 ms a query after a restart over 1,000 policies, one after the other."""
 
 
-class ParserUnavailable(Exception):
-    """Prometheus could not be asked to parse a query (unreachable, refused, or older than 2.31)."""
-
-
 class PrometheusProvider:
     """Measurements from Prometheus over its HTTP API (prometheus-api-client's PrometheusConnect)."""
 
@@ -471,7 +467,6 @@ class PrometheusProvider:
         # requests takes a float timeout; the library annotates int.
         self._client = PrometheusConnect(url=self.url, session=session, retry=retry, timeout=timeout)  # type: ignore[arg-type]
         self._asking = ThreadPoolExecutor(QUERY_CONCURRENCY, thread_name_prefix="prometheus query")
-        self._format_timeout = timeout
 
     def close(self) -> None:
         self._asking.shutdown(wait=False, cancel_futures=True)
@@ -619,31 +614,6 @@ class PrometheusProvider:
         except OSError as exc:
             return [_describe(exc)] * len(exprs)
         return list(self._asking.map(one, exprs))
-
-    def format_query(self, expr: str) -> str | None:
-        """Prometheus's own parser on ``expr`` (``/api/v1/format_query``, Prometheus 2.31 on; nothing is
-        evaluated): None when it parses, else the parser's message. Raises ``ParserUnavailable`` when Prometheus
-        cannot be asked (unreachable, refused, too old)."""
-        try:
-            self._authenticate()
-            response = self._client._session.post(
-                f"{self.url}/api/v1/format_query",
-                data={"query": expr},
-                headers=self._client.headers,
-                auth=self._client.auth,
-                timeout=self._format_timeout,
-            )
-        except (requests.RequestException, OSError) as exc:
-            raise ParserUnavailable(_describe(exc)) from None
-        try:
-            answer = response.json()
-        except ValueError:
-            answer = None
-        if isinstance(answer, dict) and answer.get("errorType") == "bad_data":
-            return str(answer.get("error", "")).removeprefix('invalid parameter "query": ')
-        if response.status_code != 200 or not isinstance(answer, dict) or answer.get("status") != "success":
-            raise ParserUnavailable(f"Prometheus could not parse for us: HTTP {response.status_code}")
-        return None
 
     def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
         """The ``vllm:`` series names in Prometheus, for one target's engines when given; empty on error."""

@@ -111,7 +111,6 @@ def plan(file: Path, prompt_tokens: int, output: str, tenancy: Tenancy) -> None:
     from kvoffload.policy.sizing import format_plan, plan_policy, resolve_config_map
 
     policy = judged(resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file)), file)
-    _parsed_queries(policy, file, tenancy)
     result = plan_policy(policy)
     economics = plan_economics(result, prompt_tokens)
     if policy.spec.engine != EngineName.VLLM and "error" not in economics:
@@ -140,19 +139,6 @@ def judged(policy: KVOffloadPolicy, file: Path) -> KVOffloadPolicy:
     except PolicyError as exc:
         raise PolicyError(exc.errors, str(file)) from None
     return policy
-
-
-def _parsed_queries(policy: KVOffloadPolicy, file: Path, tenancy: Tenancy) -> None:
-    """PolicyError naming each custom metric query the policy's Prometheus does not parse (its own parser); a
-    Prometheus that cannot be asked is said on stderr, and the queries are then judged at the next analysis."""
-    from kvoffload.analysis.queryparse import policy_query_problems
-
-    url = tenancy.prometheus_url or policy.spec.prometheus.url
-    found, unavailable = policy_query_problems(policy.spec.analysis.metrics, url)
-    if found:
-        raise PolicyError(found, str(file))
-    if unavailable is not None:
-        click.echo(f"{file}: custom metric queries not parsed: {unavailable} ({url})", err=True)
 
 
 def _economics_line(economics: dict[str, Any]) -> str:

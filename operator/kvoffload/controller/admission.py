@@ -23,13 +23,11 @@ allowed, so a policy that got in while the webhook was down can still be changed
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from typing import Any
 
 import kopf
 
-from kvoffload.analysis.queryparse import policy_query_problems
 from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
 from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.webhook import (
@@ -45,8 +43,6 @@ from kvoffload.controller.bodies import plain_body
 from kvoffload.controller.reconcile import judge_resolved, judging
 from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy
-
-log = logging.getLogger(__name__)
 
 
 def problems(obj: Mapping[str, Any], tenancy: Tenancy = DEFAULT_TENANCY) -> list[FieldError]:
@@ -65,18 +61,9 @@ def problems(obj: Mapping[str, Any], tenancy: Tenancy = DEFAULT_TENANCY) -> list
     except PolicyError as exc:
         # Sizing that needs the ConfigMap's model shape is the operator's to judge, once it has read it.
         return [e for e in exc.errors if e.path != "spec.model.configMap"]
-    # Custom metric queries: Prometheus's own parser, on the operator's Prometheus or the policy's (a URL the
-    # tenancy judged above). Unreachable: admitted; the metric then shows Prometheus's refusal at analysis.
-    url = tenancy.prometheus_url or policy.spec.prometheus.url
-    found, unavailable = policy_query_problems(policy.spec.analysis.metrics, url)
-    if unavailable is not None:
-        log.warning(
-            "%s/%s: custom metric queries not parsed at admission: %s",
-            policy.metadata.namespace,
-            policy.metadata.name,
-            unavailable,
-        )
-    return found
+    # Custom metric queries were parsed with the policy (api/promql.py, PromQL's grammar): nothing a tenant
+    # names is contacted at admission.
+    return []
 
 
 def message(errors: list[FieldError]) -> str:
