@@ -114,6 +114,15 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
         [[tier("nvme")], [tier("cpu2"), tier("gpu")]],
         [[tier(name)] for name in sorted(RESERVED_LEVEL_NAMES)] + [[tier("nvme"), tier("cpu")]],
     ),
+    "url: no . or .. path segment": (
+        [{"url": "http://prom:9090"}, {"url": "https://prom/team-a/"}, {"url": "http://prom/a.b/..c/c.."}],
+        [
+            {"url": "http://prom/team-a/../team-b"},
+            {"url": "http://prom/.."},
+            {"url": "http://prom/./x"},
+            {"url": "http://prom/a/."},
+        ],
+    ),
     "metric names must be unique": (
         [[], [metric("a", max=1)], [metric("a", max=1), metric("b", max=1)]],
         [[metric("a", max=1), metric("a", max=1)], [metric("a", max=1), metric("b", max=1), metric("a", max=1)]],
@@ -303,6 +312,7 @@ NODE_LEVEL = {
     "must rise strictly and end at 100": "rollout.promotionSteps",
     "rollout.observe.selector is required when rollout.observeOnly is true": "rollout",
     "metric names must be unique": "analysis.metrics",
+    "url: no . or .. path segment": "prometheus",
 }
 
 

@@ -295,10 +295,39 @@ class Case:
 
 
 ATTACKER = "attacker"  # replaced by the recorder's URL
+UNDER_ALLOWED = "allowed+"  # a value starting with it: the allowed Prometheus's URL, then the rest
+LEAK = "sum(x{ {{ selector }} }) + 0x0e-kube_secret_info"
+"""14 - kube_secret_info to Prometheus: a bare selector of every namespace, which the hand-written lexer read as
+one number (issue 33)."""
 CASES = (
     Case("1a-token-theft", {"prometheus__url": ATTACKER}, "spec.prometheus.url", WEBHOOK),
     Case("1b-metadata", {"prometheus__url": "http://169.254.169.254/"}, "spec.prometheus.url", WEBHOOK),
     Case("1c-metadata-decimal", {"prometheus__url": "http://2852039166/"}, "spec.prometheus.url", WEBHOOK),
+    # Issue 33: the tenant chose the path (admission POSTed to it), or left the allowed prefix with a dot segment.
+    Case(
+        "1d-url-query",
+        {"prometheus__url": UNDER_ALLOWED + "api/v1/admin/tsdb/delete_series?match[]=up#"},
+        "spec.prometheus.url",
+        CEL,
+    ),
+    Case("1e-url-dot-segment", {"prometheus__url": UNDER_ALLOWED + "team-a/../team-b"}, "spec.prometheus.url", CEL),
+    Case("1f-ipv6-metadata", {"prometheus__url": "http://[fd00:ec2::254]/"}, "spec.prometheus.url", WEBHOOK),
+    Case(
+        "9a-promql-number-into-a-name",
+        {"analysis__metrics": [{"name": "leak", "query": LEAK, "max": 1}]},
+        "spec.analysis.metrics[0].query",
+        WEBHOOK,
+    ),
+    Case(
+        "9b-promql-another-namespace",
+        {
+            "analysis__metrics": [
+                {"name": "leak", "query": 'sum(x{ {{ selector }}, namespace="kube-system" })', "max": 1}
+            ]
+        },
+        "spec.analysis.metrics[0].query",
+        WEBHOOK,
+    ),
     Case(
         "2a-hostpath-root",
         {"offload__secondaryTiers": host_path("/")},
@@ -398,6 +427,9 @@ def policy_name(case: Case) -> str:
 
 def case_policy(case: Case, setup: Setup) -> dict[str, Any]:
     changes = {k: setup.attacker.url if v == ATTACKER else v for k, v in case.changes.items()}
+    for key, value in changes.items():
+        if isinstance(value, str) and value.startswith(UNDER_ALLOWED):
+            changes[key] = setup.allowed.url + value.removeprefix(UNDER_ALLOWED)
     return harmless(policy_name(case), setup.allowed.url, **changes)
 
 

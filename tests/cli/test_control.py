@@ -229,7 +229,7 @@ def test_run_refuses_an_operator_token_secret_that_is_not_namespace_slash_name(v
         (["--prometheus-token-secret", "kvoffload/prom"], "an operator token needs --prometheus-url or"),
         (["--allowed-host-path", "/"], "--allowed-host-path '/': give an absolute node path below /"),
         (["--allowed-host-path", "/mnt/../etc"], "without '..'"),
-        (["--prometheus-allowed-url", "prometheus:9090"], "give an http(s) URL with a host"),
+        (["--prometheus-allowed-url", "prometheus:9090"], "must be http:// or https:// with a host"),
     ],
     ids=["token-anywhere", "host-root", "host-dotdot", "url-without-scheme"],
 )

@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from kvoffload.api.analysistemplate import CustomMetrics, TemplateRef
+from kvoffload.api.baseurl import CRD_DOT_SEGMENT, CRD_PATTERN, base_url_problem
 from kvoffload.api.fields import (
     DnsLabel,
     Duration,
@@ -500,11 +501,17 @@ class SecretKeyRef(Model):
 class PrometheusSpec(Model):
     """Where the metrics live."""
 
+    model_config = ConfigDict(
+        json_schema_extra=cel_rules(
+            (f"!has(self.url) || !self.url.matches('{CRD_DOT_SEGMENT}')", "url: no . or .. path segment", ".url")
+        )
+    )
+
     url: str = Field(
         default="http://prometheus-operated.monitoring.svc:9090",
-        pattern=r"^https?://[^\s]+$",
+        pattern=CRD_PATTERN,
         max_length=2048,
-        description="Prometheus base URL.",
+        description="Prometheus base URL: scheme, host, optional port and path; no user, query or fragment.",
     )
     bearer_token_secret: SecretKeyRef | None = Field(default=None, description="Secret with a bearer token.")
     extra_matchers: str | None = Field(
@@ -520,6 +527,14 @@ class PrometheusSpec(Model):
         max_length=32,
         description="More labels for the rendered PodMonitor, e.g. the release label your Prometheus selects on.",
     )
+
+    @field_validator("url")
+    @classmethod
+    def _base_url(cls, url: str) -> str:
+        problem = base_url_problem(url)
+        if problem is not None:
+            raise ValueError(problem)
+        return url
 
     @field_validator("extra_matchers")
     @classmethod

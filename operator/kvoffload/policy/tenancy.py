@@ -14,14 +14,36 @@ import ipaddress
 import posixpath
 import socket
 from dataclasses import dataclass
-from urllib.parse import urlsplit
 
+from urllib3.exceptions import LocationParseError
+from urllib3.util import parse_url
+
+from kvoffload.api.baseurl import base_url_problem
 from kvoffload.api.errors import FieldError
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.engines import engine_for
 
 # Hosts that name the node or the cloud's metadata service whatever they resolve to.
-_METADATA_HOSTS = frozenset({"localhost", "metadata", "metadata.google.internal", "metadata.azure.internal"})
+_METADATA_HOSTS = frozenset(
+    {
+        "localhost",
+        "metadata",
+        "metadata.google.internal",
+        "metadata.azure.internal",
+        "metadata.tencentyun.com",
+        "api.metadata.cloud.ibm.com",
+        "metadata.platformequinix.com",
+    }
+)
+_METADATA_ADDRESSES = frozenset(
+    {
+        ipaddress.ip_address("100.100.100.200"),  # Alibaba Cloud
+        ipaddress.ip_address("192.0.0.192"),  # Oracle Cloud's older one
+    }
+)
+"""Metadata services outside the link-local range (169.254.169.254 and AWS's fd00:ec2::254 are inside the ranges
+:func:`private_host` refuses)."""
+_UNIQUE_LOCAL = ipaddress.ip_network("fc00::/7")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
@@ -70,9 +92,9 @@ class Tenancy:
             if not root.startswith("/") or ".." in root.split("/") or posixpath.normpath(root) == "/":
                 found.append(f"--allowed-host-path {root!r}: give an absolute node path below /, without '..'")
         for prefix in self.prometheus_url_prefixes:
-            parts = urlsplit(prefix)
-            if parts.scheme not in _DEFAULT_PORTS or not parts.hostname:
-                found.append(f"--prometheus-allowed-url {prefix!r}: give an http(s) URL with a host")
+            problem = base_url_problem(prefix)
+            if problem is not None:
+                found.append(f"--prometheus-allowed-url {prefix!r}: {problem}")
         return found
 
 
@@ -208,7 +230,8 @@ def _address(host: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
 
 
 def private_host(host: str) -> bool:
-    """Whether ``host`` names the node itself, a link-local address or the cloud's metadata service."""
+    """Whether ``host`` names the node itself, a link-local or IPv6 unique-local address, or a cloud's metadata
+    service."""
     host = host.lower().rstrip(".")
     if host in _METADATA_HOSTS or host.endswith(".localhost"):
         return True
@@ -217,7 +240,15 @@ def private_host(host: str) -> bool:
         return False
     if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
         address = address.ipv4_mapped
-    return address.is_loopback or address.is_link_local or address.is_unspecified or address.is_multicast
+    if isinstance(address, ipaddress.IPv6Address) and address in _UNIQUE_LOCAL:
+        return True  # IPv6's private range, where AWS's metadata service answers (fd00:ec2::254)
+    return (
+        address.is_loopback
+        or address.is_link_local
+        or address.is_unspecified
+        or address.is_multicast
+        or address in _METADATA_ADDRESSES
+    )
 
 
 def _port(scheme: str, port: int | None) -> int:
@@ -225,19 +256,24 @@ def _port(scheme: str, port: int | None) -> int:
 
 
 def url_under(url: str, prefix: str) -> bool:
-    """Whether ``url`` lies under ``prefix``: the same scheme, host and port, and a path that starts with the
-    prefix's path at a segment boundary (``https://prom/a`` covers ``https://prom/a/b``, not ``/ab``)."""
-    try:
-        u, p = urlsplit(url), urlsplit(prefix)
-        same = (
-            u.scheme.lower() == p.scheme.lower()
-            and (u.hostname or "") == (p.hostname or "")
-            and _port(u.scheme.lower(), u.port) == _port(p.scheme.lower(), p.port)
-        )
-    except ValueError:  # a port out of range
+    """Whether ``url`` lies under ``prefix``: a base URL (``api/baseurl.py``) with the same scheme, host and port,
+    whose path begins with the prefix's path segments, whole (``https://prom/a`` covers ``https://prom/a/b``, not
+    ``/ab``). Both are read by urllib3's parser, as the operator's client reads them."""
+    if base_url_problem(url) is not None:
         return False
-    base = p.path.rstrip("/")
-    return same and (u.path.rstrip("/") == base or u.path.startswith(base + "/")) and not u.username
+    try:
+        u, p = parse_url(url), parse_url(prefix)
+    except LocationParseError:
+        return False
+    scheme = (u.scheme or "").lower()
+    same = (
+        scheme == (p.scheme or "").lower()
+        and (u.host or "").lower() == (p.host or "").lower()
+        and _port(scheme, u.port) == _port(scheme, p.port)
+    )
+    base = [segment for segment in (p.path or "").split("/") if segment]
+    path = [segment for segment in (u.path or "").split("/") if segment]
+    return same and path[: len(base)] == base
 
 
 def prometheus_url_problem(url: str, tenancy: Tenancy, *, own_token: bool) -> str | None:
@@ -254,14 +290,14 @@ def prometheus_url_problem(url: str, tenancy: Tenancy, *, own_token: bool) -> st
             "the operator sends its Prometheus token only to URLs a cluster admin allowed, and none is: "
             "name your own spec.prometheus.bearerTokenSecret, or ask for --prometheus-allowed-url"
         )
-    try:
-        host = urlsplit(url).hostname or ""
-    except ValueError:
-        return "is not a valid URL"
+    problem = base_url_problem(url)
+    if problem is not None:
+        return problem
+    host = (parse_url(url).host or "").strip("[]")  # an IPv6 address comes in brackets
     if private_host(host) and not tenancy.private_prometheus:
         return (
-            f"{host} is the node itself, a link-local address or a cloud metadata service, which no policy may "
-            "name unless a cluster admin allowed it (--prometheus-allowed-url or --prometheus-allow-private)"
+            f"{host} is the node itself, a link-local or unique-local address or a cloud metadata service, which no "
+            "policy may name unless a cluster admin allowed it (--prometheus-allowed-url or --prometheus-allow-private)"
         )
     return None
 
