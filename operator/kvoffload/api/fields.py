@@ -23,7 +23,8 @@ from pydantic.config import JsonDict, JsonValue
 from kvoffload.api.quantity import DURATION_PATTERN, QUANTITY_PATTERN, parse_duration, parse_quantity
 
 # Environment variables that change what code the engine loads: the dynamic loader's (LD_*), Python's
-# import and start-up hooks, glibc's iconv modules, NCCL's plugins. A policy may not set them.
+# import and start-up hooks, glibc's iconv modules, CUDA's and NVTX's injection libraries (loaded into every CUDA
+# process), NCCL's plugins. A policy may not set them.
 LOADER_ENV_PREFIXES = ("LD_",)
 LOADER_ENV = frozenset(
     {
@@ -37,6 +38,10 @@ LOADER_ENV = frozenset(
         "PYTHONBREAKPOINT",
         "PYTHONPLATLIBDIR",
         "GCONV_PATH",
+        "CUDA_INJECTION64_PATH",
+        "CUDA_INJECTION32_PATH",
+        "NVTX_INJECTION64_PATH",
+        "NVTX_INJECTION32_PATH",
         "BASH_ENV",
         "ENV",
         "NCCL_NET_PLUGIN",
