@@ -68,8 +68,16 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
     "must be at most 720h": (["720h", "30s", "719h59m"], ["721h", "600000h", "720h1s"]),
     "may not change what code the engine loads": (
         ["HF_TOKEN", "VLLM_LOGGING_LEVEL", "PYTHONUNBUFFERED", "OLD_PRELOAD"],
-        ["LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONPATH", "GCONV_PATH", "NCCL_NET_PLUGIN", "VLLM_USE_SIMPLE_KV_OFFLOAD"]
-        + ["CUDA_INJECTION64_PATH", "NVTX_INJECTION64_PATH"],
+        [
+            "LD_PRELOAD",
+            "LD_LIBRARY_PATH",
+            "PYTHONPATH",
+            "GCONV_PATH",
+            "NCCL_NET_PLUGIN",
+            "VLLM_USE_SIMPLE_KV_OFFLOAD",
+            "CUDA_INJECTION64_PATH",
+            "NVTX_INJECTION64_PATH",
+        ],
     ),
     # Not "1ns": cel-python keeps durations as timedelta (microseconds); Kubernetes' CEL keeps nanoseconds.
     "must be longer than zero": (["30s", "1500ms", "1h30m", "0.5s", "1us", "0m1s"], ["0s", "0m", "0h0m0s", "0.0s"]),

@@ -36,6 +36,26 @@ class PolicyError(ValueError):
         return "\n".join(lines)
 
 
+MAX_ERRORS_SHOWN = 10
+MAX_ERROR_CHARS = 300
+"""A refusal and the Invalid condition show the first errors, each this long at most, then how many more: a policy
+of 66 KB once made a 1.6 MB message, which the API server refused as a status write, so the cycle retried for ever."""
+
+
+def summary(errors: Iterable[object]) -> str:
+    """The errors as one bounded, printable line: the first :data:`MAX_ERRORS_SHOWN`, each cut to
+    :data:`MAX_ERROR_CHARS`, then ``and N more``."""
+    texts = [_printable(str(error)) for error in errors]
+    shown = "; ".join(texts[:MAX_ERRORS_SHOWN])
+    more = len(texts) - MAX_ERRORS_SHOWN
+    return shown + (f"; and {more} more" if more > 0 else "")
+
+
+def _printable(text: str) -> str:
+    text = "".join(c if c.isprintable() else " " for c in text)
+    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+
+
 def format_loc(loc: Iterable[str | int]) -> str:
     """``('spec', 'offload', 'secondaryTiers', 0, 'size')`` -> ``spec.offload.secondaryTiers[0].size``."""
     out = ""

@@ -29,7 +29,7 @@ from typing import Any
 import kopf
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
-from kvoffload.api.errors import FieldError, PolicyError
+from kvoffload.api.errors import FieldError, PolicyError, summary
 from kvoffload.api.webhook import (
     ADMISSION_CODE,
     CONFIGURATION_NAME,
@@ -67,8 +67,8 @@ def problems(obj: Mapping[str, Any], tenancy: Tenancy = DEFAULT_TENANCY) -> list
 
 
 def message(errors: list[FieldError]) -> str:
-    """The refusal: the ``Invalid`` condition's message for the same errors."""
-    return "; ".join(str(e) for e in errors)
+    """The refusal: the ``Invalid`` condition's message for the same errors (bounded: ``api/errors.py``)."""
+    return summary(errors)
 
 
 def _spec_changed(body: Mapping[str, Any], old: Mapping[str, Any] | None) -> bool:

@@ -114,6 +114,7 @@ from kvoffload.api.conventions import (
     Decision,
     Reason,
 )
+from kvoffload.api.errors import summary
 from kvoffload.api.quantity import format_duration, parse_duration
 from kvoffload.api.types import BaselineStatus, HistoryEntry, KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Verdict
 from kvoffload.policy.ladder import Level, build_ladder
@@ -227,7 +228,7 @@ def invalid(status: KVOffloadPolicyStatus | None, errors: Sequence[str], generat
     from the stable level it had.
     """
     current = status if status is not None else KVOffloadPolicyStatus()
-    message = "; ".join(errors) or "the spec is invalid"
+    message = summary(errors) or "the spec is invalid"
     was = cond.find(current.conditions, INVALID)
     news = was is None or was.status != "True" or was.message != message
     conditions = cond.set_condition(current.conditions, INVALID, True, Reason.SPEC_INVALID, message, now, generation)
