@@ -56,6 +56,7 @@ POD_MONITOR_SCHEMA: dict[str, Any] = {
             "properties": {
                 "selector": _LABEL_SELECTOR,
                 "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+                "sampleLimit": {"type": "integer", "minimum": 0},  # int64 in the Prometheus Operator's CRD
                 "podMetricsEndpoints": {
                     "type": "array",
                     "minItems": 1,

@@ -23,12 +23,14 @@ from kvoffload.cli.main import main
 from kvoffload.engines.vllm.command import gib, kv_transfer_config
 from kvoffload.policy.ladder import Level, build_ladder, find_level
 from kvoffload.policy.render import (
+    SAMPLE_LIMIT,
     config_hash,
     dump_yaml,
     engine_args,
     engine_env,
     render,
     render_level,
+    render_pod_monitor,
 )
 from kvoffload.policy.sizing import host_memory, startup_seconds
 from tests.policy.render_policies import (
@@ -614,3 +616,15 @@ def test_cli_render_reports_bad_fields_by_path_and_prints_nothing(tmp_path: Path
     assert result.stdout == ""
     assert "spec.offload.secondaryTiers[0].path" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_pod_monitor_holds_an_engines_scrape_to_twenty_times_what_real_vllm_exposes() -> None:
+    monitor = render_pod_monitor(make_policy())
+    real = [
+        line
+        for name in ("vllm-0.32.0-cpu-metrics.txt", "vllm-0.26.0-gpu-offload-metrics.txt")
+        for line in (DATA / name).read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
+    assert monitor["spec"]["sampleLimit"] == SAMPLE_LIMIT
+    assert 10 * len(real) <= SAMPLE_LIMIT  # both captures together, ten times over

@@ -732,6 +732,13 @@ def render_service(policy: KVOffloadPolicy) -> dict[str, Any]:
     )
 
 
+SAMPLE_LIMIT = 10_000
+"""Samples one engine's scrape may hold (the PodMonitor's ``sampleLimit``): a scrape past it is dropped whole, so
+one policy cannot flood the Prometheus others share (issue 33). vLLM 0.32 serving one model exposes 450
+(``tests/data/vllm-0.32.0-cpu-metrics.txt``), 0.26 with offload 514: twenty times that is room for LoRA
+adapters and the SGLang families."""
+
+
 def render_pod_monitor(policy: KVOffloadPolicy, monitor_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The PodMonitor that scrapes every engine of the policy every ``analysis.interval``.
 
@@ -747,6 +754,7 @@ def render_pod_monitor(policy: KVOffloadPolicy, monitor_labels: Mapping[str, str
         selector={LABEL_POLICY: policy.metadata.name},
         pod_target_labels=list(SERIES_POD_LABELS),
         interval=_prometheus_duration(parse_duration(policy.spec.analysis.interval)),
+        sample_limit=SAMPLE_LIMIT,
     )
 
 
