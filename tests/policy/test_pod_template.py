@@ -13,6 +13,7 @@ from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import check_renderable, config_hash, render_deployment, render_pod_monitor
 from kvoffload.policy.tenancy import Tenancy, check_tenancy
+from tests.policy.render_policies import sglang_policy
 
 BASE: dict[str, Any] = {
     "apiVersion": "kvoffload.io/v1alpha1",
@@ -214,3 +215,30 @@ def test_the_admin_allows_what_a_policy_may_name() -> None:
     assert paths(policy({"serviceAccountName": "default"}), Tenancy()) == []
     host = policy({"volumes": [{"name": "h", "hostPath": {"path": "/models/cache"}}]})
     assert paths(host, Tenancy(host_path_roots=("/models",))) == []
+
+
+def memory_limit_env(container: str) -> dict[str, Any]:
+    """An overlay variable holding the engine container's memory limit (the downward API)."""
+    ref = {"resource": "limits.memory", "containerName": container}
+    return {"env": [{"name": "MEMORY_LIMIT", "valueFrom": {"resourceFieldRef": ref}}]}
+
+
+@pytest.mark.parametrize(("engine", "container"), [("vllm", "vllm"), ("sglang", "sglang")])
+def test_a_resource_reference_names_each_engines_own_container(engine: str, container: str) -> None:
+    p = (
+        policy(memory_limit_env(container))
+        if engine == "vllm"
+        else sglang_policy(podTemplate=memory_limit_env(container))
+    )
+    assert check_renderable(p) == []
+    (engine_container,) = pod_of(p)["spec"]["containers"]
+    assert engine_container["name"] == container
+    (env,) = [e for e in engine_container["env"] if e["name"] == "MEMORY_LIMIT"]
+    assert env["valueFrom"]["resourceFieldRef"]["containerName"] == container
+
+
+def test_a_resource_reference_to_another_engines_container_is_refused_naming_it() -> None:
+    # Issue 33: the name was pinned to vllm, so an SGLang pod's reference could not resolve.
+    (error,) = check_renderable(sglang_policy(podTemplate=memory_limit_env("vllm")))
+    assert error.path == "spec.podTemplate.env[0].valueFrom.resourceFieldRef.containerName"
+    assert "SGLang runs in 'sglang'" in error.message

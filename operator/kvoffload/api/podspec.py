@@ -101,7 +101,11 @@ class ResourceFieldSelector(Model):
         "requests.memory",
         "requests.ephemeral-storage",
     ] = Field(description="A resource of the engine container.")
-    container_name: str | None = Field(default=None, pattern=r"^vllm$", description="The engine container: vllm.")
+    container_name: str | None = Field(
+        default=None,
+        pattern=r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$",
+        description="The engine container: vllm, or sglang for spec.engine sglang.",
+    )
     divisor: NonNegativeQuantity | None = Field(default=None, description="Unit the value is given in.")
 
 

@@ -197,7 +197,17 @@ def check_renderable(policy: KVOffloadPolicy) -> list[FieldError]:
                     "an offload tier is written to; it cannot be read-only",
                 )
             )
-    errors += engine_for(spec).check(policy)
+    engine = engine_for(spec)
+    errors += engine.check(policy)
+    for i, env in enumerate(spec.pod_template.env if spec.pod_template is not None else []):
+        ref = env.value_from.resource_field_ref if env.value_from is not None else None
+        if ref is not None and ref.container_name not in (None, engine.container):
+            errors.append(
+                FieldError(
+                    f"spec.podTemplate.env[{i}].valueFrom.resourceFieldRef.containerName",
+                    f"{ref.container_name!r} is no container of the pod: {engine.title} runs in {engine.container!r}",
+                )
+            )
     names: set[str] = set()
     overlay_env = spec.pod_template.env if spec.pod_template is not None else []
     for where, env_name in (
