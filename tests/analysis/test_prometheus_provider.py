@@ -658,3 +658,29 @@ def test_the_synthetic_fleet_stops_serving_a_variant_whose_pods_went() -> None:
     assert 0 < gone < served
     assert 'pod="code-stable-0"' not in text
     assert text.count('pod="code-canary-0"') == fleet.series == served - gone
+
+
+def test_a_token_that_is_no_header_value_is_never_echoed_into_the_error() -> None:
+    # Issue 33: a multi-line Secret value went into status through requests' InvalidHeader message.
+    server, url = serve(status=200, body=b'{"status":"success","data":{"resultType":"vector","result":[]}}')
+    try:
+        result = measure_one(PrometheusProvider(url, bearer_token="s3cret-line-one\nline-two", retries=0))
+    finally:
+        server.shutdown()
+    assert result.error is not None
+    assert "s3cret" not in result.error
+    assert "line-two" not in result.error
+    assert "not a valid HTTP header value" in result.error
+    assert result.error.isprintable()
+
+
+def test_an_error_body_reaches_the_error_bounded_and_printable() -> None:
+    body = b'{"status":"error","errorType":"internal","error":"' + b"x\\n\\u001b[31m" * 20_000 + b'"}'
+    server, url = serve(status=500, body=body)
+    try:
+        result = measure_one(PrometheusProvider(url, retries=0))
+    finally:
+        server.shutdown()
+    assert result.error is not None
+    assert len(result.error) <= 300
+    assert result.error.isprintable()

@@ -61,6 +61,7 @@ from kvoffload.analysis.dialects import (
     SOURCE_EXTERNAL_KV_TRANSFER,
     Dialect,
 )
+from kvoffload.api.errors import printable
 from kvoffload.api.promql import TemplateError, escape_label_value, pods_regex, render_matchers
 from kvoffload.api.quantity import parse_duration
 
@@ -708,7 +709,12 @@ def _tls_reason(exc: BaseException) -> str | None:
 
 
 def _describe(exc: BaseException) -> str:
-    """A one-line reason, without the URL-encoded query noise of requests' messages."""
+    """A one-line reason, without the URL-encoded query noise of requests' messages: bounded and printable, as
+    status carries it, and never a header's value (a token)."""
+    return printable(_reason(exc))
+
+
+def _reason(exc: BaseException) -> str:
     reason = exc.args[0].reason if exc.args and isinstance(exc.args[0], MaxRetryError) else None
     if isinstance(exc, requests.Timeout) or isinstance(reason, TimeoutError | ReadTimeoutError):
         return f"Prometheus timed out: {type(reason or exc).__name__}"
@@ -719,6 +725,8 @@ def _describe(exc: BaseException) -> str:
         )
     if isinstance(exc, requests.ConnectionError):
         return "Prometheus unreachable: connection failed"
+    if isinstance(exc, requests.exceptions.InvalidHeader):  # its message holds the header's value: a token
+        return "a header for Prometheus is not a valid HTTP header value (a line break or control character in it)"
     if isinstance(exc, PrometheusApiClientException) and (status := _STATUS.search(str(exc))):
         code = int(status.group(1))
         return _REFUSED.get(code, f"Prometheus answered with an error: HTTP {code}: {status.group(2)[:300]}")

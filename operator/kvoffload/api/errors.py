@@ -45,15 +45,16 @@ of 66 KB once made a 1.6 MB message, which the API server refused as a status wr
 def summary(errors: Iterable[object]) -> str:
     """The errors as one bounded, printable line: the first :data:`MAX_ERRORS_SHOWN`, each cut to
     :data:`MAX_ERROR_CHARS`, then ``and N more``."""
-    texts = [_printable(str(error)) for error in errors]
+    texts = [printable(str(error)) for error in errors]
     shown = "; ".join(texts[:MAX_ERRORS_SHOWN])
     more = len(texts) - MAX_ERRORS_SHOWN
     return shown + (f"; and {more} more" if more > 0 else "")
 
 
-def _printable(text: str) -> str:
+def printable(text: str, limit: int = MAX_ERROR_CHARS) -> str:
+    """``text`` on one line, every control character a space, cut to ``limit`` characters: what status may carry."""
     text = "".join(c if c.isprintable() else " " for c in text)
-    return text if len(text) <= MAX_ERROR_CHARS else text[: MAX_ERROR_CHARS - 1] + "…"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def format_loc(loc: Iterable[str | int]) -> str:
