@@ -423,6 +423,8 @@ def test_a_default_install_watches_every_namespace_standalone_through_a_cluster_
         "--policy-label=kvoffload_io_policy",
         "--level-label=kvoffload_io_level",
         "--config-hash-label=kvoffload_io_config_hash",
+        "--min-analysis-interval=10s",
+        "--min-analysis-window=1m",
     ]
     assert container(objs)["image"] == "ghcr.io/kvoffload/kvoffload:0.1.0"  # the appVersion
     deployment = only(objs, "Deployment")
@@ -769,8 +771,9 @@ async def exercise_the_operator(cluster: EmulatedCluster, args: list[str], peeri
 async def test_the_chart_grants_exactly_what_the_real_operator_requests(kube: EmulatedCluster, peering: bool) -> None:
     chart = helm.Chart.load(CHART)
     try:
-        # The policy's Prometheus is on 127.0.0.1, as in a one-machine lab.
-        lab = {"peering": {"enabled": peering}, "tenancy": {"prometheusAllowPrivate": True}}
+        # The policy's Prometheus is on 127.0.0.1, and it is analysed every second, as in a one-machine lab.
+        tenancy = {"prometheusAllowPrivate": True, "minAnalysisInterval": "", "minAnalysisWindow": ""}
+        lab = {"peering": {"enabled": peering}, "tenancy": tenancy}
         cluster_wide = render(chart, lab)
         namespaced = render(chart, {**lab, "watchNamespaces": WATCHED})
     finally:

@@ -70,7 +70,8 @@ VALUES: dict[str, Any] = {
         "tokenSecret": {"name": "prometheus-token", "key": "token"},
         "policySecrets": [{"namespace": TEAM, "names": ["team-token"]}],
     },
-    "tenancy": {"prometheusAllowedUrls": [RECORDER_URL]},
+    # The policy below is analysed every second, as in a one-machine lab: no floor.
+    "tenancy": {"prometheusAllowedUrls": [RECORDER_URL], "minAnalysisInterval": "", "minAnalysisWindow": ""},
 }
 
 

@@ -1,5 +1,6 @@
-"""spec.prometheus.url as a tenant may write it (issue 33): a base URL only, judged as the operator's HTTP client
-reads it, under the admin's allowed prefixes by whole path segments, and never at a private or metadata address."""
+"""What the admin lets a policy ask for (policy/tenancy.py), as a tenant may write it (issue 33): spec.prometheus.url
+a base URL only, judged as the operator's HTTP client reads it, under the admin's allowed prefixes by whole path
+segments, and never at a private or metadata address; the analysis interval and window above the admin's floors."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pydantic import ValidationError
 
 from kvoffload.api.baseurl import base_url_problem
 from kvoffload.api.types import PrometheusSpec
-from kvoffload.policy.tenancy import Tenancy, private_host, prometheus_url_problem, url_under
+from kvoffload.policy.tenancy import Tenancy, analysis_floor_problems, private_host, prometheus_url_problem, url_under
+from tests.policy.render_policies import make_policy
 
 BASE_URLS = [
     "http://prometheus-operated.monitoring.svc:9090",
@@ -110,3 +112,14 @@ def test_a_policy_may_not_name_the_ipv6_metadata_service() -> None:
     assert problem is not None
     assert "fd00:ec2::254 is the node itself, a link-local or unique-local address" in problem
     assert prometheus_url_problem("http://[fd00:ec2::254]/", Tenancy(private_prometheus=True), own_token=False) is None
+
+
+def test_the_admins_floors_hold_the_analysis_interval_and_window() -> None:
+    floors = Tenancy(min_analysis_interval=10, min_analysis_window=60)
+    fast = make_policy(analysis={"interval": "1s", "window": "30s"})
+    assert [(e.path, e.message) for e in analysis_floor_problems(fast, floors)] == [
+        ("spec.analysis.interval", "1s is shorter than the 10s this cluster allows (--min-analysis-interval)"),
+        ("spec.analysis.window", "30s is shorter than the 1m this cluster allows (--min-analysis-window)"),
+    ]
+    assert analysis_floor_problems(make_policy(analysis={"interval": "10s", "window": "1m"}), floors) == []
+    assert analysis_floor_problems(fast, Tenancy()) == []  # no flag: no floor (the lab scrapes every second)

@@ -50,6 +50,8 @@ def judged_as_the_cluster(func: F) -> F:
         allowed_service_accounts: tuple[str, ...],
         allowed_priority_classes: tuple[str, ...],
         allowed_runtime_classes: tuple[str, ...],
+        min_analysis_interval: float,
+        min_analysis_window: float,
         **kwargs: Any,
     ) -> Any:
         tenancy = Tenancy(
@@ -60,6 +62,8 @@ def judged_as_the_cluster(func: F) -> F:
             service_accounts=allowed_service_accounts,
             priority_classes=allowed_priority_classes,
             runtime_classes=allowed_runtime_classes,
+            min_analysis_interval=min_analysis_interval,
+            min_analysis_window=min_analysis_window,
         )
         if problems := tenancy.problems():
             for problem in problems:
@@ -70,6 +74,27 @@ def judged_as_the_cluster(func: F) -> F:
     for option in reversed(TENANCY_OPTIONS):
         wrapper = option(wrapper)
     return wrapper  # type: ignore[return-value]
+
+
+class Duration(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on
+    """A Go-style duration (``90s``, ``10m``, ``1h30m``; a bare number is seconds), as seconds."""
+
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            seconds = float(value)
+        else:
+            from kvoffload.api.quantity import parse_duration
+
+            text = str(value).strip()
+            try:
+                seconds = float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
+            except ValueError as exc:
+                self.fail(str(exc), param, ctx)
+        if seconds < 0:
+            self.fail(f"{value!r} is negative", param, ctx)
+        return seconds
 
 
 TENANCY_OPTIONS = (
@@ -124,6 +149,23 @@ TENANCY_OPTIONS = (
         metavar="NAME",
         help="A RuntimeClass a policy may name (repeat for more). None given: none.",
     ),
+    click.option(
+        "--min-analysis-interval",
+        type=Duration(),
+        default="0s",
+        show_default=True,
+        metavar="DURATION",
+        help="The shortest spec.analysis.interval a policy may ask for: the scrape interval of its engines and "
+        "how often its queries run on the shared Prometheus (the chart sets 10s).",
+    ),
+    click.option(
+        "--min-analysis-window",
+        type=Duration(),
+        default="0s",
+        show_default=True,
+        metavar="DURATION",
+        help="The shortest spec.analysis.window a policy may ask for: the range each query reads (the chart sets 1m).",
+    ),
 )
 
 
@@ -150,27 +192,6 @@ MONITOR_LABELS = click.option(
     help="A label for every rendered PodMonitor (repeat for more), e.g. release=kube-prometheus-stack: the "
     "label your Prometheus' podMonitorSelector requires. A policy adds its own in spec.prometheus.monitorLabels.",
 )
-
-
-class Duration(click.ParamType):  # type: ignore[type-arg]  # generic from click 8.2 on
-    """A Go-style duration (``90s``, ``10m``, ``1h30m``; a bare number is seconds), as seconds."""
-
-    name = "duration"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
-        if isinstance(value, int | float) and not isinstance(value, bool):
-            seconds = float(value)
-        else:
-            from kvoffload.api.quantity import parse_duration
-
-            text = str(value).strip()
-            try:
-                seconds = float(text) if text.replace(".", "", 1).isdigit() else parse_duration(text)
-            except ValueError as exc:
-                self.fail(str(exc), param, ctx)
-        if seconds < 0:
-            self.fail(f"{value!r} is negative", param, ctx)
-        return seconds
 
 
 POLICY_FILE = click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))

@@ -20,6 +20,7 @@ from urllib3.util import parse_url
 
 from kvoffload.api.baseurl import base_url_problem
 from kvoffload.api.errors import FieldError
+from kvoffload.api.quantity import format_duration, parse_duration
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.engines import engine_for
 
@@ -76,6 +77,11 @@ class Tenancy:
     """PriorityClasses a policy may name: a high one preempts other teams' pods off scarce GPUs."""
     runtime_classes: tuple[str, ...] = ()
     """RuntimeClasses a policy may name: the runtime decides the pod's isolation."""
+    min_analysis_interval: float = 0.0
+    """Seconds: the shortest spec.analysis.interval a policy may ask for (``--min-analysis-interval``). It is the
+    PodMonitor's scrape interval and how often the operator queries Prometheus for the policy."""
+    min_analysis_window: float = 0.0
+    """Seconds: the shortest spec.analysis.window (``--min-analysis-window``): the range every query reads."""
     notification_sinks: tuple[str, ...] | None = None
     """The notification sinks the operator has (``--notifications-config``), which a policy's
     spec.notifications.sinks may name; None where they are not known (``kvoffload plan``): not judged."""
@@ -128,6 +134,7 @@ def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -
     if problem:
         errors.append(FieldError("spec.prometheus.url", problem))
     errors += notification_sink_problems(policy, tenancy)
+    errors += analysis_floor_problems(policy, tenancy)
     overlay = spec.pod_template
     if overlay is not None:
         for i, volume in enumerate(overlay.volumes):
@@ -173,6 +180,25 @@ def notification_sink_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> lis
 
 
 # --- images ----------------------------------------------------------------------------
+
+
+def analysis_floor_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[FieldError]:
+    """spec.analysis.interval and window shorter than the admin's floors: each costs the Prometheus the
+    policies share (a scrape of every engine, a query per cycle)."""
+    analysis = policy.spec.analysis
+    found = []
+    for field, value, floor, flag in (
+        ("interval", analysis.interval, tenancy.min_analysis_interval, "--min-analysis-interval"),
+        ("window", analysis.window, tenancy.min_analysis_window, "--min-analysis-window"),
+    ):
+        if parse_duration(value) < floor:
+            found.append(
+                FieldError(
+                    f"spec.analysis.{field}",
+                    f"{value} is shorter than the {format_duration(floor)} this cluster allows ({flag})",
+                )
+            )
+    return found
 
 
 def repository(image: str) -> str:
@@ -305,6 +331,7 @@ def prometheus_url_problem(url: str, tenancy: Tenancy, *, own_token: bool) -> st
 __all__ = [
     "DEFAULT_TENANCY",
     "Tenancy",
+    "analysis_floor_problems",
     "check_tenancy",
     "host_path_problem",
     "image_allowed",
