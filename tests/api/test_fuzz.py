@@ -32,7 +32,7 @@ import kubernetes.client
 import pytest
 import yaml
 from click.testing import CliRunner
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 from kubernetes.client.exceptions import ApiException
 
@@ -46,6 +46,7 @@ from tests.policy.render_policies import policy_files
 from tests.support.certificates import serving_certificate
 from tests.support.controlplane import Kube, wait_for
 from tests.support.crd_admission import openapi_schema
+from tests.support.fuzz import fixed_seed
 from tests.support.summary import report
 
 pytestmark = pytest.mark.kube
@@ -239,13 +240,7 @@ def test_every_generated_policy_gets_the_same_verdict_everywhere_and_crashes_not
     api = kubernetes.client.CustomObjectsApi(kube.api_client)
     tally = Tally()
 
-    @settings(
-        max_examples=CASES,
-        deadline=None,
-        derandomize=True,
-        database=None,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
-    )
+    @fixed_seed(CASES)
     @given(base=st.sampled_from(BASES), changes=CHANGES)
     def case(base: dict[str, Any], changes: list[tuple[str, Any]]) -> None:
         obj = mutated(base, changes)

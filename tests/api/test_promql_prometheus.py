@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 import requests
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from kvoffload.api.promql import (
@@ -35,6 +35,7 @@ from kvoffload.api.promql import (
     vector_selectors,
 )
 from tests.api.test_promql import ESCAPES, GOOD, KEYWORD_METRICS
+from tests.support.fuzz import fixed_seed
 from tests.support.prometheus import PrometheusServer, require_prometheus
 from tests.support.summary import report
 
@@ -245,13 +246,7 @@ def test_promql_parser_reads_every_generated_query_as_prometheus_does(
 ) -> None:
     tally = Tally()
 
-    @settings(
-        max_examples=CASES,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
-    )
+    @fixed_seed(CASES)
     @given(expression())
     def case(query: str) -> None:
         tally.judge(prometheus_url, query)
