@@ -76,13 +76,17 @@ def test_a_client_that_hangs_up_and_a_refused_request_are_not_failed_requests(li
 
     after = finished_by_reason(live_vllm)
     delta = {reason: after[reason] - before.get(reason, 0.0) for reason in after}
-    assert delta["length"] == 1, delta  # the one that ran to its end
+    # The one that ran to its end, and the dropped one too when its 400 tokens came before vLLM saw the hang-up: on
+    # 2 busy cores the tiny model once ran them all first (a fresh-clone CI run, 2026-12-06). Either way a client
+    # that hangs up is never a failed request.
+    assert delta["length"] in (1, 2), delta
+    assert delta["stop"] == 0, delta
     assert delta["abort"] == 0, delta
     assert delta["error"] == 0, delta
     share = failed_share(delta)
     assert share is not None
     assert share.failed == 0
-    assert share.total == 1
+    assert share.total == delta["length"]
     # The API server answered the dropped one 200 and the refused one 400: no 5xx for the gate's other count.
     http_after = answers_by_status(live_vllm)
     http_delta = {status: http_after[status] - http_before.get(status, 0.0) for status in http_after}
