@@ -179,9 +179,6 @@ def notification_sink_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> lis
     ]
 
 
-# --- images ----------------------------------------------------------------------------
-
-
 def analysis_floor_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[FieldError]:
     """spec.analysis.interval and window shorter than the admin's floors: each costs the Prometheus the
     policies share (a scrape of every engine, a query per cycle)."""
@@ -199,6 +196,9 @@ def analysis_floor_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[F
                 )
             )
     return found
+
+
+# --- images ----------------------------------------------------------------------------
 
 
 def repository(image: str) -> str:
