@@ -58,8 +58,14 @@ _OPERATORS = {"Equal": "=", "NotEqual": "!=", "Re": "=~", "NotRe": "!~"}
 """promql_parser.MatchOp's members (unhashable) by name."""
 
 
-def _operator(op: promql_parser.MatchOp) -> str:
-    return _OPERATORS[str(op).removeprefix("MatchOp.")]
+def _decoded(matchers: promql_parser.Matchers) -> list[Matcher]:
+    """A selector's matchers (the first set, before any ``or``) as (name, operator, decoded value)."""
+    return [(m.name, _OPERATORS[str(m.op).removeprefix("MatchOp.")], m.value) for m in matchers.matchers]
+
+
+def _written(pairs: Iterable[Matcher]) -> str:
+    """Matchers as PromQL: ``a="x", b=~"y"``, each value an escaped string literal."""
+    return ", ".join(f"{name}{op}{escape_label_value(value)}" for name, op, value in pairs)
 
 
 class TemplateError(ValueError):
@@ -93,8 +99,7 @@ class VectorSelector:
     """Matcher sets joined by ``or`` inside the braces (Prometheus 3); 0 for none."""
 
     def __str__(self) -> str:
-        inner = ", ".join(f"{name}{op}{escape_label_value(value)}" for name, op, value in self.matchers)
-        return f"{self.name or ''}{{{inner}}}"
+        return f"{self.name or ''}{{{_written(self.matchers)}}}"
 
 
 def vector_selectors(query: str) -> list[VectorSelector]:
@@ -104,13 +109,7 @@ def vector_selectors(query: str) -> list[VectorSelector]:
     def visit(node: promql_parser.Expr) -> None:
         if isinstance(node, promql_parser.VectorSelector):
             matchers = node.matchers
-            found.append(
-                VectorSelector(
-                    node.name or None,
-                    tuple((m.name, _operator(m.op), m.value) for m in matchers.matchers),
-                    len(matchers.or_matchers),
-                )
-            )
+            found.append(VectorSelector(node.name or None, tuple(_decoded(matchers)), len(matchers.or_matchers)))
 
     promql_parser.walk(parse(query), visit)
     return found
@@ -132,7 +131,7 @@ def parse_matchers(text: str) -> list[Matcher]:
         or expr.matchers.or_matchers
     ):
         raise TemplateError(f"not a list of label matchers: {text[:60]!r}")
-    return [(m.name, _operator(m.op), m.value) for m in expr.matchers.matchers]
+    return _decoded(expr.matchers)
 
 
 def render_matchers(text: str) -> str:
@@ -142,12 +141,11 @@ def render_matchers(text: str) -> str:
     return _render_pairs(parse_matchers(text))
 
 
-def _render_pairs(pairs: Iterable[Matcher]) -> str:
-    pairs = list(pairs)
+def _render_pairs(pairs: list[Matcher]) -> str:
     for name, _, _ in pairs:
         if not LABEL_NAME.match(name):
             raise TemplateError(f"{name!r} is not a label name")
-    return ", ".join(f"{name}{op}{escape_label_value(value)}" for name, op, value in pairs)
+    return _written(pairs)
 
 
 def pods_regex(pods: Iterable[str]) -> str:
@@ -193,9 +191,6 @@ class Selection:
             pairs += parse_matchers(self.extra_matchers)
         return pairs
 
-    def matchers(self) -> str:
-        return _render_pairs(self.pairs())
-
 
 def _substitute(template: str, values: dict[str, str]) -> str:
     def one(match: re.Match[str]) -> str:
@@ -216,8 +211,9 @@ def render(template: str, selection: Selection, window: str) -> str:
     ``window`` must be a PromQL duration (``analysis/prometheus.py``'s ``promql_duration``)."""
     if not re.fullmatch(r"[0-9]+(ms|s|m|h|d|w|y)", window):
         raise TemplateError(f"{window!r} is not a PromQL duration")
-    query = _substitute(template, {SELECTOR: selection.matchers(), WINDOW: window})
-    problems = _confinement_problems(query, selection.pairs(), selection.namespace_label)
+    pairs = selection.pairs()
+    query = _substitute(template, {SELECTOR: _render_pairs(pairs), WINDOW: window})
+    problems = _confinement_problems(query, pairs, selection.namespace_label)
     if problems:
         raise TemplateError("; ".join(problems))
     return query
@@ -251,13 +247,19 @@ def _confinement_problems(query: str, required: list[Matcher], guarded: str) -> 
     return found
 
 
+def _template_problems(template: str) -> list[str]:
+    """Why the template could read beyond its policy's engines; TemplateError when it is not PromQL (or spells
+    the stand-in)."""
+    if SENTINEL_LABEL in template:
+        raise TemplateError(f"{SENTINEL_LABEL} is reserved")
+    return _confinement_problems(for_checking(template), [SENTINEL], NAMESPACE_LABEL)
+
+
 def selector_problems(template: str) -> list[str]:
     """Why this template could read series beyond its policy's engines; empty when every vector selector
     carries ``{{ selector }}`` (see the module). Raises nothing: a template it cannot read is a problem."""
-    if SENTINEL_LABEL in template:
-        return [f"{SENTINEL_LABEL} is reserved"]
     try:
-        return _confinement_problems(for_checking(template), [SENTINEL], NAMESPACE_LABEL)
+        return _template_problems(template)
     except TemplateError as exc:
         return [str(exc)]
 
@@ -265,9 +267,7 @@ def selector_problems(template: str) -> list[str]:
 def check_template(template: str) -> None:
     """TemplateError naming every reason the template may not be used (see :func:`selector_problems`); one that
     is not PromQL says so in the parser's words."""
-    if SENTINEL_LABEL in template:
-        raise TemplateError(f"{SENTINEL_LABEL} is reserved")
-    problems = _confinement_problems(for_checking(template), [SENTINEL], NAMESPACE_LABEL)
+    problems = _template_problems(template)
     if problems:
         raise TemplateError(
             "every vector selector must carry {{ selector }} (the operator's matchers for the policy's engines): "
