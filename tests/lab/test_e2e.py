@@ -66,6 +66,7 @@ def policy_doc(
     pilot: bool = False,
     gpu_class: str = "nvidia-l4",
     max_inconclusive: int = 10,
+    max_regression: float = 5.0,
 ) -> dict[str, Any]:
     """A two-tier policy (CPU 256Mi, then NVMe) with every duration shrunk to seconds.
 
@@ -117,7 +118,7 @@ def policy_doc(
                 # Under load the engine prices the nvme tier's restores: a healthy nvme canary's p99 came to 2.1×
                 # the cpu stable's in a quiet run and 3.19× in a full CI run. The injected regressions (TTFT ×10,
                 # ×20) stay far above 5, and these scenarios test the operator, not the tier's economics.
-                "maxRegression": 5.0,
+                "maxRegression": max_regression,
                 "minExternalShare": 0.02,
                 "sustainedFor": "4s",
                 "minRequests": 3,
@@ -412,7 +413,11 @@ async def test_the_standby_replica_takes_over_within_15_s_of_the_leader_being_ki
     leader, standby = await leader_then_standby(local_cluster, replicas)
     assert probe(standby, "/readyz") == (200, "standby: ready\n")
     assert probe(standby, "/healthz")[0] == 200
-    doc = policy_doc("chat", local_cluster)
+    # The takeover's burst of work (a new kopf, its caches primed) shares 2 cores with the engines: in a full CI
+    # run the healthy nvme canary's p99 in a 6 s window came to 5.6x the stable's (222 ms against 39.8 ms) and
+    # was rolled back. This test is about the takeover, not the tier's latency: the scenarios that test a
+    # regression keep the 5x gate (issue 37 measures how often such windows mislead).
+    doc = policy_doc("chat", local_cluster, max_regression=10.0)
     await local_cluster.apply(doc)
 
     async with load_on(local_cluster, "chat"):
