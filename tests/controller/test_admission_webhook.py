@@ -20,6 +20,8 @@ import ssl
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -318,3 +320,50 @@ def test_a_custom_metric_query_that_is_not_promql_is_refused_at_apply_and_the_po
             assert f"{DENIED}spec.analysis.metrics[1].query" in refused.stderr
             assert "not PromQL: expected type matrix in call to function 'rate', got vector" in refused.stderr
         assert recorder.requests == []
+
+
+def post_review(port: int, ca_pem: bytes, body: bytes) -> tuple[int, str]:
+    """POST to the operator's webhook directly, as the API server would (no API server in between)."""
+    context = ssl.create_default_context(cadata=ca_pem.decode())
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{port}{admission.WEBHOOK_PATH}",
+        data=body,
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        with exc:
+            return exc.code, exc.read().decode(errors="replace")
+
+
+def test_the_operators_webhook_answers_a_review_it_cannot_read_with_a_4xx_never_a_500(
+    setup: tuple[Kube, str, Serving, int], tmp_path: Path
+) -> None:
+    # Issue 33: kopf answered 500 to a review nested past the JSON parser's depth (RecursionError), which the API
+    # server (up to 10,000 levels) sends on.
+    kube, ns, serving, port = setup
+    obj = policy(ns, "deep")
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "u-1",
+            "kind": {"group": "kvoffload.io", "version": "v1alpha1", "kind": "KVOffloadPolicy"},
+            "resource": {"group": "kvoffload.io", "version": "v1alpha1", "resource": PLURAL},
+            "operation": "CREATE",
+            "userInfo": {"username": "tenant"},
+            "object": obj,
+        },
+    }
+    deep = '{"f:a": ' * 5000 + '"x"' + "}" * 5000  # written out: Python's own encoder stops at 1,000
+    with operator(kube, ns, serving, port, tmp_path / "operator.log"):
+        status, text = post_review(port, serving.ca_pem, json.dumps(review).encode())
+        assert status == 200, text
+        assert json.loads(text)["response"] == {"uid": "u-1", "allowed": True}  # the real handling, read whole
+        obj["metadata"]["managedFields"] = [{"manager": "tenant", "fieldsV1": "DEEP"}]
+        status, text = post_review(port, serving.ca_pem, json.dumps(review).replace('"DEEP"', deep).encode())
+        assert status == 400, text
+        assert "not a readable AdmissionReview" in text

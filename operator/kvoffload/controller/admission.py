@@ -23,13 +23,16 @@ allowed, so a policy that got in while the webhook was down can still be changed
 
 from __future__ import annotations
 
+import asyncio
+import json
 from collections.abc import Mapping
 from typing import Any
 
+import aiohttp.web
 import kopf
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
-from kvoffload.api.errors import FieldError, PolicyError, summary
+from kvoffload.api.errors import FieldError, PolicyError, printable, summary
 from kvoffload.api.webhook import (
     ADMISSION_CODE,
     CONFIGURATION_NAME,
@@ -98,20 +101,98 @@ def register(registry: kopf.OperatorRegistry, tenancy: Tenancy = DEFAULT_TENANCY
             raise kopf.AdmissionError(message(found), code=ADMISSION_CODE)
 
 
+MAX_REVIEW_BYTES = 8 * 1024 * 1024
+"""The largest AdmissionReview read: the API server stores objects of up to 1.5 MiB by default (3 MiB at most
+in a request), and a review carries the object and the old object."""
+JUDGE_SECONDS = TIMEOUT_SECONDS - 1.0
+"""The webhook's own deadline, below the API server's timeout, so the answer is ours and names why."""
+
+
+class AdmissionServer(kopf.WebhookServer):
+    """kopf's HTTPS server, answering every review it can read with a review: never a 500.
+
+    kopf's own ``_serve`` (replaced here, with the same call of ``fn``) answers 500 for whatever its handling
+    raises before or around the handler (its diff of a document nested thousands deep raises RecursionError),
+    and leaves a slow judgement to the API server's timeout. Both then fall to ``failurePolicy: Ignore``:
+    admitted unjudged, with nothing said. Here a review whose uid can be read gets a refusal naming the
+    failure, within :data:`JUDGE_SECONDS`; one that cannot be read at all (too large, not JSON, nested past the
+    parser) gets a 4xx, as kopf gives for bad JSON, and the operator's ``Invalid`` is the backstop."""
+
+    async def _serve(self, fn: Any, request: aiohttp.web.Request) -> aiohttp.web.Response:  # type: ignore[override]
+        if request.content_length is not None and request.content_length > MAX_REVIEW_BYTES:
+            raise aiohttp.web.HTTPRequestEntityTooLarge(max_size=MAX_REVIEW_BYTES, actual_size=request.content_length)
+        try:
+            async with asyncio.timeout(JUDGE_SECONDS):
+                text = await _bounded_text(request)
+        except TimeoutError:
+            raise aiohttp.web.HTTPRequestTimeout(reason="the review did not arrive in time") from None
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError) as exc:
+            raise aiohttp.web.HTTPBadRequest(reason=f"not a readable AdmissionReview: {printable(str(exc))}") from None
+        uid = _uid(data)
+        if uid is None:
+            raise aiohttp.web.HTTPBadRequest(reason="an AdmissionReview without request.uid")
+        sslpeer = request.transport.get_extra_info("peercert") if request.transport else None
+        try:
+            async with asyncio.timeout(JUDGE_SECONDS):
+                answer = await fn(
+                    data, webhook=request.match_info.get("id"), sslpeer=sslpeer, headers=dict(request.headers)
+                )
+            return aiohttp.web.json_response(answer)
+        except TimeoutError:
+            why = f"the policy was not judged within {JUDGE_SECONDS:g}s"
+        except RecursionError:
+            why = "the policy could not be judged: it is nested too deep"
+        except Exception as exc:
+            why = f"the policy could not be judged: {type(exc).__name__}: {exc}"
+        return aiohttp.web.json_response(_refusal(data, uid, printable(why)))
+
+
+async def _bounded_text(request: aiohttp.web.Request) -> str:
+    """The body, refused past :data:`MAX_REVIEW_BYTES` however it is sent (chunked bodies have no length)."""
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.content.iter_chunked(65536):
+        size += len(chunk)
+        if size > MAX_REVIEW_BYTES:
+            raise aiohttp.web.HTTPRequestEntityTooLarge(max_size=MAX_REVIEW_BYTES, actual_size=size)
+        chunks.append(chunk)
+    return b"".join(chunks).decode("utf-8", errors="replace")
+
+
+def _uid(data: Any) -> str | None:
+    request = data.get("request") if isinstance(data, dict) else None
+    uid = request.get("uid") if isinstance(request, dict) else None
+    return uid if isinstance(uid, str) else None
+
+
+def _refusal(data: dict[str, Any], uid: str, message: str) -> dict[str, Any]:
+    return {
+        "apiVersion": data.get("apiVersion") or "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {"uid": uid, "allowed": False, "status": {"code": ADMISSION_CODE, "message": message}},
+    }
+
+
 def webhook_server(
     *, address: str, port: int, certfile: str, keyfile: str, host: str | None = None
 ) -> kopf.WebhookServer:
-    """kopf's HTTPS server for the webhook, with the deployment's certificate (reloaded when it changes)."""
-    return kopf.WebhookServer(addr=address, port=port, host=host, certfile=certfile, pkeyfile=keyfile)
+    """The HTTPS server for the webhook (:class:`AdmissionServer`), with the deployment's certificate (reloaded
+    when it changes)."""
+    return AdmissionServer(addr=address, port=port, host=host, certfile=certfile, pkeyfile=keyfile)
 
 
 __all__ = [
     "ADMISSION_CODE",
     "CONFIGURATION_NAME",
+    "JUDGE_SECONDS",
+    "MAX_REVIEW_BYTES",
     "TIMEOUT_SECONDS",
     "WEBHOOK_ID",
     "WEBHOOK_NAME",
     "WEBHOOK_PATH",
+    "AdmissionServer",
     "message",
     "problems",
     "register",
