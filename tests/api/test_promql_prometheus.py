@@ -66,8 +66,15 @@ def prometheus_parse(url: str, query: str) -> tuple[str | None, str | None]:
 
 
 def key(selector: VectorSelector) -> str:
-    """A selector as both printings agree on it: matchers in order, a name written as ``__name__="x"`` as a name."""
+    """A selector as both printings agree on it: matchers in order, a name written as ``__name__="x"`` as a name.
+
+    A ``__name__=""`` matcher of a selector with no name outside its braces is left out: Prometheus 2.42's printer
+    (``VectorSelector.String``) skips every ``__name__`` equality matcher whose value is the outer name, and that
+    name is then empty, so ``{__name__="", a="1"}`` prints as ``{a="1"}``. Such a selector matches nothing either
+    way; the parse is not what differs, the printing is."""
     name, matchers = selector.name, sorted(selector.matchers)
+    if name is None:
+        matchers = [m for m in matchers if m != ("__name__", "=", "")]
     names = [m for m in matchers if (m[0], m[1]) == ("__name__", "=")]
     if name is None and len(names) == 1:
         name, matchers = names[0][2], [m for m in matchers if m not in names]
