@@ -10,6 +10,11 @@ the fleet sends one batch's queries per hundred policies, not per policy. The
 provider is blocking; it runs in a worker thread, one batch at a time per
 Prometheus.
 
+The blocking calls run on the hub's own ``ANALYSIS_THREADS`` threads, never on asyncio's default executor, which
+the Kubernetes API calls use: a Prometheus that drips its answers cannot starve them (issue 33). A provider is
+closed and dropped when the last policy that used its source moves to another (a new URL, token or TLS setting) or
+goes (``assign``, ``forget``), and at most ``MAX_PROVIDERS`` are kept whatever happens.
+
 The hub never raises into a reconcile: a provider that fails, or that does not
 answer for a target, gives that target ``Measurements(error=...)``, which
 ``assess()`` turns into Inconclusive.
@@ -20,9 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Callable, Hashable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from kvoffload.analysis.assess import Measurements
 from kvoffload.analysis.prometheus import Connection, MetricsProvider, PolicyKey, Target
@@ -45,6 +53,33 @@ for one of 100 (bench/operator)."""
 
 NAMES_MAX_AGE = 300.0
 """Seconds the series names of a Prometheus are reused before they are asked again."""
+
+ANALYSIS_THREADS = 4
+"""Threads that run providers' batches and series-name lookups, for every hub of the process: each waits on its
+batch's queries (``prometheus.QUERY_THREADS`` send them), each query bounded by its deadline."""
+
+MAX_PROVIDERS = 64
+"""Providers kept at most, least recently used dropped first: a backstop to ``forget``, for sources no policy
+releases (a policy deleted while the operator was not watching)."""
+
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+_R = TypeVar("_R")
+
+
+def analysis_pool() -> ThreadPoolExecutor:
+    """The process's ``ANALYSIS_THREADS`` (made on first use), apart from asyncio's default executor."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(ANALYSIS_THREADS, thread_name_prefix="prometheus batch")
+        return _pool
+
+
+async def in_analysis_pool(fn: Callable[..., _R], *args: object) -> _R:
+    """``fn(*args)`` on the analysis threads (``asyncio.to_thread`` would take a Kubernetes API call's thread)."""
+    return await asyncio.get_running_loop().run_in_executor(analysis_pool(), fn, *args)
 
 
 class QueryCounter(Protocol):
@@ -83,7 +118,7 @@ class MeasurementHub:
     """Coalesces concurrent ``measure`` calls into one provider call per Prometheus.
 
     ``provider`` is one MetricsProvider for every policy, or a factory that makes one per
-    Prometheus source (called once per source, then reused).
+    Prometheus source (called once per source, then reused until evicted, and then closed if it has ``close``).
     """
 
     def __init__(
@@ -94,18 +129,24 @@ class MeasurementHub:
         patient_window: float | None = None,
         query_counter: QueryCounter | None = None,
     ) -> None:
-        if hasattr(provider, "measure"):
+        self._owns = not hasattr(provider, "measure")
+        """Whether the providers are made here (and so closed here); one given provider is the caller's."""
+        if not self._owns:
             single: MetricsProvider = provider  # type: ignore[assignment]
             self._factory: ProviderFactory = lambda _source: single
         else:
-            self._factory = provider
+            self._factory = provider  # type: ignore[assignment]
         self.gather_window = gather_window
         self.patient_window = gather_window if patient_window is None else patient_window
         """The longest a patient request waits for others (the gather window unless given)."""
         self.query_counter = query_counter
         self.provider_calls = 0
         """Calls made to providers so far (the batching tests count them)."""
-        self._providers: dict[PrometheusSource, MetricsProvider] = {}
+        self._providers: OrderedDict[PrometheusSource, MetricsProvider] = OrderedDict()
+        self._users: dict[Hashable, PrometheusSource] = {}
+        """Who (a policy's uid) asked which source last (``assign``)."""
+        self._busy: Counter[PrometheusSource] = Counter()
+        """Calls in flight per source: its provider is closed only once they end."""
         self._pending: dict[PrometheusSource, _Batch] = {}
         self._locks: dict[PrometheusSource, asyncio.Lock] = {}
         self._tasks: set[asyncio.Task[None]] = set()
@@ -114,9 +155,55 @@ class MeasurementHub:
 
     def provider_for(self, source: PrometheusSource) -> MetricsProvider:
         """The provider that serves ``source`` (made on first use)."""
-        if source not in self._providers:
-            self._providers[source] = self._factory(source)
-        return self._providers[source]
+        provider = self._providers.get(source)
+        if provider is None:
+            provider = self._providers[source] = self._factory(source)
+            for old in [s for s in self._providers if s != source][: max(0, len(self._providers) - MAX_PROVIDERS)]:
+                self._evict(old)
+        self._providers.move_to_end(source)
+        return provider
+
+    @property
+    def provider_count(self) -> int:
+        """Providers kept now (the bench and tests check that it stays bounded)."""
+        return len(self._providers)
+
+    def assign(self, user: Hashable, source: PrometheusSource) -> None:
+        """Note that ``user`` (a policy) now asks ``source``: the source it asked before, if no one else asks it, is
+        closed and dropped (its URL, token or TLS settings changed)."""
+        before = self._users.get(user)
+        self._users[user] = source
+        if before is not None and before != source:
+            self._release(before)
+
+    def forget(self, user: Hashable) -> None:
+        """``user`` is gone (a policy deleted): drop its source if no one else asks it."""
+        before = self._users.pop(user, None)
+        if before is not None:
+            self._release(before)
+
+    def _release(self, source: PrometheusSource) -> None:
+        if self._busy[source] or source in self._pending or source in self._users.values():
+            return  # still in use: the call in flight releases it again when it ends
+        self._evict(source)
+
+    def _evict(self, source: PrometheusSource) -> None:
+        provider = self._providers.pop(source, None)
+        self._names.pop(source, None)
+        lock = self._locks.get(source)
+        if lock is not None and not lock.locked():
+            del self._locks[source]
+        close = getattr(provider, "close", None)
+        if self._owns and callable(close):
+            try:
+                close()
+            except Exception as exc:  # closing is tidying: it must not fail a reconcile
+                log.warning("Closing the metrics provider for %s failed: %s", source.url or "(default)", exc)
+
+    def close(self) -> None:
+        """Close every provider made here."""
+        for source in list(self._providers):
+            self._evict(source)
 
     async def measure(
         self, target: Target, source: PrometheusSource | None = None, *, patience: float = 0.0
@@ -197,7 +284,11 @@ class MeasurementHub:
     async def _list_names(self, source: PrometheusSource, now: float) -> frozenset[str]:
         try:
             provider = self.provider_for(source)
-            names = await asyncio.to_thread(provider.present_metric_names)
+            self._busy[source] += 1
+            try:
+                names = await in_analysis_pool(provider.present_metric_names)
+            finally:
+                self._done(source)
         except Exception as exc:  # an unknown dialect is confirmed later; analysis must go on
             log.warning("Listing series names of %s failed: %s", source.url or "(default)", exc)
             return frozenset()
@@ -215,16 +306,25 @@ class MeasurementHub:
             return _all_failed(targets, f"no metrics provider for {url!r}: {exc}")
         before = getattr(provider, "queries", None)
         self.provider_calls += 1
+        self._busy[source] += 1
         try:
-            return await asyncio.to_thread(provider.measure, targets)
+            return await in_analysis_pool(provider.measure, targets)
         except Exception as exc:  # the Protocol says never raises; a provider bug still must not
             log.warning("Metrics provider for %s failed: %s", url or "(default)", exc)
             return _all_failed(targets, f"metrics provider failed: {type(exc).__name__}: {exc}")
         finally:
+            self._done(source)
             after = getattr(provider, "queries", None)
             if self.query_counter is not None:
                 sent = after - before if isinstance(before, int) and isinstance(after, int) else 1
                 self.query_counter.inc(max(0, sent))
+
+    def _done(self, source: PrometheusSource) -> None:
+        self._busy[source] -= 1
+        if self._busy[source] <= 0:
+            del self._busy[source]
+            if self._users and source not in self._users.values() and source not in self._pending:
+                self._evict(source)  # released while it ran
 
 
 def _all_failed(targets: list[Target], error: str) -> dict[PolicyKey, Measurements]:

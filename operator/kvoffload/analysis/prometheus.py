@@ -25,22 +25,30 @@ errors and unreadable answers become ``Measurements(error=...)``, which
 
 from __future__ import annotations
 
+import contextlib
+import heapq
+import itertools
+import json
 import logging
 import math
 import re
+import socket
 import ssl
+import threading
 import time
 import warnings
-from collections import defaultdict
-from collections.abc import Collection, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections import defaultdict, deque
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import requests
-from prometheus_api_client.exceptions import PrometheusApiClientException
-from prometheus_api_client.prometheus_connect import PrometheusConnect
+from requests.adapters import HTTPAdapter
+from urllib3 import PoolManager
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import InsecureRequestWarning, MaxRetryError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
@@ -422,9 +430,281 @@ QUERY_CONCURRENCY = 4
 """Queries of one batch in flight at once. Prometheus evaluates them side by side (its own limit is 20): a batch
 that asks fleet-wide took 50-140 ms a query after a restart over 1,000 policies, one after the other."""
 
+QUERY_THREADS = 8
+"""Threads that send every provider's queries, however many Prometheus sources the policies name (issue 33: 50 URL
+edits of one policy once left 50 providers of 4 threads each). Each provider keeps at most ``QUERY_CONCURRENCY`` of
+them busy, so one slow source leaves the others half the pool."""
+
+MAX_ANSWER_BYTES = 16 << 20
+"""The largest answer body read for one query (issue 33: a 120 MiB body took one cycle to 1.1 GiB RSS). Honest
+answers stay far below: a batch of 100 policies reads some 10-600 kB a query, and a fleet-wide one over 1,000 policies
+of 16 pods about 6 MB. A hostile one of tiny series costs about 12 bytes of Python objects per byte once decoded,
+hence also ``MAX_ANSWER_SERIES``."""
+
+MAX_ANSWER_SERIES = 100_000
+"""The most series an answer may hold, counted in its bytes before it is decoded (a fleet-wide answer over 1,000
+policies of 16 pods holds some 32,000; 100,000 tiny ones decode to about 40 MiB)."""
+
+BODIES_IN_FLIGHT_BYTES = 40 << 20
+"""What all queries of the process may hold of bodies being read at once, beyond ``FREE_BODY_BYTES`` each: without
+it, ``QUERY_THREADS`` answers at the cap would be 128 MiB (the chart gives the operator 256Mi). A query that finds no
+room fails at once rather than wait (waiting readers that each held part of it stalled one another until their
+deadlines)."""
+
+FREE_BODY_BYTES = 1 << 20
+"""What of each body is read without the shared budget: every honest answer of a batch of 100 policies."""
+
+MAX_ERROR_BYTES = 64 << 10
+"""The most of an error answer's body read: its first 300 characters are all a reason shows."""
+
+READ_CHUNK = 64 << 10
+
+RETRY_STATUSES = frozenset({502, 503, 504})
+"""Answers retried (``retries`` times) within the query's deadline; a Retry-After header is not obeyed (a tarpit
+could ask for hours)."""
+
+
+class QueryDeadlineExceeded(requests.Timeout):
+    """No whole answer within a query's total deadline (connection, headers and body, retries included)."""
+
+
+class AnswerTooLarge(requests.RequestException):
+    """An answer over ``MAX_ANSWER_BYTES`` or ``MAX_ANSWER_SERIES``: read no further, and its connection closed."""
+
+
+class PrometheusHTTPError(requests.RequestException):
+    """An answer other than 200, with at most ``MAX_ERROR_BYTES`` of its body."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"HTTP {status}")
+        self.status = status
+        self.body = body
+
+
+class _Call:
+    """One query's deadline and the sockets it has used: the deadline thread shuts them down when it passes, which
+    ends a read blocked on a server that drips a byte at a time (a read timeout alone restarts with each byte)."""
+
+    def __init__(self, deadline: float) -> None:
+        self.deadline = deadline
+        self.expired = False
+        self.done = False
+        self.held = 0
+        """Bytes of ``_BODIES`` this call holds."""
+        self._lock = threading.Lock()
+        self._sockets: list[socket.socket] = []
+
+    def attach(self, sock: socket.socket) -> None:
+        with self._lock:
+            if self.done:
+                return
+            self._sockets.append(sock)
+            if self.expired:  # a retry's new connection after the deadline: no use starting it
+                _cut(sock)
+
+    def expire(self) -> None:
+        with self._lock:
+            if self.done:
+                return
+            self.expired = True
+            for sock in self._sockets:
+                _cut(sock)
+
+    def finish(self) -> None:
+        with self._lock:
+            self.done = True
+            self._sockets.clear()
+
+
+def _cut(sock: socket.socket) -> None:
+    # The socket-level shutdown, not SSLSocket's (which would tear down its TLS state under the reading thread):
+    # the blocked recv returns at once, in whichever thread it runs.
+    with contextlib.suppress(OSError):  # already closed
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+
+
+class _Deadlines:
+    """One daemon thread for the whole process that expires the calls whose deadline has passed."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, _Call]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def watch(self, call: _Call) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (call.deadline, next(self._order), call))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="prometheus deadlines", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while self._heap and self._heap[0][2].done:  # finished in time: nothing to cut
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                wait = self._heap[0][0] - time.monotonic()
+                if wait > 0:
+                    self._cond.wait(wait)
+                    continue
+                call = heapq.heappop(self._heap)[2]
+            call.expire()
+
+
+class _Budget:
+    """Bytes shared by every query being read (``BODIES_IN_FLIGHT_BYTES``)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        """Reserve ``n`` bytes; False when there is no room."""
+        with self._lock:
+            if self.used + n > self.limit:
+                return False
+            self.used += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
+_BODIES = _Budget(BODIES_IN_FLIGHT_BYTES)
+_DEADLINES = _Deadlines()
+_current = threading.local()
+"""The call the current thread is making (``_current.call``), for the connection classes below."""
+
+
+def _attach(sock: socket.socket | None) -> None:
+    call: _Call | None = getattr(_current, "call", None)
+    if call is not None and sock is not None:
+        call.attach(sock)
+
+
+class _WatchedHTTPConnection(HTTPConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        _attach(sock)  # before TLS: a handshake that drips is cut too
+        return sock
+
+
+class _WatchedHTTPSConnection(HTTPSConnection):
+    def _new_conn(self) -> socket.socket:
+        sock = super()._new_conn()
+        _attach(sock)
+        return sock
+
+
+class _WatchedPool(HTTPConnectionPool):
+    ConnectionCls = _WatchedHTTPConnection
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)
+        _attach(getattr(conn, "sock", None))  # a kept-alive connection: its socket is the one this call reads
+        return conn
+
+
+class _WatchedHTTPSPool(HTTPSConnectionPool):
+    ConnectionCls = _WatchedHTTPSConnection
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)
+        _attach(getattr(conn, "sock", None))
+        return conn
+
+
+def _watch_pools(manager: PoolManager) -> None:
+    manager.pool_classes_by_scheme = {"http": _WatchedPool, "https": _WatchedHTTPSPool}
+
+
+class _BoundedAdapter(HTTPAdapter):
+    """requests' adapter whose connections a query's deadline can cut, proxied ones included (a SOCKS proxy's are
+    not: its pools are its own)."""
+
+    def init_poolmanager(self, connections: int, maxsize: int, block: bool = False, **pool_kwargs: Any) -> None:
+        super().init_poolmanager(connections, maxsize, block, **pool_kwargs)
+        _watch_pools(self.poolmanager)
+
+    def proxy_manager_for(self, proxy: str, **proxy_kwargs: Any) -> Any:
+        manager = super().proxy_manager_for(proxy, **proxy_kwargs)
+        if not proxy.lower().startswith("socks"):
+            _watch_pools(manager)
+        return manager
+
+
+_query_pool: ThreadPoolExecutor | None = None
+_query_pool_lock = threading.Lock()
+
+
+def query_pool() -> ThreadPoolExecutor:
+    """The process's ``QUERY_THREADS`` Prometheus query threads (made on first use), apart from the threads that
+    call the Kubernetes API (asyncio's default executor)."""
+    global _query_pool
+    with _query_pool_lock:
+        if _query_pool is None:
+            _query_pool = ThreadPoolExecutor(QUERY_THREADS, thread_name_prefix="prometheus query")
+        return _query_pool
+
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
+
+
+def _in_turn(pool: ThreadPoolExecutor, fn: Callable[[_T], _R], items: Iterable[_T], width: int) -> Iterator[_R]:
+    """``pool.map(fn, items)`` with at most ``width`` of them submitted at once: answers in order, the first failure
+    raised where it stands, and what was not yet sent is never sent."""
+    todo = iter(items)
+    running: deque[Future[_R]] = deque()
+    try:
+        for item in itertools.islice(todo, width):
+            running.append(pool.submit(fn, item))
+        while running:
+            answer = running.popleft().result()
+            for item in itertools.islice(todo, 1):
+                running.append(pool.submit(fn, item))
+            yield answer
+    finally:
+        for future in running:
+            future.cancel()
+
+
+def _read_capped(response: requests.Response, limit: int, call: _Call) -> tuple[bytearray, bool]:
+    """At most ``limit`` bytes of the body, and whether there was more. Decoded bytes: urllib3 inflates gzip a read at a
+    time, so a compressed bomb stops at the cap too. One buffer, never joined or copied (json reads a bytearray); each
+    chunk is taken from the process's budget first (``call.held``: the caller gives it back)."""
+    body = bytearray()
+    while True:
+        want = min(READ_CHUNK, limit + 1 - len(body))
+        if len(body) + want > FREE_BODY_BYTES:
+            if not _BODIES.take(want):
+                raise AnswerTooLarge(
+                    f"over {_mib(len(body))} while other answers hold the {_mib(_BODIES.limit)} all may hold at once"
+                )
+            call.held += want
+        chunk = response.raw.read(want, decode_content=True)
+        if not chunk:
+            return body, False
+        body += chunk
+        if len(body) > limit:
+            del body[limit:]
+            return body, True
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB"
+
 
 class PrometheusProvider:
-    """Measurements from Prometheus over its HTTP API (prometheus-api-client's PrometheusConnect)."""
+    """Measurements from Prometheus over its HTTP API, every request bounded (issue 33): a total deadline per query,
+    a cap on what of a body is read, errors included, and threads from the process's query pool."""
 
     def __init__(
         self,
@@ -438,12 +718,19 @@ class PrometheusProvider:
         retries: int = 1,
         labels: LabelNames | None = None,
         clock: Any = time.time,
+        max_answer_bytes: int = MAX_ANSWER_BYTES,
+        max_error_bytes: int = MAX_ERROR_BYTES,
+        max_answer_series: int = MAX_ANSWER_SERIES,
+        pool: ThreadPoolExecutor | None = None,
     ) -> None:
         """``verify``: True, False (skip TLS verification) or a CA bundle path; a ``connection`` decides it instead.
 
         ``bearer_token_file`` is re-read every cycle, so a rotated service-account token is picked up. A
         ``connection``'s headers go with every query, and its basic auth with every query that carries no bearer
         token (both would be the Authorization header).
+
+        ``timeout`` is each query's total deadline: connecting, the headers, the whole body and any retry, not one
+        read. ``pool``: the threads that send the queries (the process's ``query_pool()`` unless given).
         """
         self.url = url.rstrip("/")
         self.labels = labels or LabelNames()
@@ -451,10 +738,19 @@ class PrometheusProvider:
         """HTTP queries sent so far (tests and the bench check that a cycle's count is constant)."""
         self.series = 0
         """Series read from the answers so far (what a batch's scope saves shows here)."""
+        self.timeout = timeout
+        self.retries = retries
+        self.max_answer_bytes = max_answer_bytes
+        self.max_error_bytes = max_error_bytes
+        self.max_answer_series = max_answer_series
+        self.closed = False
         self._token = bearer_token
         self._token_file = bearer_token_file
         self._clock = clock
         self._connection = connection or Connection()
+        self._headers: dict[str, str] = {}
+        self._auth: tuple[str, str] | None = None
+        self._pool = pool or query_pool()
         if connection is not None:
             verify = connection.verify
         if verify is False:
@@ -462,35 +758,107 @@ class PrometheusProvider:
             warnings.simplefilter("ignore", InsecureRequestWarning)  # said once above, not on every query
         session = requests.Session()
         session.verify = verify
-        # A redirect would take the operator's query (a tenant's URL) to an address nobody judged.
+        # A redirect would take the operator's query (a tenant's URL) to an address nobody judged; requests is also
+        # never let to follow one, as it would read the redirect's whole body first.
         session.max_redirects = 0
-        retry = Retry(total=retries, backoff_factor=0.1, status_forcelist=(502, 503, 504), raise_on_status=True)
-        # requests takes a float timeout; the library annotates int.
-        self._client = PrometheusConnect(url=self.url, session=session, retry=retry, timeout=timeout)  # type: ignore[arg-type]
-        self._asking = ThreadPoolExecutor(QUERY_CONCURRENCY, thread_name_prefix="prometheus query")
+        # Connection errors are retried here; statuses by _get, which closes an error answer instead of draining it.
+        retry = Retry(total=retries, backoff_factor=0.1, status_forcelist=(), respect_retry_after_header=False)
+        # A bounded pool: no more kept-alive connections than queries in flight.
+        adapter = _BoundedAdapter(pool_connections=1, pool_maxsize=QUERY_CONCURRENCY, max_retries=retry)
+        session.mount("http://", adapter)
+        session.mount("https://", adapter)
+        self._session = session
 
     def close(self) -> None:
-        self._asking.shutdown(wait=False, cancel_futures=True)
-        self._client.close()
+        """Close its kept-alive connections (a connection in use closes when its query ends); the pool's threads are
+        the process's, not its own."""
+        self.closed = True
+        self._session.close()
 
     def _authenticate(self) -> None:
-        """Set this batch's headers and basic auth on the client (files are read again: rotated Secrets)."""
+        """Set this batch's headers and basic auth (files are read again: rotated Secrets)."""
         token = self._token
         if self._token_file is not None:
             token = self._token_file.read_text().strip()
         headers = dict(self._connection.headers)
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        self._client.headers = headers
+        self._headers = headers
         conn = self._connection
         if conn.username is not None and conn.password_file is not None and not token:
-            self._client.auth = (conn.username, conn.password_file.read_text().rstrip("\r\n"))
+            self._auth = (conn.username, conn.password_file.read_text().rstrip("\r\n"))
         else:
-            self._client.auth = None  # type: ignore[assignment]  # requests takes None; the library annotates tuple
+            self._auth = None
+
+    def _get(self, path: str, params: Mapping[str, str]) -> Any:
+        """The ``data`` of one API answer, within the deadline and the caps; raises ``requests.RequestException``
+        (this module's included), ``ValueError``, ``KeyError`` or ``TypeError``."""
+        call = _Call(time.monotonic() + self.timeout)
+        _DEADLINES.watch(call)
+        _current.call = call
+        try:
+            try:
+                body = self._fetch(call, path, params)
+            except QueryDeadlineExceeded:
+                raise
+            except Exception:
+                if call.expired:  # the deadline cut the socket: whatever broke, that is why
+                    raise QueryDeadlineExceeded(self._overdue()) from None
+                raise
+            finally:
+                _current.call = None
+                call.finish()
+            if call.expired:  # the body may have been cut short
+                raise QueryDeadlineExceeded(self._overdue())
+            # Each series is one "metric" key (one inside a label value would be escaped): counted before decoding,
+            # as a body of tiny series decodes to some 12 times its size.
+            if body.count(b'"metric"') > self.max_answer_series:
+                raise AnswerTooLarge(f"more than {self.max_answer_series} series")
+            return json.loads(body)["data"]
+        finally:
+            _BODIES.give(call.held)  # the body is decoded, or refused: room for the next query's
+
+    def _overdue(self) -> str:
+        return f"no whole answer within the {self.timeout:g} s deadline of a query"
+
+    def _fetch(self, call: _Call, path: str, params: Mapping[str, str]) -> bytearray:
+        attempt = 0
+        while True:
+            left = call.deadline - time.monotonic()
+            if left <= 0:
+                raise QueryDeadlineExceeded(self._overdue())
+            response = self._session.get(
+                f"{self.url}{path}",
+                params=params,
+                headers=self._headers,
+                auth=self._auth,
+                verify=self._session.verify,  # given, or requests would take $REQUESTS_CA_BUNDLE over the session's
+                timeout=left,
+                stream=True,  # read below, a chunk at a time, up to a cap
+                allow_redirects=False,
+            )
+            try:
+                status = response.status_code
+                if status in RETRY_STATUSES and attempt < self.retries:
+                    attempt += 1
+                    time.sleep(min(0.1 * attempt, max(0.0, call.deadline - time.monotonic())))
+                    continue
+                if status != 200:
+                    body, _ = _read_capped(response, self.max_error_bytes, call)
+                    raise PrometheusHTTPError(status, bytes(body))
+                declared = response.headers.get("Content-Length", "")
+                if declared.isdigit() and int(declared) > self.max_answer_bytes:
+                    raise AnswerTooLarge(f"{_mib(int(declared))} declared")
+                body, more = _read_capped(response, self.max_answer_bytes, call)
+                if more:
+                    raise AnswerTooLarge(f"over {_mib(self.max_answer_bytes)}")
+                return body
+            finally:
+                response.close()  # an answer cut short closes its connection; a whole one went back to the pool
 
     def _query(self, expr: str, at: float) -> list[dict[str, Any]]:
         """One query's answer (the caller counts it and sets the headers: this runs in the query threads)."""
-        result = self._client.custom_query(expr, params={"time": f"{at:.3f}"})
+        result = self._get("/api/v1/query", {"query": expr, "time": f"{at:.3f}"})["result"]
         if not isinstance(result, list):
             raise ValueError(f"unexpected answer: {str(result)[:200]}")
         return result
@@ -518,7 +886,6 @@ class PrometheusProvider:
                 collected = self._collect(queries, at)
             except (
                 requests.RequestException,
-                PrometheusApiClientException,
                 OSError,
                 ValueError,
                 KeyError,
@@ -550,7 +917,7 @@ class PrometheusProvider:
         self.queries += len(queries)
         self._authenticate()
         # In order, as each answer comes; the first failure ends the batch, as it did one query at a time.
-        answers = self._asking.map(lambda query: self._query(query.expr, at), queries)
+        answers = _in_turn(self._pool, lambda query: self._query(query.expr, at), queries, QUERY_CONCURRENCY)
         for query, answer in zip(queries, answers, strict=True):
             self.series += len(answer)
             for item in answer:
@@ -601,11 +968,10 @@ class PrometheusProvider:
                 return self._query(expr, at)
             except (
                 requests.RequestException,
-                PrometheusApiClientException,
                 OSError,
                 ValueError,
                 TypeError,
-                KeyError,  # a 200 without data.result: the client reads response.json()["data"]["result"]
+                KeyError,  # a 200 without data.result
                 IndexError,
             ) as exc:
                 return _describe(exc)
@@ -614,7 +980,7 @@ class PrometheusProvider:
             self._authenticate()
         except OSError as exc:
             return [_describe(exc)] * len(exprs)
-        return list(self._asking.map(one, exprs))
+        return list(_in_turn(self._pool, one, exprs, QUERY_CONCURRENCY))
 
     def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
         """The ``vllm:`` series names in Prometheus, for one target's engines when given; empty on error."""
@@ -629,8 +995,10 @@ class PrometheusProvider:
             if target is not None and target.extra_matchers:
                 matcher += f", {render_matchers(target.extra_matchers)}"  # TemplateError is a ValueError
             self._authenticate()
-            names = self._client.get_label_values("__name__", params={"match[]": "{" + matcher + "}"})
-        except (requests.RequestException, PrometheusApiClientException, OSError, ValueError, KeyError, TypeError):
+            names = self._get("/api/v1/label/__name__/values", {"match[]": "{" + matcher + "}"})
+        except (requests.RequestException, OSError, ValueError, KeyError, TypeError):
+            return frozenset()
+        if not isinstance(names, list):
             return frozenset()
         return frozenset(str(n) for n in names)
 
@@ -681,8 +1049,6 @@ def _workload(entry: _Collected) -> WorkloadSample:
     )
 
 
-_STATUS = re.compile(r"HTTP Status Code (\d+) \((.*)\)$", re.DOTALL)
-
 _REFUSED = {
     401: "Prometheus refused the credentials (HTTP 401): check the token, or the basic auth username and password",
     403: "Prometheus refused access (HTTP 403): the credentials are not allowed this tenant or these queries",
@@ -716,6 +1082,8 @@ def _describe(exc: BaseException) -> str:
 
 def _reason(exc: BaseException) -> str:
     reason = exc.args[0].reason if exc.args and isinstance(exc.args[0], MaxRetryError) else None
+    if isinstance(exc, QueryDeadlineExceeded):
+        return f"Prometheus timed out: {exc}"
     if isinstance(exc, requests.Timeout) or isinstance(reason, TimeoutError | ReadTimeoutError):
         return f"Prometheus timed out: {type(reason or exc).__name__}"
     if isinstance(exc, requests.exceptions.SSLError):
@@ -727,10 +1095,15 @@ def _reason(exc: BaseException) -> str:
         return "Prometheus unreachable: connection failed"
     if isinstance(exc, requests.exceptions.InvalidHeader):  # its message holds the header's value: a token
         return "a header for Prometheus is not a valid HTTP header value (a line break or control character in it)"
-    if isinstance(exc, PrometheusApiClientException) and (status := _STATUS.search(str(exc))):
-        code = int(status.group(1))
-        return _REFUSED.get(code, f"Prometheus answered with an error: HTTP {code}: {status.group(2)[:300]}")
-    if isinstance(exc, requests.exceptions.RetryError | PrometheusApiClientException):
+    if isinstance(exc, PrometheusHTTPError):
+        code = exc.status
+        if 300 <= code < 400:
+            return f"Prometheus answered with a redirect (HTTP {code}), which is not followed"
+        body = exc.body[:300].decode("utf-8", "replace")
+        return _REFUSED.get(code, f"Prometheus answered with an error: HTTP {code}: {body}")
+    if isinstance(exc, AnswerTooLarge):
+        return f"Prometheus's answer is too large to read: {exc}"
+    if isinstance(exc, requests.exceptions.RetryError):
         return f"Prometheus answered with an error: {str(exc)[:300]}"
     if isinstance(exc, TemplateError):  # only extraMatchers is parsed on the way out
         return f"spec.prometheus.extraMatchers cannot be used: {str(exc)[:200]}"

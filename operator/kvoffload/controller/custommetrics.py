@@ -16,7 +16,6 @@ rest judged: a bad gated metric is not judged (Inconclusive), a bad dry-run metr
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from datetime import datetime
@@ -27,6 +26,7 @@ from pydantic import ValidationError
 from kvoffload.analysis.assess import REQUESTS, Assessment
 from kvoffload.analysis.custom import CustomResult, judge_custom, with_custom
 from kvoffload.analysis.customquery import read_custom
+from kvoffload.analysis.hub import in_analysis_pool
 from kvoffload.analysis.prometheus import LabelNames, MetricsProvider, Target
 from kvoffload.api.analysistemplate import CustomMetric, KVOffloadAnalysisTemplate, metric_sources
 from kvoffload.api.errors import errors_from
@@ -153,7 +153,7 @@ async def judged_with_custom(
         readings = []
     else:
         labels = getattr(provider, "labels", None)
-        readings = await asyncio.to_thread(
+        readings = await in_analysis_pool(  # not asyncio's default executor: the Kubernetes API calls use it
             read_custom, provider, sources, target, labels if isinstance(labels, LabelNames) else None
         )
     results = judge_custom(

@@ -11,6 +11,11 @@
   1,000 policies the operator's glibc heap held 38-86 MiB free of 59-109 MiB, and ``malloc_trim(0)`` gave 18-69 MiB
   of it back (``bench/operator``, ``--mallinfo``). So after each full collection the operator calls it, from a
   thread. Where the C library has no ``malloc_trim`` (musl), only the collection is made.
+- **Large buffers are mapped, always.** glibc raises its mmap threshold to the size of each large block freed (up to
+  32 MiB), so after one 16 MiB answer body, bodies below that come from the heap and stay there: 32 hostile
+  policies' Prometheus sources left the process at 238 MiB after a trim (peak 280 MiB), against 78 MiB (peak
+  132 MiB) with the threshold fixed at 1 MiB (``bench/security/hostile_policies.py``, issue 33).
+  ``fix_mmap_threshold`` fixes it; ``tend_heap`` calls it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,23 @@ HEAP_INTERVAL = 30.0
 back once."""
 NO_AUTOMATIC_FULL_COLLECTION = 2**30
 """A third-generation threshold that Python's count of second-generation collections never reaches."""
+
+
+MMAP_THRESHOLD = 1 << 20
+"""Blocks from this size up are mapped on their own, and unmapped when freed."""
+M_MMAP_THRESHOLD = -3
+"""glibc's mallopt parameter (malloc.h)."""
+
+
+def fix_mmap_threshold(size: int = MMAP_THRESHOLD) -> bool:
+    """Fix glibc's mmap threshold at ``size`` (which stops its dynamic raising); False where there is no mallopt."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    mallopt.restype = ctypes.c_int
+    return bool(mallopt(M_MMAP_THRESHOLD, size))
 
 
 def malloc_trim() -> Callable[[], bool] | None:
@@ -57,7 +79,9 @@ def full_collections_on_schedule() -> Iterator[None]:
 
 
 async def tend_heap(interval: float = HEAP_INTERVAL) -> None:
-    """Every ``interval`` seconds until cancelled: a full collection, then a trim."""
+    """Every ``interval`` seconds until cancelled: a full collection, then a trim (first: ``fix_mmap_threshold``)."""
+    if not fix_mmap_threshold():
+        log.debug("the C library has no mallopt: large blocks freed may stay with malloc")
     trim = malloc_trim()
     if trim is None:
         log.debug("the C library has no malloc_trim: freed memory stays with malloc")

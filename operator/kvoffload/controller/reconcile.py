@@ -349,6 +349,7 @@ class Controller:
             del self._children[key]
         self._told_unserved = {told for told in self._told_unserved if told[0] != uid}
         self.metrics.forget_policy(uid)
+        self.hub.forget(uid)  # its Prometheus client, when no other policy asks the same source
 
     async def _cycle(self, ctx: _Reconcile) -> Plan:
         meta = ctx.body.get("metadata") or {}
@@ -699,6 +700,7 @@ class Controller:
             return Measurements(canary=None, stable=None, error=check.message), check, None
         connection = self.settings.prometheus_connection if self._token_may_go(spec) else None
         source = PrometheusSource(self.settings.prometheus_url or spec.prometheus.url, token, connection)
+        self.hub.assign(ref.uid, source)  # the source it asked before, now asked by no one, is closed
         present = await self.hub.present_names(source, now.timestamp())
         target = replace(target, dialect=confirm_dialect(target.dialect, present))
         return await self.hub.measure(target, source, patience=patience), check, source
