@@ -187,6 +187,10 @@ INSTALLS: dict[str, Obj] = {
             "allowedServiceAccounts": ["llm-engine"],
             "allowedPriorityClasses": ["llm-high", "llm-low"],
             "allowedRuntimeClasses": ["nvidia"],
+            "allowedSecretVolumes": ["model-config-*"],
+            "allowKeylessTolerations": True,
+            "allowedPodAnnotations": ["sidecar.istio.io/inject"],
+            "allowedCodeOptions": ["--trust-remote-code", "worker_extension_cls"],
         },
     },
     "webhook": {"webhook": {"enabled": True}},
@@ -573,6 +577,10 @@ def test_the_arguments_of_each_install_parse_as_kvoffload_run_options(chart: hel
     assert params["allowed_service_accounts"] == tuple(tenancy["allowedServiceAccounts"])
     assert params["allowed_priority_classes"] == tuple(tenancy["allowedPriorityClasses"])
     assert params["allowed_runtime_classes"] == tuple(tenancy["allowedRuntimeClasses"])
+    assert params["allowed_secret_volumes"] == tuple(tenancy["allowedSecretVolumes"])
+    assert params["allow_keyless_tolerations"] is tenancy["allowKeylessTolerations"]
+    assert params["allowed_pod_annotations"] == tuple(tenancy["allowedPodAnnotations"])
+    assert params["allowed_code_options"] == tuple(tenancy["allowedCodeOptions"])
 
 
 def test_an_operator_token_without_a_fixed_or_allowed_prometheus_is_refused_at_render(chart: helm.Chart) -> None:

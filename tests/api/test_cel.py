@@ -204,6 +204,16 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
         [{"name": "v"}, {"name": "v", "emptyDir": {}, "secret": {"secretName": "s"}}],
     ),
     "may not contain '..'": (["a/b", "hf", "a..b", "x/.../y"], ["..", "a/../b", "../x", "a/.."]),
+    "may not change the pod's security profile (AppArmor, seccomp annotations), which the operator sets": (
+        [{}, {"example.com/owner": "search"}, {"apparmor.example.com/x": "y"}],
+        [
+            {"container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"},
+            {"seccomp.security.alpha.kubernetes.io/pod": "unconfined"},
+            # Issue 33: the container-level seccomp annotation got past the pod-level prefix.
+            {"container.seccomp.security.alpha.kubernetes.io/vllm": "unconfined"},
+            {"a": "b", "container.seccomp.security.alpha.kubernetes.io/x": "localhost/p.json"},
+        ],
+    ),
     "rollout.observe.selector is required when rollout.observeOnly is true": (
         [
             {},
@@ -229,6 +239,9 @@ POD_TEMPLATE_AT = {
     "may not contain '..'": lambda v: {
         "volumes": [{"name": "v", "emptyDir": {}}],
         "volumeMounts": [{"name": "v", "mountPath": "/data", "subPath": v}],
+    },
+    "may not change the pod's security profile (AppArmor, seccomp annotations), which the operator sets": lambda v: {
+        "metadata": {"annotations": v}
     },
 }
 

@@ -357,6 +357,8 @@ CASES = (
     Case("5b-abbreviation", {"model__extraArgs": ["--max-model", "9"]}, "spec.model.extraArgs[0]", WEBHOOK),
     Case("5c-config-file", {"model__extraArgs": ["--config", "/x.yaml"]}, "spec.model.extraArgs", CEL),
     Case("5d-alias", {"model__extraArgs": ["--device-memory-utilization=0.99"]}, "spec.model.extraArgs", CEL),
+    Case("5e-trust-remote-code", {"model__extraArgs": ["--trust-remote-code"]}, "spec.model.extraArgs[0]", WEBHOOK),
+    Case("5f-kv-cache-bytes", {"model__extraArgs": ["--kv-cache-memory-bytes=80G"]}, "spec.model.extraArgs", CEL),
     Case("6a-huge-quantity", {"offload__cpu": "1e999999999"}, "spec.offload.cpu", CEL),
     Case("6c-quantity-over-1pi", {"offload__cpu": "1e99"}, "spec.offload.cpu", CEL),
     Case("6b-huge-duration", {"rollout__progressDeadline": "600000h"}, "spec.rollout.progressDeadline", CEL),
@@ -416,6 +418,68 @@ CASES = (
             }
         },
         "spec.podTemplate.volumeMounts[0].mountPath",
+        WEBHOOK,
+    ),
+    # Issue 33: another ServiceAccount's token Secret, every taint, other namespaces' pods, the security
+    # profile container by container, leaving the mesh.
+    Case(
+        "8i-token-secret-volume",
+        {"podTemplate": {"volumes": [{"name": "t", "secret": {"secretName": "builder-token-x7k2p"}}]}},
+        "spec.podTemplate.volumes[0].secret.secretName",
+        WEBHOOK,
+    ),
+    Case(
+        "8j-keyless-toleration",
+        {"podTemplate": {"tolerations": [{"operator": "Exists"}]}},
+        "spec.podTemplate.tolerations[0].key",
+        WEBHOOK,
+    ),
+    Case(
+        "8k-other-namespace-affinity",
+        {
+            "podTemplate": {
+                "affinity": {
+                    "podAntiAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"namespaces": ["team-b"], "topologyKey": "kubernetes.io/hostname"}
+                        ]
+                    }
+                }
+            }
+        },
+        "spec.podTemplate.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaces[0]",
+        WEBHOOK,
+    ),
+    Case(
+        "8l-every-namespace-affinity",
+        {
+            "podTemplate": {
+                "affinity": {
+                    "podAffinity": {
+                        "requiredDuringSchedulingIgnoredDuringExecution": [
+                            {"namespaceSelector": {}, "topologyKey": "kubernetes.io/hostname"}
+                        ]
+                    }
+                }
+            }
+        },
+        "spec.podTemplate.affinity.podAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaceSelector",
+        CEL,
+    ),
+    Case(
+        "8m-container-seccomp",
+        {
+            "podTemplate": {
+                "metadata": {"annotations": {"container.seccomp.security.alpha.kubernetes.io/vllm": "unconfined"}}
+            }
+        },
+        "spec.podTemplate.metadata.annotations",
+        CEL,
+    ),
+    Case(
+        "8n-mesh-opt-out",
+        {"podTemplate": {"metadata": {"annotations": {"sidecar.istio.io/inject": "false"}}}},
+        "spec.podTemplate.metadata.annotations['sidecar.istio.io/inject']",
         WEBHOOK,
     ),
 )

@@ -24,7 +24,12 @@ VALUES: dict[str, Any] = {
     "notifications": {
         "sinks": [
             {"name": "llm-oncall", "format": "slack", "urlSecret": {"name": "slack-webhook", "key": "url"}},
-            {"name": "incidents", "url": "http://alert-gateway.monitoring.svc:8080/kvoffload", "maxAttempts": 3},
+            {
+                "name": "incidents",
+                "url": "http://alert-gateway.monitoring.svc:8080/kvoffload",
+                "maxAttempts": 3,
+                "namespaces": ["llm", "team-*"],
+            },
         ],
         "link": "https://grafana.example.com/d/kvoffload?var-namespace={namespace}&var-policy={name}",
     }
@@ -79,6 +84,8 @@ def test_the_sinks_reach_the_operator_as_a_config_it_loads_and_the_secret_url_as
     slack, incidents = config.sinks
     assert (slack.format, slack.url) == (SinkFormat.SLACK, None)
     assert (incidents.url, incidents.max_attempts) == ("http://alert-gateway.monitoring.svc:8080/kvoffload", 3)
+    assert (slack.namespaces, incidents.namespaces) == (["*"], ["llm", "team-*"])
+    assert [incidents.grants(n) for n in ("llm", "team-a", "billing")] == [True, True, False]
 
     # The Slack URL is the Secret's key, mounted at the urlFile the config names: the operator reads it there.
     assert slack.url_file is not None
@@ -115,6 +122,7 @@ def test_no_sinks_means_no_flag_no_config_map_and_no_policy_may_ask_for_notifica
         ({"name": "Team", "url": "http://a.example/"}, "/notifications/sinks/0/name"),
         ({"name": "team", "url": "ftp://a.example/"}, "/notifications/sinks/0/url"),
         ({"name": "team", "url": "http://a.example/", "format": "teams"}, "/notifications/sinks/0/format"),
+        ({"name": "team", "url": "http://a.example/", "namespaces": ["a/b"]}, "/notifications/sinks/0/namespaces/0"),
     ],
 )
 def test_the_schema_refuses_a_sink_that_cannot_work(chart: helm.Chart, sink: Obj, complaint: str) -> None:

@@ -26,6 +26,8 @@ def write(tmp_path: Path, config: object) -> Path:
         ({"sinks": [{"name": "team", "url": "file:///etc/passwd"}]}, "sinks[0].url"),
         ({"sinks": [{"name": "team", "url": "http://a/", "format": "teams"}]}, "sinks[0].format"),
         ({"sinks": [{"name": "team", "url": "http://a/", "maxAttempts": 0}]}, "sinks[0].maxAttempts"),
+        ({"sinks": [{"name": "team", "url": "http://a/", "namespaces": ["team/a"]}]}, "sinks[0].namespaces[0]"),
+        ({"sinks": [{"name": "team", "url": "http://a/", "namespaces": ["Team"]}]}, "sinks[0].namespaces[0]"),
         (
             {"sinks": [{"name": "team", "url": "http://a/"}, {"name": "team", "url": "http://b/"}]},
             "sink names must be unique",

@@ -16,7 +16,7 @@ from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
 from kvoffload.notify.config import NotificationsConfig
 from kvoffload.notify.notifier import Notifier
-from kvoffload.policy.tenancy import Tenancy
+from kvoffload.policy.tenancy import SinkGrant, Tenancy
 from tests.controller.test_controller import (
     NS,
     POLICY_API,
@@ -35,7 +35,7 @@ from tests.support.receiver import Receiver, free_port
 
 pytestmark = pytest.mark.e2e
 
-SETTINGS = ControllerSettings(tenancy=Tenancy(notification_sinks=("team",)))
+SETTINGS = ControllerSettings(tenancy=Tenancy(notification_sinks=(SinkGrant("team"),)))
 
 
 def told_spec(**notifications: Any) -> dict[str, Any]:
@@ -150,7 +150,8 @@ async def test_an_invalid_spec_is_told_and_an_unknown_sink_is_one_of_its_faults(
     (invalid,) = receiver.bodies  # to the sink it may name; "nowhere" is no address at all
     assert invalid["event"] == "Invalid"
     assert (
-        "spec.notifications.sinks[1]: nowhere is not a notification sink this operator has (team)" in invalid["message"]
+        "spec.notifications.sinks[1]: nowhere is not a notification sink this operator has "
+        "(namespace llm may name: team)" in invalid["message"]
     )
 
 

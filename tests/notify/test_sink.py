@@ -125,6 +125,21 @@ def test_a_policy_gets_only_the_events_and_the_sinks_it_chose(tally: Tally) -> N
     assert other.arrived == 0
 
 
+def test_a_sink_is_posted_to_only_for_the_namespaces_it_is_granted(tally: Tally) -> None:
+    with Receiver() as receiver:
+        config = NotificationsConfig.model_validate(
+            {"sinks": [{"name": "team", "url": receiver.url, "namespaces": ["team-*"]}]}
+        )
+        notifier = Notifier(config, tally.result, tally.retry)
+        notifier.start()
+        chosen = NotificationsSpec(sinks=["team"])
+        assert notifier.send(chosen, [notice(NotificationEvent.ROLLED_BACK, namespace="llm")]) == 0
+        assert notifier.send(chosen, [notice(NotificationEvent.ROLLED_BACK, namespace="team-a")]) == 1
+        (body,) = receiver.wait_for(1)
+        notifier.close()
+    assert body["policy"] == {"namespace": "team-a", "name": "chat"}
+
+
 def test_a_slack_sink_gets_text_and_blocks(tally: Tally) -> None:
     with Receiver() as receiver:
         config = NotificationsConfig.model_validate(
@@ -199,6 +214,39 @@ def test_a_full_queue_lets_its_oldest_go_and_counts_it(tally: Tally) -> None:
         bodies = receiver.wait_for(3)
         team.close(1.0)
     assert bodies == [{"n": 1}, {"n": 3}, {"n": 4}]  # 2 was the oldest waiting when 4 came
+
+
+def test_a_policy_that_floods_a_sink_pushes_out_only_its_own_and_the_others_go_first(tally: Tally) -> None:
+    # Issue 33: one queue per sink let one tenant's flood push out another's RolledBack.
+    def told(policy: str, n: int) -> Delivery:
+        return Delivery(json.dumps({"p": policy, "n": n}).encode(), f"{policy} {n}", ("llm", policy))
+
+    with Receiver(hold_first=1) as receiver:
+        team = sink(receiver.url, tally, queueSize=3, timeoutSeconds=5.0)
+        team.put(told("noisy", 0))
+        receiver.wait_arrived(1)  # the worker holds it; the queue is empty again
+        team.put(told("chat", 1))
+        for n in range(1, 51):
+            team.put(told("noisy", n))
+        assert tally.results == Counter({("team", Result.DROPPED): 48})
+        receiver.release()
+        bodies = receiver.wait_for(4)
+        team.close(1.0)
+    # chat's notice survived 50 of noisy's, and went out before noisy's waiting ones.
+    assert bodies == [{"p": "noisy", "n": 0}, {"p": "chat", "n": 1}, {"p": "noisy", "n": 49}, {"p": "noisy", "n": 50}]
+
+
+def test_policies_lines_are_served_in_turn(tally: Tally) -> None:
+    with Receiver(hold_first=1) as receiver:
+        team = sink(receiver.url, tally, queueSize=10, timeoutSeconds=5.0)
+        team.put(Delivery(b'{"n": 0}', "0", ("llm", "a")))
+        receiver.wait_arrived(1)
+        for n, policy in enumerate("aaabbc", start=1):
+            team.put(Delivery(json.dumps({"n": n}).encode(), str(n), ("llm", policy)))
+        receiver.release()
+        bodies = receiver.wait_for(7)
+        team.close(1.0)
+    assert [b["n"] for b in bodies] == [0, 1, 4, 6, 2, 5, 3]  # a, b, c, a, b, a
 
 
 def test_what_is_still_queued_at_shutdown_is_counted_dropped(tally: Tally) -> None:

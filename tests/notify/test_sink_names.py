@@ -11,10 +11,10 @@ import pytest
 from kvoffload.api.errors import PolicyError
 from kvoffload.controller.admission import problems
 from kvoffload.policy.loading import parse_policy
-from kvoffload.policy.tenancy import Tenancy
+from kvoffload.policy.tenancy import SinkGrant, Tenancy
 from tests.support.kube import policy_manifest
 
-TEAM = Tenancy(notification_sinks=("team", "llm-oncall"))
+TEAM = Tenancy(notification_sinks=(SinkGrant("team"), SinkGrant("llm-oncall"), SinkGrant("billing", ("billing",))))
 SPEC: dict[str, Any] = {
     "model": {"name": "Qwen/Qwen3-0.6B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 4096},
     "gpu": {"class": "nvidia-l4"},
@@ -45,14 +45,27 @@ def test_an_unknown_sink_is_refused_naming_its_place_by_the_operator_and_the_web
         parse_policy(told(sinks=["team", "https://attacker.example/hook"]), tenancy=TEAM)
     (error,) = caught.value.errors
     assert error.path == "spec.notifications.sinks[1]"  # the model refuses it as no name first
-    (refused,) = problems(told(sinks=["team", "billing"]), TEAM)
+    (refused,) = problems(told(sinks=["team", "pager"]), TEAM)
     assert refused.path == "spec.notifications.sinks[1]"
-    assert "billing is not a notification sink this operator has (team, llm-oncall)" in refused.message
+    assert "pager is not a notification sink this operator has (namespace llm may name: team, llm-oncall)" in (
+        refused.message
+    )
+
+
+def test_a_sink_granted_to_other_namespaces_is_refused_naming_its_place() -> None:
+    # Issue 33: a policy may name only the sinks the admin grants its namespace (here billing's alone).
+    (refused,) = problems(told(sinks=["billing"]), TEAM)
+    assert refused.path == "spec.notifications.sinks[0]"
+    assert "the notification sink billing is not granted to namespace llm (it may name: team, llm-oncall)" in (
+        refused.message
+    )
+    billing = policy_manifest("chat", "billing", {**SPEC, "notifications": {"sinks": ["billing"]}})
+    assert problems(billing, TEAM) == []
 
 
 def test_an_operator_without_sinks_refuses_every_notification_and_plan_does_not_judge_them() -> None:
     (refused,) = problems(told(sinks=["team"]), Tenancy(notification_sinks=()))
-    assert "(none is)" in refused.message
+    assert "(namespace llm may name: none)" in refused.message
     assert problems(told(sinks=["team"]), Tenancy()) == []  # kvoffload plan: the sinks are not known there
 
 

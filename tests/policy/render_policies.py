@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -87,11 +88,12 @@ def merge(base: Any, patch: Any) -> Any:
 
 
 def policy_object(metadata: dict[str, Any] | None = None, **spec_patch: Any) -> dict[str, Any]:
-    """A Qwen3-8B policy object (valid unless the patch breaks it), ``spec_patch`` merged into its spec."""
+    """A Qwen3-8B policy object (valid unless the patch breaks it), ``spec_patch`` merged into its spec: a copy of
+    its own, which the caller may change (``merge`` shares what the patch leaves alone with :data:`BASE`)."""
     obj: dict[str, Any] = merge(BASE, {"spec": spec_patch})
     if metadata is not None:
         obj = merge(obj, {"metadata": metadata})
-    return obj
+    return copy.deepcopy(obj)
 
 
 def make_policy(metadata: dict[str, Any] | None = None, **spec_patch: Any) -> KVOffloadPolicy:

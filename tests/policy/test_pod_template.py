@@ -51,7 +51,8 @@ GATED = {
     "priorityClassName": "llm-high",
     "serviceAccountName": "llm-engine",
 }
-ALLOWING = Tenancy(service_accounts=("llm-engine",), priority_classes=("llm-high",))
+# Key-less tolerations too, so that a toleration the API server would refuse is refused for that alone.
+ALLOWING = Tenancy(service_accounts=("llm-engine",), priority_classes=("llm-high",), keyless_tolerations=True)
 
 
 def policy(overlay: dict[str, Any] | None = None, **spec: Any) -> KVOffloadPolicy:
@@ -121,6 +122,12 @@ def test_monitor_labels_go_under_the_operators_own() -> None:
 
 # --- refused, naming the field ------------------------------------------------------------------------
 
+ANTI_OTHER_TEAM = {
+    "labelSelector": {"matchLabels": {"app": "x"}},
+    "namespaces": ["llm", "team-b"],
+    "topologyKey": "kubernetes.io/hostname",
+}
+
 REFUSED = [
     ({"metadata": {"labels": {LABEL_POLICY: "other"}}}, f"spec.podTemplate.metadata.labels['{LABEL_POLICY}']"),
     (
@@ -128,10 +135,6 @@ REFUSED = [
         "spec.podTemplate.metadata.labels['app.kubernetes.io/name']",
     ),
     ({"metadata": {"labels": {"ok": "not a value"}}}, "spec.podTemplate.metadata.labels['ok']"),
-    (
-        {"metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"}}},
-        "spec.podTemplate.metadata.annotations['container.apparmor.security.beta.kubernetes.io/vllm']",
-    ),
     ({"volumes": [{"name": "dshm", "emptyDir": {}}]}, "spec.podTemplate.volumes[0].name"),
     ({"volumes": [{"name": "kv-nvme", "emptyDir": {}}]}, "spec.podTemplate.volumes[0].name"),
     ({"volumes": [{"name": "ram", "emptyDir": {"medium": "Memory"}}]}, "spec.podTemplate.volumes[0].emptyDir.medium"),
@@ -175,6 +178,24 @@ REFUSED = [
     ({"priorityClassName": "system-cluster-critical"}, "spec.podTemplate.priorityClassName"),
     ({"runtimeClassName": "unconfined"}, "spec.podTemplate.runtimeClassName"),
     ({"volumes": [{"name": "host", "hostPath": {"path": "/var/run"}}]}, "spec.podTemplate.volumes[0].hostPath.path"),
+    # Issue 33: another namespace's pods, named outright (the policy is in llm).
+    (
+        {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [ANTI_OTHER_TEAM]}}},
+        "spec.podTemplate.affinity.podAntiAffinity.requiredDuringSchedulingIgnoredDuringExecution[0].namespaces[1]",
+    ),
+    (
+        {
+            "affinity": {
+                "podAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [
+                        {"weight": 1, "podAffinityTerm": {**ANTI_OTHER_TEAM, "namespaces": ["kube-system"]}}
+                    ]
+                }
+            }
+        },
+        "spec.podTemplate.affinity.podAffinity.preferredDuringSchedulingIgnoredDuringExecution[0].podAffinityTerm"
+        ".namespaces[0]",
+    ),
 ]
 
 
@@ -198,6 +219,19 @@ SCHEMA_REFUSED = [
     {"envFrom": [{"secretRef": {"name": "s"}}]},  # no prefix: its keys could be LD_PRELOAD
     {"envFrom": [{"prefix": "PYTHON", "secretRef": {"name": "s"}}]},
     {"volumes": [{"name": "v", "secret": {"secretName": "s", "items": [{"key": "k", "path": "../x"}]}}]},
+    # Issue 33: the security profile, container by container (AppArmor, and seccomp, which the pod-level prefix
+    # missed); an empty namespaceSelector is every namespace.
+    {"metadata": {"annotations": {"container.apparmor.security.beta.kubernetes.io/vllm": "unconfined"}}},
+    {"metadata": {"annotations": {"container.seccomp.security.alpha.kubernetes.io/vllm": "unconfined"}}},
+    {
+        "affinity": {
+            "podAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"namespaceSelector": {}, "topologyKey": "kubernetes.io/hostname"}
+                ]
+            }
+        }
+    },
 ]
 
 
@@ -242,3 +276,75 @@ def test_a_resource_reference_to_another_engines_container_is_refused_naming_it(
     (error,) = check_renderable(sglang_policy(podTemplate=memory_limit_env("vllm")))
     assert error.path == "spec.podTemplate.env[0].valueFrom.resourceFieldRef.containerName"
     assert "SGLang runs in 'sglang'" in error.message
+
+
+# --- what only the admin may allow (issue 33) ----------------------------------------------------------
+
+TOKEN_VOLUME = {"volumes": [{"name": "t", "secret": {"secretName": "builder-token-x7k2p"}}]}
+KEYLESS = {"tolerations": [{"operator": "Exists"}]}
+MESH_OPT_OUT = {
+    "metadata": {
+        "annotations": {"sidecar.istio.io/inject": "false", "example.com/owner": "search"},
+        "labels": {"istio.io/dataplane-mode": "none"},
+    }
+}
+
+
+@pytest.mark.parametrize(
+    ("overlay", "refused"),
+    [
+        (TOKEN_VOLUME, ["spec.podTemplate.volumes[0].secret.secretName"]),
+        (KEYLESS, ["spec.podTemplate.tolerations[0].key"]),
+        (
+            {"tolerations": [{"key": "", "operator": "Exists", "effect": "NoSchedule"}]},
+            ["spec.podTemplate.tolerations[0].key"],
+        ),
+        (
+            MESH_OPT_OUT,
+            [
+                "spec.podTemplate.metadata.labels['istio.io/dataplane-mode']",
+                "spec.podTemplate.metadata.annotations['sidecar.istio.io/inject']",
+            ],
+        ),
+        (
+            {"metadata": {"annotations": {"linkerd.io/inject": "disabled"}}},
+            ["spec.podTemplate.metadata.annotations['linkerd.io/inject']"],
+        ),
+        (
+            {"metadata": {"annotations": {"kuma.io/sidecar-injection": "disabled"}}},
+            ["spec.podTemplate.metadata.annotations['kuma.io/sidecar-injection']"],
+        ),
+    ],
+    ids=["token-secret-volume", "keyless-exists", "empty-key-noschedule", "istio", "linkerd", "kuma"],
+)
+def test_by_default_the_pod_reaches_no_further_than_the_admin_allows(
+    overlay: dict[str, Any], refused: list[str]
+) -> None:
+    assert paths(policy(overlay), Tenancy()) == refused
+
+
+def test_a_key_less_toleration_of_the_gpu_is_refused_too() -> None:
+    p = policy(gpu={"class": "nvidia-l40s", "tolerations": [{"operator": "Exists"}]})
+    assert paths(p, Tenancy()) == ["spec.gpu.tolerations[0].key"]
+    assert paths(p, Tenancy(keyless_tolerations=True)) == []
+
+
+def test_the_admin_allows_secret_volumes_key_less_tolerations_and_mesh_keys() -> None:
+    allowing = Tenancy(
+        secret_volumes=("model-config-*",),
+        keyless_tolerations=True,
+        pod_annotations=("sidecar.istio.io/inject", "istio.io/*"),
+    )
+    config = {"volumes": [{"name": "c", "secret": {"secretName": "model-config-llama"}}]}
+    for overlay in (config, KEYLESS, MESH_OPT_OUT):
+        assert paths(policy(overlay), allowing) == [], overlay
+    # The patterns are the admin's, whole: another Secret, another mesh key is still refused.
+    assert paths(policy(TOKEN_VOLUME), allowing) == ["spec.podTemplate.volumes[0].secret.secretName"]
+    linkerd = policy({"metadata": {"annotations": {"linkerd.io/inject": "disabled"}}})
+    assert paths(linkerd, allowing) == ["spec.podTemplate.metadata.annotations['linkerd.io/inject']"]
+
+
+def test_the_policys_own_namespace_may_be_named_in_a_pod_affinity_term() -> None:
+    own = {**ANTI_OTHER_TEAM, "namespaces": ["llm"]}
+    overlay = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [own]}}}
+    assert paths(policy(overlay), Tenancy()) == []

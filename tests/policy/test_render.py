@@ -44,6 +44,7 @@ from tests.policy.render_policies import (
     make_policy,
     merge,
     policy_files,
+    policy_object,
 )
 
 LEVEL_CASES = level_cases()
@@ -530,7 +531,8 @@ def test_render_refuses_offload_settings_that_cannot_work(patch: dict[str, Any],
     ids=["selector-value", "selector-key", "exists-with-value", "equal-without-key"],
 )
 def test_render_refuses_scheduling_the_api_server_would_reject(gpu: dict[str, Any], paths: list[str]) -> None:
-    policy = make_policy(gpu=gpu)
+    # The models alone: a key-less toleration is the admin's to allow (tenancy), judged before rendering.
+    policy = KVOffloadPolicy.model_validate(policy_object(gpu=gpu))
     with pytest.raises(PolicyError) as caught:
         render_level(policy, level(policy, "cpu"))
     assert [e.path for e in caught.value.errors] == paths

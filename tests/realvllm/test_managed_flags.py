@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from kvoffload.api.vllmflags import MANAGED_DESTS, judge_extra_args, option_table
+from kvoffload.api.vllmflags import CODE_LOADING_DESTS, MANAGED_DESTS, judge_extra_args, option_table
 
 pytestmark = pytest.mark.realvllm
 
@@ -40,8 +40,8 @@ VLLM_OVERLAYS = {"0.32.0": None, "0.33.0": ROOT / ".vllm-033", "0.34.0": ROOT / 
 SETUP_SCRIPTS = {"0.33.0": "scripts/setup-vllm-0.33.sh", "0.34.0": "scripts/setup-vllm-0.34.sh"}
 PROBE_MARK = "kvoffload-probe:"
 
-# A value for each managed setting that vLLM's parser accepts and that differs from its default.
-VALUES: dict[str, str] = {
+# A value for each managed setting that vLLM's parser accepts and that differs from its default; None: a flag.
+VALUES: dict[str, str | None] = {
     "model": "other/model",
     "served_model_name": "alias",
     "port": "8123",
@@ -66,6 +66,10 @@ VALUES: dict[str, str] = {
     "offload_group_size": "2",
     "offload_num_in_group": "2",
     "offload_prefetch_step": "2",
+    "kv_cache_memory_bytes": "8G",
+    "num_gpu_blocks_override": "100",
+    "kv_cache_dtype_skip_layers": "sliding_window",
+    "enable_sleep_mode": None,
 }
 # Settings whose value is JSON, so vLLM folds dotted keys (--flag.key=value) into them.
 JSON_DESTS = {"kv_transfer_config": ("kv_role", "kv_both")}
@@ -203,6 +207,11 @@ def spellings(options: dict[str, Any], allow_abbrev: bool, config: Path) -> list
     for dest in MANAGED_DESTS:
         value = str(config) if dest == "config" else VALUES[dest]
         for option in sorted(o for o, e in options.items() if e["dest"] == dest):
+            if value is None:  # a flag: each name alone; a negation (--no-x, --disable-x) leaves the default
+                negation = option.startswith(("--no-", "--disable-"))
+                for name in dict.fromkeys([option, *abbreviations(option, options, allow_abbrev)]):
+                    found.append(Spelling(dest, (name,), not negation))
+                continue
             names = [option]
             if option.startswith("--"):
                 under = "--" + option[2:].replace("-", "_")
@@ -367,7 +376,8 @@ def test_no_unmanaged_option_is_refused_with_values_of_its_arity(probed: Probed)
         if nargs == 1 and option.startswith("--"):
             forms += [[f"{option}=1"], ["--" + option[2:].replace("-", "_"), "1"]]
         for args in forms:
-            if found := judge_extra_args(args):
+            # Code-loading options are refused unless the admin allows them (tests/policy/test_option_kinds.py).
+            if found := judge_extra_args(args, allowed=tuple(CODE_LOADING_DESTS)):
                 refused[" ".join(args)] = found[0].message
     assert refused == {}
 

@@ -4,8 +4,8 @@ The shapes follow core/v1 (field names, enums and bounds), cut to what an engine
 refuses unknown fields, so what the operator never passes on (securityContext, containers, hostNetwork, a
 projected service account token...) is an error naming its path, never silently dropped. What only shows
 once rendered (label syntax, collisions with what the operator manages) is judged in ``policy/render.py``,
-and what the cluster admin must allow (hostPath, service accounts, priority and runtime classes) in
-``policy/tenancy.py``.
+and what the cluster admin must allow (hostPath, service accounts, priority and runtime classes, Secret volumes,
+key-less tolerations, service mesh keys) in ``policy/tenancy.py``.
 """
 
 from __future__ import annotations
@@ -338,10 +338,16 @@ class NodeAffinity(Model):
     )
 
 
+# No namespaceSelector: an empty one selects every namespace, and any other reaches past the tenant's (the own
+# namespace is the default). namespaces may name only the policy's own, which the schema cannot see, so
+# policy/render.py judges it (issue 33).
 class PodAffinityTerm(Model):
+    """A pod (anti-)affinity term, over pods of the policy's own namespace."""
+
     label_selector: LabelSelector | None = Field(default=None, description="The pods to be near or away from.")
-    namespaces: list[DnsLabel] = Field(default_factory=list, max_length=64, description="Their namespaces.")
-    namespace_selector: LabelSelector | None = Field(default=None, description="Their namespaces, by label.")
+    namespaces: list[DnsLabel] = Field(
+        default_factory=list, max_length=64, description="Only the policy's own namespace, the default."
+    )
     topology_key: LabelKey = Field(description="The node label that defines 'near'.")
     match_label_keys: list[LabelKey] = Field(default_factory=list, max_length=32, description="Keys to match.")
     mismatch_label_keys: list[LabelKey] = Field(default_factory=list, max_length=32, description="Keys to differ.")
@@ -393,12 +399,39 @@ class Toleration(Model):
 # --- the overlay ---------------------------------------------------------------------------
 
 
+# Annotations that set a container's or the pod's security profile, which the operator sets in the security
+# context: no admin allowance, so the CRD's CEL refuses them with the webhook down.
+SECURITY_PROFILE_ANNOTATION_PREFIXES = (
+    "container.apparmor.security.beta.kubernetes.io/",
+    "seccomp.security.alpha.kubernetes.io/",
+    "container.seccomp.security.alpha.kubernetes.io/",
+)
+
+
+def _no_security_profile(annotations: dict[str, str]) -> dict[str, str]:
+    for key in annotations:
+        if key.startswith(SECURITY_PROFILE_ANNOTATION_PREFIXES):
+            raise ValueError(
+                f"{key} would change the pod's security profile (AppArmor, seccomp), which the operator sets"
+            )
+    return annotations
+
+
+_SECURITY_PROFILE_RULE = (
+    "self.all(k, " + " && ".join(f"!k.startsWith('{p}')" for p in SECURITY_PROFILE_ANNOTATION_PREFIXES) + ")",
+    "may not change the pod's security profile (AppArmor, seccomp annotations), which the operator sets",
+)
+
+
 class PodTemplateMetadata(Model):
     labels: dict[str, str] = Field(
         default_factory=dict, max_length=64, description="Pod labels; none the operator sets itself."
     )
-    annotations: dict[str, str] = Field(
-        default_factory=dict, max_length=64, description="Pod annotations; none the operator sets itself."
+    annotations: Annotated[dict[str, str], AfterValidator(_no_security_profile)] = Field(
+        default_factory=dict,
+        max_length=64,
+        description="Pod annotations; none the operator sets itself, none that changes the security profile.",
+        json_schema_extra=cel_rules(_SECURITY_PROFILE_RULE),
     )
 
 
@@ -434,6 +467,7 @@ class PodTemplate(Model):
 
 
 __all__ = [
+    "SECURITY_PROFILE_ANNOTATION_PREFIXES",
     "Affinity",
     "EmptyDirSource",
     "EnvFromSource",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
@@ -46,6 +46,32 @@ MANAGED_DESTS: Mapping[str, str] = {
     "offload_group_size": "weights offloaded to host memory are pinned memory the request does not hold",
     "offload_num_in_group": "weights offloaded to host memory are pinned memory the request does not hold",
     "offload_prefetch_step": "weights offloaded to host memory are pinned memory the request does not hold",
+    # The GPU memory share and the KV pool: the sizing and the analysis read them from the spec.
+    "kv_cache_memory_bytes": "it sizes the KV pool outright, ignoring spec.gpu.memoryUtilization",
+    "num_gpu_blocks_override": "it sizes the KV pool outright, ignoring spec.gpu.memoryUtilization",
+    "kv_cache_dtype_skip_layers": "it keeps some layers' KV in another dtype than spec.model.kvCacheDtype, so the "
+    "bytes per token differ from the sizing's",
+    # The host pool.
+    "enable_sleep_mode": "sleep level 1 moves the weights into pinned host memory the request does not hold",
+}
+
+# dest -> why it loads code: options that make vLLM import or run code beyond what the image's own entry points
+# and the model's weights hold (remote code in the model repository, an import path, a plug-in file). The image
+# allow-list vouches for neither, so each is refused unless the cluster admin allows it
+# (Tenancy.code_options, --allowed-code-option). CEL cannot see that allowance: the webhook and the operator judge.
+_IMPORTS = "it names a Python object (module.qualname) that vLLM imports and runs"
+CODE_LOADING_DESTS: Mapping[str, str] = {
+    "trust_remote_code": "the model repository's own Python code runs in the engine",
+    "worker_cls": _IMPORTS + " as every GPU worker",
+    "worker_extension_cls": _IMPORTS + " as a mix-in of every GPU worker",
+    "scheduler_cls": _IMPORTS + " as the scheduler",
+    "distributed_executor_backend": "besides mp, ray, uni and external_launcher, " + _IMPORTS + " as the executor",
+    "middleware": _IMPORTS + " as ASGI middleware of the API server",
+    "logits_processors": _IMPORTS + " as a logits processor",
+    "model_class_overrides": _IMPORTS + " as the model's class",
+    "tool_parser_plugin": "it names a Python file that vLLM loads as a tool parser",
+    "reasoning_parser_plugin": "it names a Python file that vLLM loads as a reasoning parser",
+    "io_processor_plugin": "it loads an installed plug-in's code for every request's input and output",
 }
 
 _NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse reads these as values, not options
@@ -61,9 +87,9 @@ class OptionTable:
     options: Mapping[str, tuple[str, int | str]]
 
     def flags_of(self, dest: str) -> list[str]:
-        """Every option string that sets ``dest``, long names first."""
+        """Every option string that sets ``dest``, long names first and negations (``--no-x``) after them."""
         found = [o for o, (d, _) in self.options.items() if d == dest]
-        return sorted(found, key=lambda o: (not o.startswith("--"), o))
+        return sorted(found, key=lambda o: (not o.startswith("--"), o.startswith(("--no-", "--disable-")), o))
 
 
 def load_option_table(package: str, name: str) -> OptionTable:
@@ -120,22 +146,39 @@ def _name(arg: str) -> tuple[str, bool, bool]:
     return base, bool(eq), bool(dot)
 
 
+def option_dest(name: str) -> str:
+    """A dest as the admin may name it: ``--trust-remote-code``, ``trust-remote-code`` or ``trust_remote_code``."""
+    return name.lstrip("-").replace("-", "_")
+
+
+def _code_problem(table: OptionTable, dest: str, spelled: str, why: str) -> str:
+    flag = table.flags_of(dest)[0]
+    return (
+        f"sets {flag}{spelled}, which loads code the image allow-list does not vouch for: {why}; "
+        f"only a cluster admin can allow it (--allowed-code-option {flag})"
+    )
+
+
 def judge_extra_args(
     args: Sequence[str],
     table: OptionTable | None = None,
     *,
     managed: Mapping[str, str] = MANAGED_DESTS,
+    code: Mapping[str, str] = CODE_LOADING_DESTS,
+    allowed: Collection[str] = (),
     engine: str = "vLLM",
 ) -> list[ArgProblem]:
-    """Every ``extraArgs`` item that would set a ``managed`` value, that the engine has no option for, or that
-    it would read as a positional argument (the model); empty when all may stand. The table and managed
-    dests are vLLM's unless an engine gives its own (SGLang's plain argparse is judged the same way, and
-    ``_`` in a name is read as ``-`` there too, which can only refuse more).
+    """Every ``extraArgs`` item that would set a ``managed`` value, that would turn on a ``code``-loading option
+    the admin has not ``allowed`` (dests or flags, :func:`option_dest`), that the engine has no option for, or
+    that it would read as a positional argument (the model); empty when all may stand. The table and dests are
+    vLLM's unless an engine gives its own (SGLang's plain argparse is judged the same way, and ``_`` in a name
+    is read as ``-`` there too, which can only refuse more).
 
     The walk follows ``FlexibleArgumentParser.parse_args`` and argparse: names normalised, dotted keys
     reduced to their base flag, aliases and abbreviations resolved, and each option's values skipped."""
     table = table or option_table()
     known = ", ".join(table.versions)
+    permitted = {option_dest(a) for a in allowed}
     found: list[ArgProblem] = []
     i = 0
     while i < len(args):
@@ -167,6 +210,12 @@ def judge_extra_args(
         if not name.startswith("--") and len(name) > 2 and len(candidates) == 1 and len(candidates[0]) == 2:
             attached = True  # "-qfp8": argparse reads a two-character option with its value attached
         hits = [c for c in candidates if table.options[c][0] in managed]
+        # "--no-trust-remote-code" turns the option off: it loads nothing.
+        code_hits = [
+            c
+            for c in candidates
+            if table.options[c][0] in code and table.options[c][0] not in permitted and not c.startswith("--no-")
+        ]
         if hits:
             dest = table.options[hits[0]][0]
             spelled = "" if name == hits[0] else f" ({arg.partition('=')[0]} is read as {hits[0]})"
@@ -176,6 +225,10 @@ def judge_extra_args(
                     f"sets {table.flags_of(dest)[0]}{spelled}, which the operator manages: {managed[dest]}",
                 )
             )
+        elif code_hits:
+            dest = table.options[code_hits[0]][0]
+            spelled = "" if name == code_hits[0] else f" ({arg.partition('=')[0]} is read as {code_hits[0]})"
+            found.append(ArgProblem(i - 1, _code_problem(table, dest, spelled, code[dest])))
         elif not candidates:
             found.append(ArgProblem(i - 1, f"{engine} {known} has no option {name}"))
         elif len(candidates) > 1:
@@ -204,6 +257,7 @@ def cel_managed_pattern() -> str:
 
 
 __all__ = [
+    "CODE_LOADING_DESTS",
     "MANAGED_DESTS",
     "ArgProblem",
     "OptionTable",
@@ -211,5 +265,6 @@ __all__ = [
     "judge_extra_args",
     "load_option_table",
     "managed_flags",
+    "option_dest",
     "option_table",
 ]

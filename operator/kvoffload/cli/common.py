@@ -50,6 +50,10 @@ def judged_as_the_cluster(func: F) -> F:
         allowed_service_accounts: tuple[str, ...],
         allowed_priority_classes: tuple[str, ...],
         allowed_runtime_classes: tuple[str, ...],
+        allowed_secret_volumes: tuple[str, ...],
+        allow_keyless_tolerations: bool,
+        allowed_pod_annotations: tuple[str, ...],
+        allowed_code_options: tuple[str, ...],
         min_analysis_interval: float,
         min_analysis_window: float,
         **kwargs: Any,
@@ -62,6 +66,10 @@ def judged_as_the_cluster(func: F) -> F:
             service_accounts=allowed_service_accounts,
             priority_classes=allowed_priority_classes,
             runtime_classes=allowed_runtime_classes,
+            secret_volumes=allowed_secret_volumes,
+            keyless_tolerations=allow_keyless_tolerations,
+            pod_annotations=allowed_pod_annotations,
+            code_options=allowed_code_options,
             min_analysis_interval=min_analysis_interval,
             min_analysis_window=min_analysis_window,
         )
@@ -148,6 +156,35 @@ TENANCY_OPTIONS = (
         multiple=True,
         metavar="NAME",
         help="A RuntimeClass a policy may name (repeat for more). None given: none.",
+    ),
+    click.option(
+        "--allowed-secret-volume",
+        "allowed_secret_volumes",
+        multiple=True,
+        metavar="NAME_PATTERN",
+        help="Secrets a policy may mount as a volume (spec.podTemplate.volumes[].secret), a shell pattern over "
+        "the name (repeat for more); never the names of ServiceAccount token Secrets. None given: none.",
+    ),
+    click.option(
+        "--allow-keyless-tolerations",
+        is_flag=True,
+        help="Let a policy give a toleration without a key, which tolerates every taint. Off: each names its key.",
+    ),
+    click.option(
+        "--allowed-pod-annotation",
+        "allowed_pod_annotations",
+        multiple=True,
+        metavar="PATTERN",
+        help="A service mesh annotation or label key (sidecar.istio.io/inject, linkerd.io/inject, ...) that "
+        "spec.podTemplate.metadata may set, a shell pattern (repeat for more). None given: none.",
+    ),
+    click.option(
+        "--allowed-code-option",
+        "allowed_code_options",
+        multiple=True,
+        metavar="FLAG",
+        help="An engine option that loads code (--trust-remote-code, --worker-extension-cls, SGLang's "
+        "--custom-weight-loader, ...) that spec.model.extraArgs may set (repeat for more). None given: none.",
     ),
     click.option(
         "--min-analysis-interval",

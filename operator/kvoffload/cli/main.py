@@ -776,6 +776,7 @@ def run(
     from kvoffload.controller.leadership import LEASE_NAME, LeaseSettings, own_namespace, quiet_library_logs
     from kvoffload.controller.reconcile import ControllerSettings, SecretLocation
     from kvoffload.notify.config import ConfigError, load_config
+    from kvoffload.policy.tenancy import SinkGrant
 
     notifications = None
     if notifications_config is not None:
@@ -784,8 +785,10 @@ def run(
         except ConfigError as exc:
             click.echo(f"kvoffload run: --notifications-config {exc}", err=True)
             sys.exit(EXIT_BAD_INPUT)
-    # The sinks the operator has are the only ones a policy may name (none without a configuration).
-    tenancy = replace(tenancy, notification_sinks=notifications.names if notifications is not None else ())
+    # The sinks the operator has, each for the namespaces the admin granted it, are the only ones a policy may
+    # name (none without a configuration).
+    sinks = notifications.sinks if notifications is not None else []
+    tenancy = replace(tenancy, notification_sinks=tuple(SinkGrant(s.name, tuple(s.namespaces)) for s in sinks))
     token = None
     if prometheus_token_secret is not None:
         secret_namespace, _, secret_name = prometheus_token_secret.partition("/")

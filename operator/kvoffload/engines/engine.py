@@ -8,7 +8,7 @@ checks it).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any, Protocol
 
 from kvoffload.api.errors import FieldError
@@ -71,8 +71,14 @@ class Engine(Protocol):
         """What this engine cannot run in the spec, each naming its field; empty when it renders."""
         ...
 
-    def judge_extra_args(self, args: Sequence[str]) -> list[ArgProblem]:
-        """Every ``extraArgs`` item that would set a managed value or that the engine's parser has no option for."""
+    @property
+    def code_options(self) -> Mapping[str, str]:
+        """The engine's options that load code (dest -> why): refused in ``extraArgs`` unless the admin allows them."""
+        ...
+
+    def judge_extra_args(self, args: Sequence[str], *, allowed: Collection[str] = ()) -> list[ArgProblem]:
+        """Every ``extraArgs`` item that would set a managed value, turn on a code-loading option not in
+        ``allowed`` (dests or flags the cluster admin allows), or that the engine's parser has no option for."""
         ...
 
 

@@ -4,12 +4,15 @@
 A sink's URL is either in the file (``url``: an in-cluster receiver, say) or in a file of its own
 (``urlFile``: a Secret's key mounted into the pod, as a Slack webhook URL must be, since the URL is the
 credential). A ``urlFile`` is read at every delivery, so a rotated Secret takes effect without a restart.
+A sink's ``namespaces`` are those whose policies may name it: one team cannot post into another's channel.
 """
 
 from __future__ import annotations
 
+import fnmatch
 from enum import StrEnum
 from pathlib import Path
+from typing import Annotated
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -17,6 +20,9 @@ from pydantic.alias_generators import to_camel
 
 from kvoffload.api.errors import FieldError, errors_from
 from kvoffload.api.fields import DnsLabel
+
+NamespacePattern = Annotated[str, Field(min_length=1, max_length=63, pattern=r"^[-a-z0-9*?]+$")]
+"""A namespace, or a shell pattern over namespaces (``*``, ``team-*``)."""
 
 
 class SinkFormat(StrEnum):
@@ -41,7 +47,23 @@ class SinkConfig(_Config):
     max_attempts: int = Field(default=5, ge=1, le=20, description="Attempts before a notification is given up.")
     backoff_seconds: float = Field(default=1.0, gt=0, le=300, description="The wait after the first failure.")
     max_backoff_seconds: float = Field(default=60.0, gt=0, le=3600, description="The longest wait; doubling stops.")
-    queue_size: int = Field(default=100, ge=1, le=10_000, description="Notifications waiting; the oldest go first.")
+    queue_size: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="Notifications waiting, all policies together; a full queue lets the oldest of the policy "
+        "with the most waiting go.",
+    )
+    namespaces: list[NamespacePattern] = Field(
+        default_factory=lambda: ["*"],
+        max_length=256,
+        description="The namespaces whose policies may name it, as shell patterns (team-*); every namespace when "
+        "left out.",
+    )
+
+    def grants(self, namespace: str) -> bool:
+        """Whether the policies of ``namespace`` may name this sink."""
+        return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in self.namespaces)
 
     @model_validator(mode="after")
     def _one_url(self) -> SinkConfig:
@@ -99,4 +121,4 @@ def load_config(path: Path) -> NotificationsConfig:
         raise ConfigError(path, errors_from(exc)) from None
 
 
-__all__ = ["ConfigError", "NotificationsConfig", "SinkConfig", "SinkFormat", "load_config"]
+__all__ = ["ConfigError", "NamespacePattern", "NotificationsConfig", "SinkConfig", "SinkFormat", "load_config"]

@@ -1,8 +1,8 @@
 """The admin's sinks by name, and the one call a reconcile makes: :meth:`Notifier.send`.
 
-A policy chooses sinks by name only (``spec.notifications.sinks``); a name the admin did not configure is
-refused when the policy is judged (``policy/tenancy.py``), and skipped here besides, so no policy can have
-the operator POST anywhere but where the admin said.
+A policy chooses sinks by name only (``spec.notifications.sinks``); a name the admin did not configure, or did
+not grant the policy's namespace, is refused when the policy is judged (``policy/tenancy.py``), and skipped here
+besides, so no policy can have the operator POST anywhere but where the admin said.
 """
 
 from __future__ import annotations
@@ -63,12 +63,17 @@ class Notifier:
             link = self.config.link_for(notice.namespace, notice.name)
             for name in chosen.sinks:
                 sink = self.sinks.get(name)
-                if sink is None:
-                    log.warning("%s/%s: no notification sink %r is configured", notice.namespace, notice.name, name)
+                if sink is None or not sink.config.grants(notice.namespace):
+                    log.warning(
+                        "%s/%s: no notification sink %r is configured for its namespace",
+                        notice.namespace,
+                        notice.name,
+                        name,
+                    )
                     continue
                 body = json.dumps(payload(notice, sink.config.format, link)).encode()
                 what = f"{notice.event.value} of {notice.namespace}/{notice.name} ({notice.id})"
-                sink.put(Delivery(body, what))
+                sink.put(Delivery(body, what, (notice.namespace, notice.name)))
                 queued += 1
         return queued
 

@@ -1,8 +1,13 @@
 """Delivery to one webhook: a bounded queue drained by a thread of its own, retried with capped backoff.
 
-Never in a reconcile's way: ``put`` only appends under a lock (a full queue drops its oldest
-notification, counted), and the POSTs, their timeouts and the waits between attempts happen in the
-sink's thread. One thread per sink, so a receiver that is down or slow delays only its own notifications.
+Never in a reconcile's way: ``put`` only appends under a lock, and the POSTs, their timeouts and the waits
+between attempts happen in the sink's thread. One thread per sink, so a receiver that is down or slow delays
+only its own notifications.
+
+The queue is shared fairly between policies: each policy has a line of its own, served in turn, and a full
+queue lets the oldest notification of the policy with the most waiting go (counted). So a policy that floods a
+sink (one that flaps, or a tenant's on purpose) delays and drops only its own notices, never another's
+RolledBack.
 The URL is a credential (a Slack webhook's is): it is never logged, only the sink's name.
 """
 
@@ -45,12 +50,17 @@ class Result(StrEnum):
     """Pushed out of a full queue by a newer one, or still queued when the operator stopped."""
 
 
+PolicyKey = tuple[str, str]
+"""(namespace, policy name): whose line a notification waits in."""
+
+
 @dataclass(frozen=True)
 class Delivery:
-    """One notification for one sink: the JSON body and what to call it in logs."""
+    """One notification for one sink: the JSON body, what to call it in logs, and the policy it tells of."""
 
     body: bytes
     what: str
+    policy: PolicyKey = ("", "")
 
 
 class _Transient(Exception):
@@ -86,7 +96,9 @@ class WebhookSink:
         self.config = config
         self._on_result = on_result
         self._on_retry = on_retry
-        self._queue: collections.deque[Delivery] = collections.deque()
+        self._lines: dict[PolicyKey, collections.deque[Delivery]] = {}
+        """Each policy's waiting notifications; the dict's order is the turn (a served line goes to the back)."""
+        self._waiting = 0
         self._lock = threading.Condition()
         self._busy = False
         self._stop = threading.Event()
@@ -102,12 +114,16 @@ class WebhookSink:
             self._thread.start()
 
     def put(self, delivery: Delivery) -> None:
-        """Queue a notification; never blocks. A full queue lets its oldest go."""
+        """Queue a notification; never blocks. A full queue lets the oldest of the longest line go (the new
+        notification's own line when it is among the longest)."""
         dropped = None
         with self._lock:
-            if len(self._queue) >= self.config.queue_size:
-                dropped = self._queue.popleft()
-            self._queue.append(delivery)
+            if self._waiting >= self.config.queue_size:
+                own = delivery.policy
+                longest = max(self._lines, key=lambda k: (len(self._lines[k]), k == own))
+                dropped = self._take(longest)
+            self._lines.setdefault(delivery.policy, collections.deque()).append(delivery)
+            self._waiting += 1
             self._lock.notify()
         if dropped is not None:
             log.warning("notification sink %s: queue full, dropped %s", self.name, dropped.what)
@@ -116,13 +132,13 @@ class WebhookSink:
     def pending(self) -> int:
         """Notifications queued or being delivered."""
         with self._lock:
-            return len(self._queue) + (1 if self._busy else 0)
+            return self._waiting + (1 if self._busy else 0)
 
     def close(self, grace: float) -> None:
         """Stop, giving what is queued ``grace`` seconds to go out; what is left is counted dropped."""
         deadline = time.monotonic() + grace
         with self._lock:
-            while (self._queue or self._busy) and self._thread is not None:
+            while (self._waiting or self._busy) and self._thread is not None:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     break
@@ -133,18 +149,22 @@ class WebhookSink:
         if self._thread is not None:  # a POST under way is not cut short; its result is counted when it ends
             self._thread.join(timeout=JOIN_SECONDS)
         with self._lock:
-            left_over, self._queue = len(self._queue), collections.deque()
+            left_over, self._waiting = self._waiting, 0
+            self._lines.clear()
         for _ in range(left_over):
             self._on_result(self.name, Result.DROPPED)
 
     def _run(self) -> None:
         while True:
             with self._lock:
-                while not self._queue and not self._stop.is_set():
+                while not self._waiting and not self._stop.is_set():
                     self._lock.wait()
                 if self._stop.is_set():
                     return
-                delivery = self._queue.popleft()
+                turn = next(iter(self._lines))
+                delivery = self._take(turn)
+                if turn in self._lines:  # to the back of the turn: the other policies' lines go first
+                    self._lines[turn] = self._lines.pop(turn)
                 self._busy = True
             try:
                 result = self._deliver(delivery)
@@ -155,6 +175,15 @@ class WebhookSink:
                 self._busy = False
                 self._lock.notify_all()
             self._on_result(self.name, result)
+
+    def _take(self, policy: PolicyKey) -> Delivery:
+        """The oldest of ``policy``'s line, off the queue (the lock held)."""
+        line = self._lines[policy]
+        delivery = line.popleft()
+        if not line:
+            del self._lines[policy]
+        self._waiting -= 1
+        return delivery
 
     def _deliver(self, delivery: Delivery) -> Result:
         """Attempts until delivered, refused for good, out of attempts, or stopped (then dropped)."""
@@ -257,4 +286,4 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-__all__ = ["ANSWER_BYTES", "Delivery", "Result", "WebhookSink"]
+__all__ = ["ANSWER_BYTES", "Delivery", "PolicyKey", "Result", "WebhookSink"]

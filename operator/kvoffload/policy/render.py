@@ -220,7 +220,7 @@ def check_renderable(policy: KVOffloadPolicy) -> list[FieldError]:
     for key in spec.prometheus.monitor_labels:
         errors += check_label(f"spec.prometheus.monitorLabels[{key!r}]", key, spec.prometheus.monitor_labels[key])
     if spec.pod_template is not None:
-        errors += _check_pod_template(spec.pod_template, spec)
+        errors += _check_pod_template(spec.pod_template, spec, policy.metadata.namespace)
     return errors
 
 
@@ -235,11 +235,8 @@ _MANAGED_LABELS = frozenset(
         "app.kubernetes.io/managed-by",
     }
 )
+# (The security profile annotations are the models' and the CRD's to refuse: api/podspec.py.)
 _MANAGED_ANNOTATIONS = frozenset({"kubectl.kubernetes.io/default-container"})
-_HARDENING_ANNOTATION_PREFIXES = (
-    "container.apparmor.security.beta.kubernetes.io/",
-    "seccomp.security.alpha.kubernetes.io/",
-)
 _VALUES_NEEDED = {"In": True, "NotIn": True, "Exists": False, "DoesNotExist": False}
 
 
@@ -301,7 +298,7 @@ def _operator_volume_names(spec: KVOffloadPolicySpec) -> set[str]:
     return {"dshm", *(_volume_name(t, i) for i, t in enumerate(spec.offload.secondary_tiers))}
 
 
-def _check_pod_template(overlay: PodTemplate, spec: KVOffloadPolicySpec) -> list[FieldError]:
+def _check_pod_template(overlay: PodTemplate, spec: KVOffloadPolicySpec, namespace: str) -> list[FieldError]:
     """What the API server would refuse in the overlay, and what would override what the operator manages."""
     where = "spec.podTemplate"
     errors: list[FieldError] = []
@@ -315,8 +312,6 @@ def _check_pod_template(overlay: PodTemplate, spec: KVOffloadPolicySpec) -> list
         errors += check_label(at, key)
         if key in _MANAGED_ANNOTATIONS or key.startswith(ANNOTATION_PREFIX):
             errors.append(FieldError(at, f"{key} is set by the operator"))
-        elif key.startswith(_HARDENING_ANNOTATION_PREFIXES):
-            errors.append(FieldError(at, "would change the pod's security profile, which the operator sets"))
     reserved = _operator_volume_names(spec)
     declared: set[str] = set()
     for i, volume in enumerate(overlay.volumes):
@@ -382,7 +377,16 @@ def _check_pod_template(overlay: PodTemplate, spec: KVOffloadPolicySpec) -> list
         for term_at, pod_term in terms:
             errors += check_label(f"{term_at}.topologyKey", pod_term.topology_key)
             errors += _check_selector(f"{term_at}.labelSelector", pod_term.label_selector)
-            errors += _check_selector(f"{term_at}.namespaceSelector", pod_term.namespace_selector)
+            # Another namespace's pods: the tenant could find out where they run, or keep its engines off
+            # their nodes (anti-affinity); the own namespace is the default, so naming it is all a term may do.
+            errors += [
+                FieldError(
+                    f"{term_at}.namespaces[{j}]",
+                    f"{ns} is not the policy's namespace ({namespace}), the only one a term may name",
+                )
+                for j, ns in enumerate(pod_term.namespaces)
+                if ns != namespace
+            ]
     for i, spread in enumerate(overlay.topology_spread_constraints):
         at = f"{where}.topologySpreadConstraints[{i}]"
         errors += check_label(f"{at}.topologyKey", spread.topology_key)

@@ -22,7 +22,8 @@ from kvoffload.api.baseurl import base_url_problem
 from kvoffload.api.errors import FieldError
 from kvoffload.api.quantity import format_duration, parse_duration
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.engines import engine_for
+from kvoffload.api.vllmflags import option_dest
+from kvoffload.engines import ENGINES, engine_for
 
 # Hosts that name the node or the cloud's metadata service whatever they resolve to.
 _METADATA_HOSTS = frozenset(
@@ -46,6 +47,17 @@ _METADATA_ADDRESSES = frozenset(
 :func:`private_host` refuses)."""
 _UNIQUE_LOCAL = ipaddress.ip_network("fc00::/7")
 _DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+@dataclass(frozen=True)
+class SinkGrant:
+    """A notification sink of the operator's, and the namespaces (shell patterns) whose policies may name it."""
+
+    name: str
+    namespaces: tuple[str, ...] = ("*",)
+
+    def grants(self, namespace: str) -> bool:
+        return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in self.namespaces)
 
 
 @dataclass(frozen=True)
@@ -77,14 +89,29 @@ class Tenancy:
     """PriorityClasses a policy may name: a high one preempts other teams' pods off scarce GPUs."""
     runtime_classes: tuple[str, ...] = ()
     """RuntimeClasses a policy may name: the runtime decides the pod's isolation."""
+    secret_volumes: tuple[str, ...] = ()
+    """Secrets (shell patterns over the name) a policy's spec.podTemplate.volumes[].secret may mount; empty: none.
+    The operator cannot read a Secret's type at admission, so this is the only guard against mounting another
+    ServiceAccount's token Secret (type kubernetes.io/service-account-token): never allow such names."""
+    keyless_tolerations: bool = False
+    """Tolerations without a key (``operator: Exists`` alone tolerates every taint: control-plane nodes, other
+    teams' dedicated GPUs) in spec.gpu.tolerations and spec.podTemplate.tolerations."""
+    pod_annotations: tuple[str, ...] = ()
+    """Shell patterns over the keys of mesh annotations and labels (:data:`MESH_KEY_PREFIXES`) that a policy's
+    spec.podTemplate.metadata may set anyway; empty: none."""
+    code_options: tuple[str, ...] = ()
+    """Code-loading engine options spec.model.extraArgs may set (``--trust-remote-code``, ``--worker-cls``...: each
+    engine's ``code_options``), as flags or dests; empty: none. Each runs code the image allow-list does not vouch
+    for: the model repository's, or whatever module the policy names."""
     min_analysis_interval: float = 0.0
     """Seconds: the shortest spec.analysis.interval a policy may ask for (``--min-analysis-interval``). It is the
     PodMonitor's scrape interval and how often the operator queries Prometheus for the policy."""
     min_analysis_window: float = 0.0
     """Seconds: the shortest spec.analysis.window (``--min-analysis-window``): the range every query reads."""
-    notification_sinks: tuple[str, ...] | None = None
-    """The notification sinks the operator has (``--notifications-config``), which a policy's
-    spec.notifications.sinks may name; None where they are not known (``kvoffload plan``): not judged."""
+    notification_sinks: tuple[SinkGrant, ...] | None = None
+    """The notification sinks the operator has (``--notifications-config``), each with the namespaces whose
+    policies may name it in spec.notifications.sinks; None where they are not known (``kvoffload plan``): not
+    judged."""
 
     def problems(self) -> list[str]:
         """What makes these settings unsafe to run with; empty when they are sound."""
@@ -101,6 +128,10 @@ class Tenancy:
             problem = base_url_problem(prefix)
             if problem is not None:
                 found.append(f"--prometheus-allowed-url {prefix!r}: {problem}")
+        known = {dest for engine in ENGINES.values() for dest in engine.code_options}
+        for option in self.code_options:
+            if option_dest(option) not in known:
+                found.append(f"--allowed-code-option {option!r}: no engine has such a code-loading option")
         return found
 
 
@@ -112,7 +143,7 @@ def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -
     spec = policy.spec
     errors = [
         FieldError(f"spec.model.extraArgs[{p.index}]", p.message)
-        for p in engine_for(spec).judge_extra_args(spec.model.extra_args)
+        for p in engine_for(spec).judge_extra_args(spec.model.extra_args, allowed=tenancy.code_options)
     ]
     if tenancy.image_patterns and not image_allowed(spec.model.image, tenancy.image_patterns):
         errors.append(
@@ -135,6 +166,7 @@ def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -
         errors.append(FieldError("spec.prometheus.url", problem))
     errors += notification_sink_problems(policy, tenancy)
     errors += analysis_floor_problems(policy, tenancy)
+    errors += pod_reach_problems(policy, tenancy)
     overlay = spec.pod_template
     if overlay is not None:
         for i, volume in enumerate(overlay.volumes):
@@ -161,22 +193,31 @@ def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -
 
 
 def notification_sink_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[FieldError]:
-    """Each sink the policy names that the operator does not have: a policy only ever names the admin's sinks,
-    never a URL, so it cannot have the operator POST where it likes."""
+    """Each sink the policy names that the operator does not have, or does not grant the policy's namespace: a
+    policy only ever names the admin's sinks, never a URL, so it cannot have the operator POST where it likes,
+    nor post into another team's channel."""
     chosen = policy.spec.notifications
     if chosen is None or tenancy.notification_sinks is None:
         return []
-    known = tenancy.notification_sinks
-    listed = f"({', '.join(known)})" if known else "(none is)"
-    return [
-        FieldError(
-            f"spec.notifications.sinks[{i}]",
-            f"{name} is not a notification sink this operator has {listed}; a cluster admin adds sinks with the "
-            "chart's notifications.sinks values",
+    namespace = policy.metadata.namespace
+    granted = tuple(g.name for g in tenancy.notification_sinks if g.grants(namespace))
+    listed = ", ".join(granted) if granted else "none"
+    problems = []
+    for i, name in enumerate(chosen.sinks):
+        if name in granted:
+            continue
+        if any(g.name == name for g in tenancy.notification_sinks):
+            why = f"the notification sink {name} is not granted to namespace {namespace} (it may name: {listed})"
+        else:
+            why = f"{name} is not a notification sink this operator has (namespace {namespace} may name: {listed})"
+        problems.append(
+            FieldError(
+                f"spec.notifications.sinks[{i}]",
+                f"{why}; a cluster admin adds sinks, and the namespaces each serves, with the chart's "
+                "notifications.sinks values",
+            )
         )
-        for i, name in enumerate(chosen.sinks)
-        if name not in known
-    ]
+    return problems
 
 
 def analysis_floor_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[FieldError]:
@@ -193,6 +234,73 @@ def analysis_floor_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[F
                 FieldError(
                     f"spec.analysis.{field}",
                     f"{value} is shorter than the {format_duration(floor)} this cluster allows ({flag})",
+                )
+            )
+    return found
+
+
+# --- the pod's reach: Secret volumes, key-less tolerations, service mesh keys (issue 33) ---------------------
+
+MESH_KEY_PREFIXES = (
+    "sidecar.istio.io/",  # inject: false leaves the mesh; userVolume/proxyImage shape the injected container
+    "traffic.sidecar.istio.io/",  # ports and CIDRs the proxy does not intercept: egress past the mesh's policy
+    "proxy.istio.io/",
+    "istio.io/",  # the label istio.io/dataplane-mode: none leaves ambient mode; istio.io/rev another control plane
+    "linkerd.io/",
+    "config.linkerd.io/",  # skip-inbound-ports, skip-outbound-ports
+    "config.alpha.linkerd.io/",
+    "kuma.io/",  # sidecar-injection
+    "consul.hashicorp.com/",  # connect-inject
+    "openservicemesh.io/",  # sidecar-injection
+)
+"""Pod annotation and label keys of the service meshes: where a mesh enforces mTLS and authorization or egress
+policy, a pod that opts out of it (or out of its interception) escapes that policy. Refused unless the admin
+allows the key (``--allowed-pod-annotation``)."""
+
+
+def pod_reach_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[FieldError]:
+    """Secret volumes of Secrets the admin did not list, tolerations without a key, and mesh annotations and
+    labels the admin did not allow."""
+    spec = policy.spec
+    overlay = spec.pod_template
+    found: list[FieldError] = []
+    tolerations = [("spec.gpu.tolerations", i, t) for i, t in enumerate(spec.gpu.tolerations)]
+    if overlay is not None:
+        tolerations += [("spec.podTemplate.tolerations", i, t) for i, t in enumerate(overlay.tolerations)]
+    if not tenancy.keyless_tolerations:
+        found += [
+            FieldError(
+                f"{where}[{i}].key",
+                "a toleration without a key tolerates every taint (control-plane nodes, other teams' dedicated "
+                "nodes); name the taint's key, or ask a cluster admin for --allow-keyless-tolerations",
+            )
+            for where, i, t in tolerations
+            if not t.key
+        ]
+    if overlay is None:
+        return found
+    for kind, keys in (("labels", overlay.metadata.labels), ("annotations", overlay.metadata.annotations)):
+        for key in keys:
+            if key.startswith(MESH_KEY_PREFIXES) and not any(
+                fnmatch.fnmatchcase(key, p) for p in tenancy.pod_annotations
+            ):
+                found.append(
+                    FieldError(
+                        f"spec.podTemplate.metadata.{kind}[{key!r}]",
+                        f"{key} configures the service mesh, whose policy a pod could escape by it; a cluster admin "
+                        "allows such keys with the chart's tenancy.allowedPodAnnotations",
+                    )
+                )
+    for i, volume in enumerate(overlay.volumes):
+        secret = volume.secret
+        if secret is not None and not any(fnmatch.fnmatchcase(secret.secret_name, p) for p in tenancy.secret_volumes):
+            listed = f"({', '.join(tenancy.secret_volumes)})" if tenancy.secret_volumes else "(none is)"
+            found.append(
+                FieldError(
+                    f"spec.podTemplate.volumes[{i}].secret.secretName",
+                    f"{secret.secret_name} is not a Secret this cluster lets policies mount {listed}: it could "
+                    "hold another ServiceAccount's token; a cluster admin allows Secrets by name with the chart's "
+                    "tenancy.allowedSecretVolumes",
                 )
             )
     return found
@@ -330,12 +438,15 @@ def prometheus_url_problem(url: str, tenancy: Tenancy, *, own_token: bool) -> st
 
 __all__ = [
     "DEFAULT_TENANCY",
+    "MESH_KEY_PREFIXES",
+    "SinkGrant",
     "Tenancy",
     "analysis_floor_problems",
     "check_tenancy",
     "host_path_problem",
     "image_allowed",
     "notification_sink_problems",
+    "pod_reach_problems",
     "private_host",
     "prometheus_url_problem",
     "repository",

@@ -19,7 +19,7 @@ checked by its own parser (tests/sglang):
 from __future__ import annotations
 
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from kvoffload.api.errors import FieldError
@@ -64,6 +64,33 @@ MANAGED_DESTS: Mapping[str, str] = {
     "enable_lmcache": "LMCache's host buffers are pinned memory the request does not hold",
     "enable_flexkv": "FlexKV's host buffers are pinned memory the request does not hold",
     "config": "a config file can set any flag, managed ones included",
+    # The GPU memory share and the KV pool: the sizing and the analysis read them from the spec.
+    "max_total_tokens": "it caps the KV pool outright, below what spec.gpu.memoryUtilization gives it",
+    # Host memory beside the pool: pinned or held copies the memory request does not hold.
+    "enable_weights_cpu_backup": "a copy of the weights in host memory the request does not hold",
+    "enable_draft_weights_cpu_backup": "a copy of the draft model's weights in host memory the request does not hold",
+    "disaggregation_decode_enable_offload_kvcache": "a KV offload tier beside the pool the operator renders",
+    "enable_unified_cache_external_linker": "an external KV store beside the tiers the operator renders",
+    "offload_mode": "weights offloaded to host memory are pinned memory the request does not hold",
+    "offload_group_size": "weights offloaded to host memory are pinned memory the request does not hold",
+    "offload_num_in_group": "weights offloaded to host memory are pinned memory the request does not hold",
+    "offload_prefetch_step": "weights offloaded to host memory are pinned memory the request does not hold",
+    "ple_offload_embedding": "embedding weights in pinned host memory the request does not hold",
+    "ple_offload_backend": "embedding weights in pinned host memory the request does not hold",
+    "kt_weight_path": "experts run from host memory the request does not hold (ktransformers)",
+}
+
+# dest -> why it loads code beyond the image's own entry points and the model's weights; refused unless the
+# cluster admin allows it (Tenancy.code_options, --allowed-code-option).
+_IMPORTS = "it names a Python object (module.qualname) that SGLang imports and runs"
+CODE_LOADING_DESTS: Mapping[str, str] = {
+    "trust_remote_code": "the model repository's own Python code runs in the engine",
+    "custom_weight_loader": _IMPORTS + " to load weights",
+    "forward_hooks": "its hook_factory entries are Python objects that SGLang imports and attaches to the model",
+    "sidecar": "it names a Python module that SGLang runs as a sidecar process",
+    "enable_custom_logit_processor": "clients may then send serialized (dill) logit processors, code that runs in "
+    "the engine",
+    "radix_cache_backend": "it selects a plug-in's radix cache implementation",
 }
 
 
@@ -166,8 +193,14 @@ class SGLang:
                 )
         return errors + managed_env_errors(policy, frozenset({FILE_BACKEND_DIR}), "")
 
-    def judge_extra_args(self, args: Sequence[str]) -> list[ArgProblem]:
-        return judge_extra_args(args, option_table(), managed=MANAGED_DESTS, engine="SGLang")
+    @property
+    def code_options(self) -> Mapping[str, str]:
+        return CODE_LOADING_DESTS
+
+    def judge_extra_args(self, args: Sequence[str], *, allowed: Collection[str] = ()) -> list[ArgProblem]:
+        return judge_extra_args(
+            args, option_table(), managed=MANAGED_DESTS, code=CODE_LOADING_DESTS, allowed=allowed, engine="SGLang"
+        )
 
 
 ENGINE = SGLang()

@@ -6,14 +6,14 @@ Pure: every value is computed from the policy and the level.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Collection, Mapping, Sequence
 from decimal import Context, Decimal, Inexact
 from typing import Any
 
 from kvoffload.api.errors import FieldError
 from kvoffload.api.quantity import GIB, quantity_bytes
 from kvoffload.api.types import Backend, EvictionPolicy, KVOffloadPolicy, KVOffloadPolicySpec, SecondaryTier
-from kvoffload.api.vllmflags import ArgProblem, judge_extra_args
+from kvoffload.api.vllmflags import CODE_LOADING_DESTS, ArgProblem, judge_extra_args
 from kvoffload.engines.engine import PORT, SHM_PATH, Rung, managed_env_errors
 
 # vLLM keeps the CPU pool in /dev/shm/vllm_offload_<engine>.mmap (PR 50094) and an
@@ -210,8 +210,12 @@ class VLLM:
             )
         return errors
 
-    def judge_extra_args(self, args: Sequence[str]) -> list[ArgProblem]:
-        return judge_extra_args(args)
+    @property
+    def code_options(self) -> Mapping[str, str]:
+        return CODE_LOADING_DESTS
+
+    def judge_extra_args(self, args: Sequence[str], *, allowed: Collection[str] = ()) -> list[ArgProblem]:
+        return judge_extra_args(args, allowed=allowed)
 
 
 ENGINE = VLLM()
