@@ -596,11 +596,8 @@ class _WatchedHTTPConnection(HTTPConnection):
         return sock
 
 
-class _WatchedHTTPSConnection(HTTPSConnection):
-    def _new_conn(self) -> socket.socket:
-        sock = super()._new_conn()
-        _attach(sock)
-        return sock
+class _WatchedHTTPSConnection(_WatchedHTTPConnection, HTTPSConnection):
+    """HTTPS, its socket watched as above (the method resolves to HTTPSConnection's below it)."""
 
 
 class _WatchedPool(HTTPConnectionPool):
@@ -612,13 +609,8 @@ class _WatchedPool(HTTPConnectionPool):
         return conn
 
 
-class _WatchedHTTPSPool(HTTPSConnectionPool):
+class _WatchedHTTPSPool(_WatchedPool, HTTPSConnectionPool):
     ConnectionCls = _WatchedHTTPSConnection
-
-    def _get_conn(self, timeout: float | None = None) -> Any:
-        conn = super()._get_conn(timeout)
-        _attach(getattr(conn, "sock", None))
-        return conn
 
 
 def _watch_pools(manager: PoolManager) -> None:

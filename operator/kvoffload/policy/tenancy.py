@@ -57,7 +57,7 @@ class SinkGrant:
     namespaces: tuple[str, ...] = ("*",)
 
     def grants(self, namespace: str) -> bool:
-        return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in self.namespaces)
+        return matches_any(namespace, self.namespaces)
 
 
 @dataclass(frozen=True)
@@ -281,9 +281,7 @@ def pod_reach_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[FieldE
         return found
     for kind, keys in (("labels", overlay.metadata.labels), ("annotations", overlay.metadata.annotations)):
         for key in keys:
-            if key.startswith(MESH_KEY_PREFIXES) and not any(
-                fnmatch.fnmatchcase(key, p) for p in tenancy.pod_annotations
-            ):
+            if key.startswith(MESH_KEY_PREFIXES) and not matches_any(key, tenancy.pod_annotations):
                 found.append(
                     FieldError(
                         f"spec.podTemplate.metadata.{kind}[{key!r}]",
@@ -293,7 +291,7 @@ def pod_reach_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[FieldE
                 )
     for i, volume in enumerate(overlay.volumes):
         secret = volume.secret
-        if secret is not None and not any(fnmatch.fnmatchcase(secret.secret_name, p) for p in tenancy.secret_volumes):
+        if secret is not None and not matches_any(secret.secret_name, tenancy.secret_volumes):
             listed = f"({', '.join(tenancy.secret_volumes)})" if tenancy.secret_volumes else "(none is)"
             found.append(
                 FieldError(
@@ -325,8 +323,12 @@ def repository(image: str) -> str:
 
 def image_allowed(image: str, patterns: tuple[str, ...]) -> bool:
     """Whether ``image``'s repository matches one of the admin's ``patterns`` (shell patterns)."""
-    repo = repository(image)
-    return any(fnmatch.fnmatchcase(repo, pattern) for pattern in patterns)
+    return matches_any(repository(image), patterns)
+
+
+def matches_any(name: str, patterns: tuple[str, ...]) -> bool:
+    """Whether ``name`` matches one of the admin's shell ``patterns`` (case-sensitive, as Kubernetes names are)."""
+    return any(fnmatch.fnmatchcase(name, pattern) for pattern in patterns)
 
 
 # --- hostPath ----------------------------------------------------------------------------
