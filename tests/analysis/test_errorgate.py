@@ -147,20 +147,42 @@ def test_a_canary_within_the_allowed_increase_over_a_failing_stable_passes() -> 
 
 
 def test_a_canary_over_the_absolute_budget_fails_even_when_the_stable_fails_as_much() -> None:
-    stable = replace(STABLE, finished=finished(1200, 96))  # 8%
-    result = judge(replace(CANARY, finished=finished(400, 32)), stable)  # 8%: no increase at all
+    stable = replace(STABLE, finished=finished(1200, 180))  # 15%
+    result = judge(replace(CANARY, finished=finished(400, 60)), stable)  # 15%: no increase at all
     assert result.verdict is Verdict.FAIL
     assert row(result, ERROR_SHARE).passed is False
     assert row(result, ERROR_SHARE_INCREASE).passed is True
     assert "over maxShare 5.0%" in result.message
 
 
+def test_a_share_over_the_budget_without_evidence_is_inconclusive_and_says_how_many_requests_would_settle_it() -> None:
+    # 8 % of 400 over a 5 % budget: P(32 or more of 400 at 5 %) is about 0.5 %, far from the look's 6.7e-05.
+    result = judge(replace(CANARY, finished=finished(400, 32)), replace(STABLE, finished=finished(1200, 96)))
+    share = row(result, ERROR_SHARE)
+    assert result.verdict is Verdict.INCONCLUSIVE, result.message
+    assert share.passed is None
+    assert share.p_value is not None
+    assert 1e-3 < share.p_value < 1e-2
+    assert share.alpha == pytest.approx(0.01 / 30 / 5)
+    assert share.requests_needed is not None
+    assert 400 < share.requests_needed < 2000
+    assert "not yet beyond chance" in share.message
+    # The same share over a few more than that is a breach (the figure is an estimate, "about").
+    n = round(1.2 * share.requests_needed)
+    more = judge(
+        replace(CANARY, requests=n, finished=finished(n, round(0.08 * n))),
+        replace(STABLE, finished=finished(3 * n, round(0.24 * n))),
+    )
+    assert row(more, ERROR_SHARE).passed is False, row(more, ERROR_SHARE).message
+
+
 def test_a_stable_that_fails_nothing_still_bounds_the_canary_where_a_ratio_would_have_none() -> None:
-    result = judge(replace(CANARY, finished=finished(400, 4)))  # 1.0% against 0: +1 point
+    canary = replace(CANARY, requests=2000, finished=finished(2000, 20))  # 1.0% against 0: +1 point
+    result = judge(canary)
     assert result.verdict is Verdict.PASS, result.message
     assert row(result, ERROR_SHARE_INCREASE).canary == pytest.approx(0.01)
     tight = SPEC.model_copy(update={"errors": ErrorsSpec(max_increase=0.005)})
-    assert judge(replace(CANARY, finished=finished(400, 4)), spec=tight).verdict is Verdict.FAIL
+    assert judge(canary, spec=tight).verdict is Verdict.FAIL
 
 
 def test_a_canary_that_served_no_requests_is_inconclusive_not_pass() -> None:
@@ -251,19 +273,19 @@ def test_without_a_stable_side_only_the_absolute_budget_applies() -> None:
     result = judge(replace(CANARY, finished=finished(400, 20)), stable_side=False)
     assert result.metric(ERROR_SHARE_INCREASE) is None
     assert result.verdict is Verdict.PASS  # 5.0% is within maxShare 5%
-    result = judge(replace(CANARY, finished=finished(400, 24)), stable_side=False)
+    result = judge(replace(CANARY, finished=finished(400, 60)), stable_side=False)
     assert result.verdict is Verdict.FAIL
 
 
 def test_the_stable_guard_holds_the_fleet_to_the_absolute_budget() -> None:
-    fleet = replace(STABLE, finished=finished(1200, 84))  # 7%
+    fleet = replace(STABLE, finished=finished(1200, 120))  # 10%
     result = judge(None, fleet)
     assert result.verdict is Verdict.FAIL
     guard = row(result, ERROR_SHARE)
     assert guard.passed is False
-    assert guard.stable == pytest.approx(0.07)
+    assert guard.stable == pytest.approx(0.10)
     assert guard.canary is None
-    assert "stable failed 7.0%" in guard.message
+    assert "stable failed 10.0%" in guard.message
     assert result.metric(ERROR_SHARE_INCREASE) is None
 
 

@@ -3,6 +3,8 @@ and the errors it turns into Inconclusive instead of exceptions."""
 
 from __future__ import annotations
 
+import json
+import math
 import re
 import socket
 import threading
@@ -20,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from kvoffload.analysis import prometheus
 from kvoffload.analysis.assess import Measurements
 from kvoffload.analysis.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
+from kvoffload.analysis.evidence import count_above, total
 from kvoffload.analysis.prometheus import (
     HISTOGRAM_FIELDS,
     QUERY_CONCURRENCY,
@@ -59,7 +62,10 @@ def test_every_query_selects_all_policies_and_groups_by_policy_level_and_config_
         "requests",
         "ttft_p99",
         "itl_p99",
+        "ttft_histogram",
+        "itl_histogram",
         "kv_usage",
+        "prefix_cache_hit_rate",
         "config",
         "finished",
         "http_responses",
@@ -80,6 +86,14 @@ def test_every_query_selects_all_policies_and_groups_by_policy_level_and_config_
         "kvoffload_io_config_hash) "
         '(rate(vllm:time_to_first_token_seconds_bucket{kvoffload_io_policy!=""}[120s])))'
     )
+    by = "namespace, kvoffload_io_policy, kvoffload_io_level, kvoffload_io_config_hash"
+    fields = {q.field: q.expr for q in queries}
+    assert fields["itl_histogram"] == (
+        f'sum by (le, {by}) (increase(vllm:inter_token_latency_seconds_bucket{{kvoffload_io_policy!=""}}[120s]))'
+    )
+    hits = f'sum by ({by}) (increase(vllm:prefix_cache_hits_total{{kvoffload_io_policy!=""}}[120s]))'
+    looked_up = f'sum by ({by}) (increase(vllm:prefix_cache_queries_total{{kvoffload_io_policy!=""}}[120s]))'
+    assert fields["prefix_cache_hit_rate"] == f"({hits} or {looked_up} * 0) / {looked_up}"
 
 
 def test_the_workload_flag_adds_its_queries_after_the_usual_ones() -> None:
@@ -300,6 +314,28 @@ def test_instant_reports_an_answer_without_a_result_as_no_answer_never_raises(bo
         assert "not understood" in answer
 
 
+def test_bucket_counts_are_read_by_bound_and_a_series_without_a_bound_or_a_count_is_left_out() -> None:
+    canary = {"namespace": "llm", "kvoffload_io_policy": "chat", "kvoffload_io_config_hash": "canary"}
+    series = [
+        ({"le": "+Inf", "kvoffload_io_level": "2"}, "12"),
+        ({"le": "0.5", "kvoffload_io_level": "2"}, "7"),
+        ({"le": "+Inf", "kvoffload_io_level": "1"}, "3"),  # an older level of the same config: the same variant
+        ({"le": "0.1", "kvoffload_io_level": "2"}, "NaN"),
+        ({"le": "fast", "kvoffload_io_level": "2"}, "5"),
+        ({"kvoffload_io_level": "2"}, "4"),
+    ]
+    result = [{"metric": {**canary, **labels}, "value": [0, count]} for labels, count in series]
+    body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": result}}).encode()
+    server, url = serve(status=200, body=body)  # every query gets this answer
+    try:
+        got = measure_one(PrometheusProvider(url, retries=0))
+    finally:
+        server.shutdown()
+    assert got.error is None
+    assert got.canary is not None
+    assert got.canary.ttft_histogram == got.canary.itl_histogram == ((0.5, 7.0), (math.inf, 15.0))
+
+
 class _Recording(_Canned):
     paths: list[str] = []  # noqa: RUF012
 
@@ -414,8 +450,11 @@ CHAT_CANARY = SyntheticEngine(
     failed_share=0.05,
     load_bytes_per_s=1e9,
     offloading_size="32.0",
+    prefix_hit_rate=0.1,
 )
-CHAT_STABLE = SyntheticEngine("chat", "stable", requests_per_s=20, ttft_s=0.1, itl_s=0.02, kv_usage=0.4)
+CHAT_STABLE = SyntheticEngine(
+    "chat", "stable", requests_per_s=20, ttft_s=0.1, itl_s=0.02, kv_usage=0.4, prefix_hit_rate=0.5
+)
 # A GPU-only fleet in its baseline, with a workload whose every figure is known.
 WARM_STABLE = SyntheticEngine(
     "warm",
@@ -491,6 +530,40 @@ def test_the_provider_reads_each_variant_of_each_policy(scraped_fleet: Prometheu
     assert other.canary is None
     assert other.stable is not None
     assert other.stable.ttft_p99 == pytest.approx(expected_p99(2.0, TTFT_BUCKETS), rel=0.01)
+
+
+@pytest.mark.prometheus
+def test_the_provider_reads_each_variants_bucket_counts_and_gpu_prefix_cache_hit_rate(
+    scraped_fleet: PrometheusServer,
+) -> None:
+    at = time.time()  # one instant for every query: the buckets and the p99s read the same window
+    provider = PrometheusProvider(scraped_fleet.url, clock=lambda: at)
+    got = provider.measure(
+        [synthetic_target("llm", "chat", WINDOW), synthetic_target("llm", "warm", WINDOW, with_canary=False)]
+    )
+    chat, warm = got[("llm", "chat")], got[("llm", "warm")]
+    assert chat.canary is not None
+    assert chat.stable is not None
+    assert warm.stable is not None
+    for sample, engine in ((chat.canary, CHAT_CANARY), (chat.stable, CHAT_STABLE), (warm.stable, WARM_STABLE)):
+        requests_seen = sample.requests
+        assert requests_seen is not None
+        for histogram, bounds, value, p99 in (
+            (sample.ttft_histogram, TTFT_BUCKETS, engine.ttft_s, sample.ttft_p99),
+            (sample.itl_histogram, ITL_BUCKETS, engine.itl_s, sample.itl_p99),
+        ):
+            edges = (*bounds, math.inf)
+            assert [bound for bound, _ in histogram] == list(edges)
+            # Cumulative: every request (the synthetic engine observes one ITL a request) from the bucket that holds
+            # its latency up, the +Inf bucket among them.
+            expected = [requests_seen if value <= bound else 0.0 for bound in edges]
+            assert [count for _, count in histogram] == pytest.approx(expected, rel=1e-9)
+            assert total(histogram) == pytest.approx(requests_seen, rel=1e-9)
+            # Read through the buckets as histogram_quantile reads them, 1 % of the requests lie over its p99.
+            assert p99 is not None
+            assert count_above(histogram, p99) == pytest.approx(0.01 * requests_seen, rel=1e-6)
+        assert sample.prefix_cache_hit_rate == pytest.approx(engine.prefix_hit_rate, rel=0.01)
+    assert chat.canary.prefix_cache_hit_rate < chat.stable.prefix_cache_hit_rate  # a cold canary shows as one
 
 
 @pytest.mark.prometheus
@@ -580,6 +653,8 @@ def test_a_policy_without_series_has_empty_samples(scraped_fleet: PrometheusServ
     assert result.canary.requests is None
     assert result.stable is not None
     assert result.stable.ttft_p99 is None
+    assert result.stable.ttft_histogram == result.stable.itl_histogram == ()
+    assert result.stable.prefix_cache_hit_rate is None
 
 
 @pytest.mark.prometheus

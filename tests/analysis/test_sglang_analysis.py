@@ -2,11 +2,12 @@
 
 The synthetic exporter speaks SGLang 0.5.23's names and labels (tests/support/prometheus.py): TTFT and ITL under
 ``sglang:``, requests finished and aborted in two counters, HTTP answers by status code, cached tokens by
-``cache_source`` (host, storage) shown only once used.
+``cache_source`` (device, host, storage) shown only once used.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import pytest
@@ -34,6 +35,7 @@ CANARY = SyntheticEngine(
     prompt_tokens_per_s=1000,
     host_tokens_per_s=200,
     disk_tokens_per_s=50,
+    prefix_hit_rate=0.4,
     failed_share=0.05,
     load_bytes_per_s=1e9,
 )
@@ -56,6 +58,12 @@ def test_sglang_has_no_cache_config_query_and_reads_its_counters_as_vllms_labels
     assert '"status", "${1}xx", "status_code", "([1-5])[0-9][0-9]"' in queries["http_responses"]
     assert 'cache_source=~"host|storage"' in queries["tier_hits"]
     assert queries["external_share"].count("sglang:prompt_tokens_total") == 2
+    # The GPU's own hits: SGLang's cached tokens hold the HiCache tiers' too.
+    assert (
+        'sglang:cached_tokens_total{kvoffload_io_policy!="", cache_source="device"}' in queries["prefix_cache_hit_rate"]
+    )
+    assert "sglang:time_to_first_token_seconds_bucket" in queries["ttft_histogram"]
+    assert "sglang:inter_token_latency_seconds_bucket" in queries["itl_histogram"]
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +98,11 @@ def test_the_provider_reads_an_sglang_canary_and_stable(scraped: PrometheusServe
     assert canary.http_responses["2xx"] == pytest.approx(100 * 0.95 + 10, rel=0.15)
     assert canary.load_bytes_per_second == pytest.approx(12.6e9, rel=0.01)
     assert canary.config is None
+    # The buckets by le, the +Inf one every request; the GPU hit rate without the host and storage hits (0.25 more),
+    # and 0 for a stable whose device source has no hit yet, so no series.
+    assert canary.requests is not None
+    assert [bound for bound, _ in canary.ttft_histogram] == [*TTFT_BUCKETS, math.inf]
+    assert canary.ttft_histogram[-1][1] == pytest.approx(canary.requests, rel=1e-9)
+    assert canary.itl_histogram[-1][1] == pytest.approx(canary.requests, rel=1e-9)
+    assert canary.prefix_cache_hit_rate == pytest.approx(0.4, rel=0.01)
+    assert stable.prefix_cache_hit_rate == 0.0

@@ -261,7 +261,12 @@ def _sglang_series(engine: SyntheticEngine, dialect: Dialect, base: str) -> list
             rows.append((f'{dialect.http_requests}{{{base},{endpoint},status_code="{code}"}}', rate * share))
     rows.append((f'{dialect.http_requests}{{{base},endpoint="/v1/models",method="GET",status_code="200"}}', 1.0))
     rows.append((f'{dialect.prompt_tokens}{{{base},is_streaming="false"}}', engine.prompt_tokens_per_s))
-    for source, per_s in (("host", engine.host_tokens_per_s), ("storage", engine.disk_tokens_per_s)):
+    gpu_hits = engine.prompt_tokens_per_s * engine.prefix_hit_rate
+    for source, per_s in (
+        ("device", gpu_hits),
+        ("host", engine.host_tokens_per_s),
+        ("storage", engine.disk_tokens_per_s),
+    ):
         if per_s:
             rows.append((f'{dialect.prompt_tokens_cached_by_source}{{{base},cache_source="{source}"}}', per_s))
     if dialect.offload is not None and engine.load_bytes_per_s > 0:

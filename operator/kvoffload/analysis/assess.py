@@ -27,6 +27,8 @@ from kvoffload.analysis.dialects import (
     secondary_tier_label,
 )
 from kvoffload.analysis.errorgate import ERROR_SHARE, ERROR_SHARE_INCREASE, error_rows
+from kvoffload.analysis.evidence import Histogram, look_alpha
+from kvoffload.analysis.latencygate import Gate, Side, budget_row, ratio_row
 from kvoffload.api.quantity import GIB, parse_duration
 from kvoffload.api.types import (
     AnalysisSpec,
@@ -34,6 +36,7 @@ from kvoffload.api.types import (
     BaselineStatus,
     KVOffloadPolicySpec,
     MetricResult,
+    RolloutSpec,
     Verdict,
 )
 from kvoffload.policy.ladder import Level
@@ -115,6 +118,13 @@ class VariantSample:
     """p99 time to first token, seconds."""
     itl_p99: float | None = None
     """p99 inter-token latency, seconds."""
+    ttft_histogram: Histogram = ()
+    """TTFT bucket counts over the window (``increase`` by ``le``): (upper bound in seconds, cumulative count),
+    ascending, ``inf`` last. Empty where Prometheus returned none."""
+    itl_histogram: Histogram = ()
+    """Inter-token latency bucket counts over the window, as ``ttft_histogram``."""
+    prefix_cache_hit_rate: float | None = None
+    """GPU prefix-cache hits / lookups over the window, 0..1: the warm-up's cache parity."""
     external_share: float | None = None
     """Share of prompt tokens loaded from the offload tiers, 0..1."""
     tier_hits: Mapping[str, float] = field(default_factory=dict)
@@ -169,6 +179,7 @@ def has_series(sample: VariantSample | None) -> bool:
         sample.request_rate,
         sample.ttft_p99,
         sample.itl_p99,
+        sample.prefix_cache_hit_rate,
         sample.external_share,
         sample.kv_usage,
         sample.load_bytes_per_second,
@@ -176,7 +187,9 @@ def has_series(sample: VariantSample | None) -> bool:
     return (
         any(value is not None for value in figures)
         or bool(
-            sample.tier_hits
+            sample.ttft_histogram
+            or sample.itl_histogram
+            or sample.tier_hits
             or sample.tier_chunk_queries
             or sample.tier_chunk_hits
             or sample.offload_allocated
@@ -229,8 +242,19 @@ def _ratio(num: float | None, den: float | None) -> float | None:
     return num / den
 
 
-def _fmt_s(seconds: float | None) -> str:
-    return "no data" if seconds is None else f"{seconds * 1000:.1f}ms"
+GATES_WITH_EVIDENCE = 5
+"""TTFT and ITL against budget and against stable, and the failed share against budget: the gates that share
+``analysis.falseRollbackRate`` at each look (the failed share's increase over the stable's is judged on its bound)."""
+
+
+def look_alpha_of(spec: AnalysisSpec | KVOffloadPolicySpec) -> float:
+    """The p-value a breach must come under at one analysis so a step of ``rollout.stepDuration`` rolls back a canary
+    no worse than the stable in at most ``analysis.falseRollbackRate`` of steps (a union bound over its analyses and
+    the gates; without a policy, the default step)."""
+    analysis = spec.analysis if isinstance(spec, KVOffloadPolicySpec) else spec
+    step = spec.rollout.step_duration if isinstance(spec, KVOffloadPolicySpec) else RolloutSpec().step_duration
+    looks = math.ceil(parse_duration(step) / parse_duration(analysis.interval))
+    return look_alpha(analysis.false_rollback_rate, looks, GATES_WITH_EVIDENCE)
 
 
 def assess(
@@ -260,8 +284,9 @@ def assess(
     - ``stable_side=False``: the canary runs every replica (the last promotion step with
       ``maxSurge: 0``), so no control group shares the window; the canary is held to the absolute
       budgets, and its ratio to the baseline is reported. Earlier steps already gated the ratio.
-    - ``comparing=False``: the canary is still warming up (``analysis.warmup``): its ratios to the stable
-      engines are reported, not gated, and so are the offload hit checks; the absolute budgets still are.
+    - ``comparing=False``: the canary is not judged yet (``analysis.warmup``, until one window after it is warm):
+      its latency rows, budgets and ratios, are reported, not gated, and so are the offload hit checks; the error
+      gate still is (a failed request is no cold-cache artefact).
     - ``observing=True``: the subject is a fleet the operator observes and did not render (an observe-only
       policy, canary and stable both that fleet): what needs an offload tier or a canary apart from its stable
       side is reported as not judged (``OBSERVE_NOT_JUDGED``), and only the rest decides.
@@ -277,6 +302,7 @@ def assess(
     who = "observed fleet" if observing else "canary" if canary is not None else "stable"
     c = canary or VariantSample()
     min_requests = analysis.min_requests
+    limit = analysis.max_regression
 
     subject_requests = _num(subject.requests)
     enough = subject_requests is not None and subject_requests >= min_requests
@@ -321,79 +347,55 @@ def assess(
         gated=False,
     )
 
-    for name, ratio_name, vs_base_name, budget_text, attr, base_value in (
+    alpha = look_alpha_of(spec)
+    shares_window = canary is not None and stable_side and stable_enough and not observing
+    for gate, attr, hist_attr, vs_base_name, base_value in (
         (
-            TTFT_P99,
-            TTFT_RATIO,
-            TTFT_VS_BASELINE,
-            analysis.ttft_p99,
+            Gate(TTFT_P99, TTFT_RATIO, parse_duration(analysis.ttft_p99), analysis.ttft_p99, limit, alpha, True),
             "ttft_p99",
+            "ttft_histogram",
+            TTFT_VS_BASELINE,
             baseline.ttft_p99 if baseline else None,
         ),
-        (ITL_P99, ITL_RATIO, ITL_VS_BASELINE, analysis.itl_p99, "itl_p99", baseline.itl_p99 if baseline else None),
+        (
+            Gate(ITL_P99, ITL_RATIO, parse_duration(analysis.itl_p99), analysis.itl_p99, limit, alpha, False),
+            "itl_p99",
+            "itl_histogram",
+            ITL_VS_BASELINE,
+            baseline.itl_p99 if baseline else None,
+        ),
     ):
-        budget = parse_duration(budget_text)
-        value = _num(getattr(subject, attr))
-        stable_value = _num(getattr(stable, attr))
-        if value is None:
-            add(name, _num(getattr(c, attr)), stable_value, budget, None, f"no {who} {name} in the window", gated=True)
-        else:
-            ok = value <= budget
-            verb = "within" if ok else "over"
-            add(
-                name,
-                _num(getattr(c, attr)),
-                stable_value,
-                budget,
-                ok if enough else None,
-                f"{who} p99 {_fmt_s(value)} {verb} the {budget_text} budget",
-                gated=True,
-            )
-
+        side = Side(_num(getattr(subject, attr)), getattr(subject, hist_attr), _num(subject.requests))
+        other = Side(_num(getattr(stable, attr)), getattr(stable, hist_attr), _num(stable.requests))
+        judged = budget_row(
+            gate,
+            side,
+            shown=(_num(getattr(c, attr)), other.p99),
+            stable_p99=other.p99 if shares_window else None,
+            who=who,
+            enough=enough,
+            judging=comparing or canary is None,
+        )
+        rows.append(_Row(judged.result, judged.gated))
         if canary is not None and stable_side:
-            ratio = _ratio(value, stable_value)
-            limit = analysis.max_regression
-            if ratio is None:
-                add(ratio_name, None, None, limit, None, "canary/stable ratio needs both p99s", gated=True)
-            elif not stable_enough:
-                add(
-                    ratio_name,
-                    ratio,
-                    None,
-                    limit,
-                    None,
-                    f"stable served fewer than minRequests {min_requests}: ratio {ratio:.2f} not judged",
-                    gated=True,
-                )
-            elif not comparing:
-                add(
-                    ratio_name,
-                    ratio,
-                    None,
-                    limit,
-                    None,
-                    f"warming up: canary/stable p99 = {ratio:.2f} reported, gated once the canary is warm",
-                    gated=False,
-                )
-            else:
-                ok = ratio <= limit
-                add(
-                    ratio_name,
-                    ratio,
-                    None,
-                    limit,
-                    ok if enough else None,
-                    f"canary/stable p99 = {ratio:.2f}, {'at most' if ok else 'over'} maxRegression {limit:g}",
-                    gated=True,
-                )
+            judged = ratio_row(
+                gate,
+                side,
+                other,
+                enough=enough,
+                stable_enough=stable_enough,
+                min_requests=min_requests,
+                judging=comparing,
+            )
+            rows.append(_Row(judged.result, judged.gated))
         elif base_value is not None:
             # The GPU-only baseline is for the record: traffic drifts since it was taken, so it is not gated.
-            ratio = _ratio(value, _num(base_value))
+            ratio = _ratio(side.p99, _num(base_value))
             add(
                 vs_base_name,
                 ratio,
                 None,
-                analysis.max_regression,
+                limit,
                 None,
                 "no data" if ratio is None else f"{who}/baseline p99 = {ratio:.2f} (reported, not gated)",
                 gated=False,
@@ -408,6 +410,7 @@ def assess(
             stable=(stable.finished, stable.http_responses),
             min_requests=min_requests,
             stable_side=stable_side,
+            alpha=alpha,
         )
     )
 

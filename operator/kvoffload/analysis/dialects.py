@@ -225,6 +225,9 @@ class Dialect:
     kv_cache_usage: str = "vllm:kv_cache_usage_perc"
     prefix_cache_queries: str = "vllm:prefix_cache_queries_total"
     prefix_cache_hits: str = "vllm:prefix_cache_hits_total"
+    gpu_prefix_cache_hits_matcher: str | None = None
+    """A matcher on ``prefix_cache_hits`` that keeps the GPU cache's own hits, where the counter also holds the
+    offload tiers' (SGLang's ``cache_source``): a variant's GPU hit rate (``VariantSample.prefix_cache_hit_rate``)."""
     request_prompt_tokens: str = "vllm:request_prompt_tokens"
     """Histogram base name: prompt tokens per finished request."""
     num_requests_running: str = "vllm:num_requests_running"
@@ -444,6 +447,7 @@ SGLANG: Final = Dialect(
     # Tokens, as vLLM's prefix-cache counters are: cached tokens of any source over prompt tokens.
     prefix_cache_queries="sglang:prompt_tokens_total",
     prefix_cache_hits="sglang:cached_tokens_total",
+    gpu_prefix_cache_hits_matcher='cache_source="device"',
     request_prompt_tokens="sglang:prompt_tokens_histogram",
     num_requests_running="sglang:num_running_reqs",
     num_preemptions="sglang:num_retracted_requests_total",

@@ -18,6 +18,12 @@ Where the two fail disjoint requests at once, the larger share is at most half t
 - ``errorShareIncrease``: the canary's figure minus the stable's, held to ``maxIncrease`` while a stable side runs. A
   difference, not a ratio: a ratio has no bound when the stable fails nothing, which is the usual case.
 
+``errorShare`` counts a breach only with evidence (``analysis/evidence.py``): a binomial test of the share over
+``maxShare`` with a p-value under the look's ``alpha``; a share over the budget without it is Inconclusive and says
+how many requests would settle it. ``errorShareIncrease`` is judged on ``maxIncrease`` alone, with the p-value of
+"the canary fails more than the stable" shown beside it: failed requests are too rare for a window to carry the
+evidence a step's spread ``alpha`` asks (see the comment where it is judged).
+
 A count is judged only with ``minRequests`` in its total, on each side it reads, else the row is not judged
 (Inconclusive, never Pass). An engine that exports neither count gets the rows reported, not gated. Failed
 requests are no cold-cache artefact, so the comparison is gated during the canary's warm-up too.
@@ -29,6 +35,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from kvoffload.analysis.dialects import FAILED_REASONS, HTTP_SERVER_ERROR
+from kvoffload.analysis.evidence import (
+    Sureness,
+    difference_test,
+    requests_needed,
+    share_interval,
+    share_test,
+    z_for,
+    z_of,
+)
 from kvoffload.api.types import ErrorsSpec, MetricResult
 
 ERROR_SHARE = "errorShare"
@@ -111,11 +126,13 @@ def error_rows(
     stable: Counts,
     min_requests: int,
     stable_side: bool,
+    alpha: float | None = None,
 ) -> list[ErrorRow]:
     """The error gate's rows. ``canary`` None: no canary runs, the stable variant is the subject (guard, baseline).
 
     ``stable_side=False``: no stable engine shares the window (the last step with ``maxSurge: 0``), so only the
-    absolute budget applies.
+    absolute budget applies. ``alpha``: the p-value a breach must come under (None: any breach counts, as a
+    point estimate).
     """
     c = _side(canary, min_requests) if canary is not None else None
     s = _side(stable, min_requests)
@@ -131,11 +148,32 @@ def error_rows(
         msg: str,
         *,
         gated: bool = True,
+        evidence: Sureness | None = None,
     ) -> None:
         result = MetricResult(
-            name=name, canary=values[0], stable=values[1], threshold=limit, passed=passed, message=msg
+            name=name,
+            canary=values[0],
+            stable=values[1],
+            threshold=limit,
+            passed=passed,
+            message=msg,
+            **(evidence or {}),
         )
         rows.append(ErrorRow(result, gated))
+
+    def judged(breach: bool, p_value: float | None, n: float, z: float | None) -> tuple[bool | None, str, Sureness]:
+        """(passed, how sure, evidence fields) of a row whose point estimate is ``breach``."""
+        if alpha is None or p_value is None:
+            return not breach, "", {}
+        evidence: Sureness = {"p_value": p_value, "alpha": alpha}
+        if not breach:
+            return True, "", evidence
+        if p_value < alpha:
+            return False, f", p={p_value:.2g}", evidence
+        needed = requests_needed(n, z, z_for(alpha))
+        evidence["requests_needed"] = needed
+        more = f"; about {needed} requests would settle it" if needed is not None else ""
+        return None, f", not yet beyond chance: p={p_value:.2g} (a breach needs under {alpha:.2g}){more}", evidence
 
     shares = (c.share if c is not None else None, s.share)
     budget = errors.max_share
@@ -151,15 +189,23 @@ def error_rows(
             f"{who}: {subject.describe()}, fewer than minRequests {min_requests}: not judged",
         )
     else:
-        share = subject.judged.share or 0.0
-        ok = share <= budget
-        verdict = "within" if ok else "over"
+        count = subject.judged
+        share = count.share or 0.0
+        verdict = "within" if share <= budget else "over"
+        p_value = share_test(count.failed, count.total, budget)
+        passed, sure, evidence = judged(
+            share > budget, p_value, count.total, None if p_value is None else z_of(p_value)
+        )
+        interval = share_interval(count.failed, count.total)
+        if interval is not None and evidence:
+            evidence["interval"] = list(interval)
         add(
             ERROR_SHARE,
             shares,
             budget,
-            ok,
-            f"{who} failed {share:.1%} ({subject.describe()}), {verdict} maxShare {budget:.1%}",
+            passed,
+            f"{who} failed {share:.1%} ({subject.describe()}), {verdict} maxShare {budget:.1%}{sure}",
+            evidence=evidence,
         )
 
     if c is None or not stable_side:
@@ -178,12 +224,20 @@ def error_rows(
         c_share, s_share = c.judged.share or 0.0, s.judged.share or 0.0
         increase = c_share - s_share
         ok = increase <= limit
+        # The increase is judged on maxIncrease alone; its p-value is shown. Failed requests are rare: a window of a
+        # hundred canary requests failing 5 % against 0.5 % is 2.2 standard errors from chance, short of any alpha
+        # spread over a step's looks, so gating on it would promote most canaries that fail one request in twenty
+        # (bench/judgement/README.md), while the 2-point floor alone rolls back 0.13 % of identical steps there.
+        p_value = difference_test(c.judged.failed, c.judged.total, s.judged.failed, s.judged.total, 0.0)
+        shown: Sureness = {} if p_value is None else {"p_value": p_value}
         add(
             ERROR_SHARE_INCREASE,
             (increase, None),
             limit,
             ok,
             f"canary failed {c_share:.1%}, stable {s_share:.1%}: {increase * 100:+.1f} points, "
-            f"{'at most' if ok else 'over'} maxIncrease {limit * 100:.1f} points",
+            f"{'at most' if ok else 'over'} maxIncrease {limit * 100:.1f} points"
+            + ("" if p_value is None else f" (p={p_value:.2g} that it fails more than the stable)"),
+            evidence=shown,
         )
     return rows

@@ -69,6 +69,7 @@ from kvoffload.analysis.dialects import (
     SOURCE_EXTERNAL_KV_TRANSFER,
     Dialect,
 )
+from kvoffload.analysis.evidence import Histogram
 from kvoffload.api.errors import printable
 from kvoffload.api.promql import TemplateError, escape_label_value, pods_regex, render_matchers
 from kvoffload.api.quantity import parse_duration
@@ -154,6 +155,9 @@ class Query:
 HISTOGRAM_FIELDS = ("workload.prompt_tokens", "workload.ttft", "workload.itl", "workload.e2e")
 """Workload queries answered with the ``WORKLOAD_QUANTILES`` of a histogram, one series per quantile."""
 
+BUCKET_FIELDS = ("ttft_histogram", "itl_histogram")
+"""Queries answered with a histogram's bucket counts, one series per ``le``: read whole into ``VariantSample``."""
+
 QUANTILE_LABEL = "quantile"
 """The label ``workload_quantiles`` gives each series of its answer: which quantile it is."""
 
@@ -235,8 +239,16 @@ def build_queries(
         Query("requests", increase(f"{dialect.ttft}_count")),
         Query("ttft_p99", f"histogram_quantile(0.99, sum by (le, {by}) (rate({dialect.ttft_bucket}{s()}[{w}])))"),
         Query("itl_p99", f"histogram_quantile(0.99, sum by (le, {by}) (rate({dialect.itl_bucket}{s()}[{w}])))"),
+        # The buckets themselves (issue 37): the judge weighs every request of both variants, not two p99s.
+        Query("ttft_histogram", increase(dialect.ttft_bucket, "", f"le, {by}")),
+        Query("itl_histogram", increase(dialect.itl_bucket, "", f"le, {by}")),
         Query("kv_usage", f"avg by ({by}) (avg_over_time({dialect.kv_cache_usage}{s()}[{w}]))"),
     ]
+    if dialect.prefix_cache_hits and dialect.prefix_cache_queries:
+        looked_up = increase(dialect.prefix_cache_queries)
+        gpu_hits = increase(dialect.prefix_cache_hits, dialect.gpu_prefix_cache_hits_matcher or "")
+        # SGLang shows a cache source only from its first hit: none yet is a rate of 0, not an unknown one.
+        queries.append(Query("prefix_cache_hit_rate", f"({gpu_hits} or {looked_up} * 0) / {looked_up}"))
     if dialect.cache_config_info:
         queries.append(
             Query(
@@ -360,6 +372,23 @@ class _Collected:
     config: dict[str, set[str]] = field(default_factory=dict)
     quantiles: dict[str, dict[float, float | None]] = field(default_factory=dict)
     """Per histogram field: each quantile's value (None where Prometheus answered NaN)."""
+    buckets: dict[str, dict[float, float]] = field(default_factory=dict)
+    """Per ``BUCKET_FIELDS`` field: each bucket's upper bound and its count."""
+
+
+def _bound(le: object) -> float | None:
+    """A bucket's ``le`` as a number (``+Inf`` is ``inf``); None for a series without one, or with one not a number."""
+    if not isinstance(le, str):
+        return None
+    try:
+        bound = float(le)
+    except ValueError:  # an exporter's label, not Prometheus's: one odd series must not fail the batch
+        return None
+    return None if math.isnan(bound) else bound
+
+
+def _histogram(counts: Mapping[float, float] | None) -> Histogram:
+    return tuple(sorted(counts.items())) if counts else ()
 
 
 HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
@@ -443,7 +472,8 @@ hence also ``MAX_ANSWER_SERIES``."""
 
 MAX_ANSWER_SERIES = 100_000
 """The most series an answer may hold, counted in its bytes before it is decoded (a fleet-wide answer over 1,000
-policies of 16 pods holds some 32,000; 100,000 tiny ones decode to about 40 MiB)."""
+policies of 16 pods holds some 32,000, and one of TTFT bucket counts 46,000: 23 a variant; 100,000 tiny ones decode to
+about 40 MiB)."""
 
 BODIES_IN_FLIGHT_BYTES = 40 << 20
 """What all queries of the process may hold of bodies being read at once, beyond ``FREE_BODY_BYTES`` each: without
@@ -945,6 +975,12 @@ class PrometheusProvider:
                         entry.config.setdefault(name, set()).add(metric.get(name, "None"))
                 elif query.field in HISTOGRAM_FIELDS:
                     entry.quantiles.setdefault(query.field, {})[float(metric[QUANTILE_LABEL])] = _value(item)
+                elif query.field in BUCKET_FIELDS:
+                    bound, count = _bound(metric.get("le")), float(item["value"][1])
+                    if bound is not None and math.isfinite(count):
+                        counts = entry.buckets.setdefault(query.field, {})
+                        # Two levels of one config hash are one variant: their buckets add up.
+                        counts[bound] = counts.get(bound, 0.0) + count
                 else:
                     entry.values[query.field] = _value(item)
         return found
@@ -1006,6 +1042,9 @@ def _sample(entry: _Collected | None, window_s: float, workload: bool = False) -
         request_rate=None if requests_seen is None else requests_seen / window_s,
         ttft_p99=v.get("ttft_p99"),
         itl_p99=v.get("itl_p99"),
+        ttft_histogram=_histogram(entry.buckets.get("ttft_histogram")),
+        itl_histogram=_histogram(entry.buckets.get("itl_histogram")),
+        prefix_cache_hit_rate=v.get("prefix_cache_hit_rate"),
         external_share=v.get("external_share"),
         tier_hits=dict(entry.tier_hits),
         tier_chunk_queries=dict(entry.tier_chunk_queries),

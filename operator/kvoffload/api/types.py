@@ -428,6 +428,20 @@ class WarmupSpec(Model):
         description="Least canary requests in the analysis window; default: analysis.minRequests. "
         "The later of the two ends the warm-up.",
     )
+    cache_parity: float = Field(
+        default=0.9,
+        ge=0.0,
+        le=1.0,
+        description="Warm means warm: the canary's GPU prefix-cache hit rate over the window must reach this share "
+        "of the stable's (0: not required). A fresh engine's cache is empty while the stable's is full, so until "
+        "it catches up its tail latency measures coldness, not the tier.",
+    )
+    max_duration: Duration | None = Field(
+        default=None,
+        description="The longest wait for the cache: after it the warm-up ends even if the canary's cache never "
+        "caught up, and the canary is judged one window later (a tier that keeps it cold is what the analysis is "
+        "for); never under duration; default: half of rollout.stepDuration.",
+    )
 
 
 class ErrorsSpec(Model):
@@ -463,6 +477,15 @@ class AnalysisSpec(Model):
         default=0.02, ge=0.0, le=1.0, description="Least share of prompt tokens loaded from offload tiers."
     )
     sustained_for: Duration = Field(default="2m", description="How long a breach must last to roll back.")
+    false_rollback_rate: float = Field(
+        default=0.01,
+        gt=0.0,
+        le=0.5,
+        description="The most share of canary steps that may roll back a canary no worse than the stable: a latency "
+        "breach (p99 over its budget, canary/stable over maxRegression) or a failed share over errors.maxShare needs "
+        "evidence, a one-sided test at this rate divided by the step's analyses and those five gates, so the bound "
+        "holds however often the analysis looks.",
+    )
     min_requests: int = Field(default=50, ge=1, le=10_000_000, description="Fewer in the window: inconclusive.")
     max_inconclusive: int = Field(default=10, ge=1, le=10_000, description="Inconclusive verdicts in a row that pause.")
     errors: ErrorsSpec = Field(
@@ -471,8 +494,9 @@ class AnalysisSpec(Model):
     )
     warmup: WarmupSpec = Field(
         default_factory=WarmupSpec,
-        description="Before it ends, canary/stable ratios and offload hit checks are reported, not gated; "
-        "the absolute budgets and hard failures act at once (like Argo Rollouts' initialDelay).",
+        description="Until one analysis window after it ends, the canary's latency (budgets and ratios) and offload "
+        "hit checks are reported, not gated; the error gate and hard failures act at once (like Argo Rollouts' "
+        "initialDelay).",
     )
     # Custom metrics (issue 24, items 3 and 4): api/analysistemplate.py.
     metrics: CustomMetrics = Field(
@@ -702,13 +726,27 @@ class StageStatus(Status):
 
 
 class WarmupStatus(Status):
-    """The current step's warm-up: comparisons with the stable engines count once ``warmAt`` is set."""
+    """The current step's warm-up: the canary's latency is judged from ``judgedFrom``, one window after ``warmAt``."""
 
     since: datetime = Field(description="When the warm-up started (the step start).")
     duration: str = Field(description="Least warm-up time.")
     requests: int = Field(description="Least canary requests in the analysis window.")
     served: float | None = Field(default=None, description="Canary requests in the window at the latest analysis.")
+    cache_parity: float | None = Field(
+        default=None, description="Least canary / stable prefix-cache hit rate; unset when not required."
+    )
+    canary_hit_rate: float | None = Field(
+        default=None, description="The canary's GPU prefix-cache hit rate over the window at the latest analysis."
+    )
+    stable_hit_rate: float | None = Field(
+        default=None, description="The stable engines' GPU prefix-cache hit rate over the same window."
+    )
     warm_at: datetime | None = Field(default=None, description="When the warm-up ended; unset while it runs.")
+    judged_from: datetime | None = Field(
+        default=None,
+        description="When the canary's latency is judged: warmAt plus the analysis window, so no window that "
+        "held a cold request counts.",
+    )
 
 
 class VariantStatus(Status):
@@ -789,6 +827,21 @@ class MetricResult(Status):
     threshold: float | None = Field(default=None, description="The bound it is held to.")
     passed: bool | None = Field(default=None, description="true pass, false breach, null not judged.")
     message: str = Field(default="", description="Why.")
+    # Built-in latency and error gates (analysis/evidence.py): how sure the verdict is.
+    p_value: float | None = Field(
+        default=None,
+        description="One-sided p-value: the chance of evidence this strong against a canary no worse than the bound.",
+    )
+    alpha: float | None = Field(
+        default=None, description="The p-value a breach must come under to count (analysis.falseRollbackRate shared)."
+    )
+    interval: list[float] | None = Field(
+        default=None, max_length=2, description="95 % confidence interval of the canary value: [low, high]."
+    )
+    requests_needed: int | None = Field(
+        default=None,
+        description="Canary requests the window would need for the breach seen to count, when it is Inconclusive.",
+    )
     # Custom metrics only (api/analysistemplate.py); unset on the built-in ones.
     dry_run: bool | None = Field(default=None, description="Custom metric: true when it is shown and never decides.")
     template: str | None = Field(
