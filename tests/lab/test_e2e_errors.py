@@ -73,7 +73,7 @@ async def test_a_canary_failing_5_percent_of_requests_with_normal_ttft_is_rolled
     assert "finished requests failed" in share["message"], share["message"]
     assert "HTTP answers were 5xx" in share["message"], share["message"]
     for latency in ("ttftP99", "itlP99"):
-        assert metric(status, latency)["passed"] is True, metric(status, latency)
+        assert metric(status, latency).get("passed") is not False, metric(status, latency)
     warnings = [e for e in await events_of(local_cluster, "chat") if e["type"] == "Warning"]
     assert any("canary nvme removed" in e["message"] and "maxIncrease" in e["message"] for e in warnings), warnings
     await eventually(lambda: deployment(local_cluster, "chat-nvme") is None, "the canary gone")

@@ -11,8 +11,8 @@ ones, and ``with_custom()`` folds them into the cycle's Assessment:
 
 Each custom result carries ``failingSince`` (when its current run of breaches began, kept across
 Inconclusive cycles as the verdict's is, ended by a pass or by a cycle where the metric does not apply: a
-ratio with no canary beside a stable side, or in the warm-up; ``previous`` must not span a step start, see
-``rollout.record.evidence_of``) and ``sustained`` (the breach has lasted the metric's own
+ratio with no canary beside a stable side, or in the warm-up; ``previous`` must not span a step start nor the
+warm-up's end, see ``rollout.record.evidence_of``) and ``sustained`` (the breach has lasted the metric's own
 ``sustainedFor``, over two readings at least). ``breach_sustained()`` is the rollback rule with them:
 a Fail whose only breaches are custom metrics rolls back once one of them is sustained; a Fail with a
 built-in breach keeps the policy-wide rule (``sustained()`` with ``analysis.sustainedFor``).

@@ -144,7 +144,7 @@ class Reason(StrEnum):
     ABORTED = "Aborted"
     # Warm-up
     WARMED_UP = "WarmedUp"
-    """The step's canary is warm: its comparisons with the stable engines count from now."""
+    """The step's canary is warm: its latency is judged from one analysis window on (``warmup.judgedFrom``)."""
     # Capacity
     CAPACITY_DIP = "CapacityDip"
     """maxSurge 0: a move of replicas onto a level takes Ready engines away before their replacements are Ready."""

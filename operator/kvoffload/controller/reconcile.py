@@ -417,8 +417,8 @@ class Controller:
                     target=target,
                     subject=subject,
                     assessment=assessment,
-                    # Cut at the step start as decide() cuts the verdict's streak: a custom metric's
-                    # failingSince never spans a step start either.
+                    # Cut at the step start and at judgedFrom as decide() cuts the verdict's streak: a custom
+                    # metric's failingSince never spans either.
                     previous=evidence_of(ctx.status, None, ctx.now) if ctx.status is not None else None,
                     now=ctx.now,
                     on_read_error=unread,

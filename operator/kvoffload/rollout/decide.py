@@ -503,18 +503,18 @@ def _run_step(ctx: Ctx) -> Outcome:
     duration = parse_duration(ctx.spec.rollout.step_duration)
     if ctx.paused or too_inconclusive(ctx):
         return _hold(ctx, Mode.STEP)
-    warming = "" if warmed_up_canary(ctx.spec, ctx.status) else f", {warming_text(ctx)}"
+    warming = "" if warmed_up_canary(ctx.spec, ctx.status, ctx.now) else f", {warming_text(ctx)}"
     stuck = unschedulable_text([p for p in ctx.obs.canary.pods if p.config_hash in (None, canary.config_hash)])
     if ctx.elapsed < duration:
         return _hold(
             ctx, Mode.STEP, f"{step_name(ctx)}: {progress_text(ctx, duration)}{warming}, {verdict_text(ctx)}{stuck}"
         )
-    if warming:
-        return _hold(ctx, Mode.STEP, f"{step_name(ctx)}: step over, {warming_text(ctx)}; {verdict_text(ctx)}")
     ready = ready_of(ctx.obs.canary, canary.config_hash)
     wanted = canary_replicas(ctx.spec, ctx.stage.step)
-    if ready < wanted:
+    if ready < wanted:  # first: the warm-up waits for them too
         return _hold(ctx, Mode.STEP, f"{step_name(ctx)}: waiting for canaries Ready ({ready}/{wanted}){stuck}")
+    if warming:
+        return _hold(ctx, Mode.STEP, f"{step_name(ctx)}: step over, {warming_text(ctx)}; {verdict_text(ctx)}")
     verdict = ctx.obs.assessment
     if verdict is None or verdict.verdict is not Verdict.PASS:
         return _hold(ctx, Mode.STEP, f"{step_name(ctx)}: step over, waiting for a Pass; {verdict_text(ctx)}")

@@ -79,4 +79,4 @@ class AnalysisSubject:
     stable_side: bool = True
     """False when the canary runs every replica: no stable p99 shares the window to compare with."""
     comparing: bool = True
-    """False while the step's canary warms up (``analysis.warmup``): canary/stable ratios are not gated."""
+    """False until the step's canary is judged (``status.warmup.judgedFrom``): its latency rows are not gated."""

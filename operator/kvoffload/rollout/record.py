@@ -53,7 +53,7 @@ from kvoffload.rollout.observe import observe_message, observe_status, observing
 from kvoffload.rollout.pace import capacity_dip, observed_variant, pace
 from kvoffload.rollout.plan import Event, Plan, VariantPlan
 from kvoffload.rollout.texts import display_of, not_scraped_message
-from kvoffload.rollout.warmup import warmup_of, warmup_reason
+from kvoffload.rollout.warmup import judged_from, warmup_of, warmup_reason
 
 HISTORY_LIMIT = 20
 PENDING_REQUEUE_SECONDS = 1.0
@@ -121,7 +121,7 @@ def write_plan(ctx: Ctx, o: Outcome) -> Plan:
     if event is not None and (dip := capacity_dip(ctx, o)) is not None:
         event = replace(event, message=f"{event.message}; {dip}")
     if event is not None and warmup is not None and warmup.since == ctx.now and warmup.warm_at is None:
-        event = replace(event, message=f"{event.message}; {warmup_reason(warmup)}")
+        event = replace(event, message=f"{event.message}; {warmup_reason(warmup, ctx.spec)}")
     events = tuple(e for e in (event, warmed) if e is not None)
     return Plan(
         status=status,
@@ -303,13 +303,30 @@ def _variant_status(level: Level, plan: VariantPlan, seen: VariantObservation) -
 
 
 def evidence_of(status: KVOffloadPolicyStatus, assessment: Assessment | None, now: datetime) -> AnalysisStatus | None:
+    """The verdict's running record after this cycle's ``assessment`` (None: the record as it stands now).
+
+    A streak never spans a step start. Nor does a Fail run (the verdict's and each custom metric's
+    ``failingSince``) span the end of the step's warm-up: what was seen while the canary was cold does not count
+    once it is judged. The Inconclusive count does: missing evidence is missing either way."""
     previous = status.last_analysis
     started = status.stage.started_at if status.stage is not None else None
     if previous is not None and started is not None and previous.time <= started:
         previous = None  # a streak never spans a step start
+    judged = judged_from(status.warmup)
+    if previous is not None and judged is not None and previous.time < judged <= now:
+        previous = without_fail_run(previous)
     if assessment is None:
         return previous
     return record_verdict(previous, assessment, now)
+
+
+def without_fail_run(analysis: AnalysisStatus) -> AnalysisStatus:
+    """``analysis`` with no Fail run open: neither the verdict's nor any custom metric's."""
+    metrics = [
+        m.model_copy(update={"failing_since": None, "sustained": None if m.sustained is None else False})
+        for m in analysis.metrics
+    ]
+    return analysis.model_copy(update={"consecutive_failures": 0, "failing_since": None, "metrics": metrics})
 
 
 def baseline_from(ctx: Ctx) -> BaselineStatus:

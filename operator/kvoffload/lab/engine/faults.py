@@ -1,5 +1,6 @@
-"""Injected faults: added latency, TTFT and ITL multipliers from a given time on, an outage (503 everywhere), and a
-share of requests that fail (finished_reason ``error``, HTTP 500) while the others keep their latency.
+"""Injected faults: added latency, TTFT and ITL multipliers from a given time on, an outage (503 everywhere), a
+share of requests that fail (finished_reason ``error``, HTTP 500) while the others keep their latency, and a cold
+start (latency added to each request that misses the GPU prefix cache).
 
 Set by flags (or ``KVOFFLOAD_EMULATE_*`` variables), or at runtime with ``POST /emulator/faults``.
 """
@@ -26,6 +27,9 @@ class Faults:
     """Share of the requests that fail, as vLLM fails a request whose KV load failed (``kv_load_failure_policy``
     "fail", its default): ``finished_reason="error"`` and HTTP 500."""
     error_share_from: float | None = None
+    miss_latency_s: float = 0.0
+    """Added to the first token of a request that found none of its prompt in the GPU prefix cache. A fresh engine
+    misses each shared prefix once and a warm one hits it, so this raises TTFT only while the cache fills."""
     _arrivals: int = 0
     """Requests that arrived while ``error_share`` held: which fail is counted, not drawn, so the share is exact."""
 
@@ -45,6 +49,10 @@ class Faults:
         if self.itl_multiplier_from is not None and now >= self.itl_multiplier_from:
             return self.itl_multiplier
         return 1.0
+
+    def added_for(self, gpu_hit_tokens: int) -> float:
+        """The latency added to a request's first token, by what it found in the GPU prefix cache."""
+        return self.added_latency_s + (self.miss_latency_s if gpu_hit_tokens == 0 else 0.0)
 
     def in_outage(self, now: float) -> bool:
         if self.outage_from is None or now < self.outage_from:
@@ -66,6 +74,7 @@ class Faults:
             "in_outage": self.in_outage(now),
             "error_share": self.error_share,
             "error_share_in": rel(self.error_share_from),
+            "miss_latency": self.miss_latency_s,
         }
 
 
@@ -93,6 +102,7 @@ def apply_faults(faults: Faults, body: Mapping[str, Any], now: float) -> None:
         "outage_for",
         "error_share",
         "error_share_after",
+        "miss_latency",
     }
     unknown = sorted(set(body) - known)
     if unknown:
@@ -115,6 +125,8 @@ def apply_faults(faults: Faults, body: Mapping[str, Any], now: float) -> None:
         faults.error_share = v
         faults.error_share_from = now + (num("error_share_after") or 0.0)
         faults._arrivals = 0
+    if (v := num("miss_latency")) is not None:
+        faults.miss_latency_s = v
     if (v := num("outage_after")) is not None or "outage_for" in body:
         start = now + (v or 0.0)
         duration = num("outage_for")
