@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -247,3 +248,135 @@ def test_a_held_policy_shows_the_workload_and_the_preflight_verdict() -> None:
         "max GPU KV usage 55%, 0 preemptions/s"
     ) in text
     assert "Preflight (30s ago): offload will not pay: GPU memory is not the constraint" in text
+
+
+# --- how sure each row is (issue 37) -----------------------------------------------------------------
+
+SURE = {
+    **ANALYSIS,
+    "verdict": "Fail",
+    "message": "ttftP99Ratio over maxRegression",
+    "metrics": [
+        {"name": "requests", "canary": 412, "threshold": 50, "passed": True},
+        # The interval here bounds the share of requests over the budget, not the p99: not shown.
+        {
+            "name": "ttftP99",
+            "canary": 0.412,
+            "stable": 0.388,
+            "threshold": 0.5,
+            "passed": True,
+            "pValue": 0.93,
+            "alpha": 8.3e-05,
+            "interval": [0.002, 0.031],
+        },
+        {
+            "name": "ttftP99Ratio",
+            "canary": 1.31,
+            "threshold": 1.2,
+            "passed": False,
+            "message": "canary p99 1.31x the stable's",
+            "pValue": 3e-05,
+            "alpha": 8e-05,
+            "interval": [1.18, 1.45],
+        },
+        {
+            "name": "itlP99Ratio",
+            "canary": 1.25,
+            "threshold": 1.2,
+            "passed": None,
+            "message": "over 1.20x, not yet sure",
+            "pValue": 0.0021,
+            "alpha": 8.3e-05,
+            "interval": [1.02, 1.61],
+            "requestsNeeded": 12400,
+        },
+        {
+            "name": "errorShare",
+            "canary": 0.004,
+            "threshold": 0.01,
+            "passed": True,
+            "pValue": 0.99,
+            "alpha": 8.3e-05,
+            "interval": [0.001, 0.012],
+        },
+        {"name": "externalShare", "canary": 0.31, "threshold": 0.02, "passed": True},
+    ],
+}
+
+
+def metric_table(text: str) -> dict[str, str]:
+    """The metric table's lines by their first cell (the header under METRIC)."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.split()[:1] == ["METRIC"])
+    table = {}
+    for line in lines[start:]:
+        if not line.startswith("  ") or not line.strip():
+            break
+        table[line.split()[0]] = line
+    return table
+
+
+def cells(line: str) -> list[str]:
+    """A table line's cells: columns are two spaces apart at least, and no cell holds two spaces."""
+    return re.split(r" {2,}", line.strip())
+
+
+def test_each_row_says_how_sure_it_is_in_an_evidence_column() -> None:
+    rows = metric_table(render(policy({**PROMOTING, "lastAnalysis": SURE}), now=NOW))
+    header = rows["METRIC"]
+    assert cells(header) == ["METRIC", "CANARY", "STABLE", "THRESHOLD", "RESULT", "EVIDENCE", "WHY"]
+    column = header.index("EVIDENCE")
+    assert all(line[column - 2 : column] == "  " for line in rows.values())  # one column for every row
+    assert cells(rows["ttftP99Ratio"]) == [
+        "ttftP99Ratio", "1.31x", "-", "<= 1.20x", "FAIL", "[1.18x, 1.45x] p=3e-05 (alpha 8e-05)",
+        "canary p99 1.31x the stable's",
+    ]  # fmt: skip
+    # A p99 row: the p-value of its budget test, and no interval in another unit beside its milliseconds.
+    assert cells(rows["ttftP99"])[5:] == ["p=0.93 (alpha 8.3e-05)"]
+    assert cells(rows["errorShare"])[5:] == ["[0.1%, 1.2%] p=0.99 (alpha 8.3e-05)"]
+    # Inconclusive: the requests the breach would need, after its reason.
+    assert cells(rows["itlP99Ratio"])[4:] == [
+        "-", "[1.02x, 1.61x] p=0.0021 (alpha 8.3e-05)", "over 1.20x, not yet sure; needs ~12,400 canary requests"
+    ]  # fmt: skip
+    assert cells(rows["requests"])[5:] == ["-"]
+    assert cells(rows["externalShare"]) == ["externalShare", "31.0%", "-", ">= 2.0%", "pass", "-"]
+    # The fixed columns leave the reason room on a 120-column terminal.
+    assert header.index("WHY") <= 100
+
+
+def test_rows_without_evidence_read_as_before() -> None:
+    # No EVIDENCE column at all; an Inconclusive row's needs still follow its reason.
+    text = render(policy(PROMOTING), now=NOW)
+    assert metric_table(text) == {
+        "METRIC": "  METRIC         CANARY   STABLE   THRESHOLD   RESULT  WHY",
+        "ttftP99": "  ttftP99        212.0ms  388.0ms  <= 500.0ms  pass",
+        "ttftP99Ratio": "  ttftP99Ratio   0.55x    -        <= 1.50x    pass",
+        "externalShare": "  externalShare  31.0%    -        >= 2.0%     pass",
+    }
+    waiting = {
+        **ANALYSIS,
+        "metrics": [{"name": "ttftP99Ratio", "canary": 1.3, "threshold": 1.2, "requestsNeeded": 640}],
+    }
+    rows = metric_table(render(policy({**PROMOTING, "lastAnalysis": waiting}), now=NOW))
+    assert cells(rows["METRIC"]) == ["METRIC", "CANARY", "STABLE", "THRESHOLD", "RESULT", "WHY"]
+    assert cells(rows["ttftP99Ratio"]) == ["ttftP99Ratio", "1.30x", "-", "<= 1.20x", "-", "needs ~640 canary requests"]
+
+
+def test_json_carries_the_evidence_where_there_is_some() -> None:
+    metrics = to_json(policy({**PROMOTING, "lastAnalysis": SURE}))["status"]["lastAnalysis"]["metrics"]
+    by_name = {m["name"]: m for m in metrics}
+    assert {k: by_name["itlP99Ratio"][k] for k in ("pValue", "alpha", "interval", "requestsNeeded")} == {
+        "pValue": 0.0021,
+        "alpha": 8.3e-05,
+        "interval": [1.02, 1.61],
+        "requestsNeeded": 12400,
+    }
+    assert by_name["ttftP99"]["interval"] == [0.002, 0.031]  # the JSON is the model's: every field, as written
+    assert not {"pValue", "alpha", "interval", "requestsNeeded"} & set(by_name["externalShare"])
+
+
+def test_the_requests_needed_are_said_once_when_the_message_says_them() -> None:
+    said = "over maxRegression 1.2, not yet beyond chance; about 12400 canary requests would settle it"
+    row = {"name": "itlP99Ratio", "canary": 1.25, "threshold": 1.2, "message": said, "requestsNeeded": 12400}
+    rows = metric_table(render(policy({**PROMOTING, "lastAnalysis": {**ANALYSIS, "metrics": [row]}}), now=NOW))
+    assert cells(rows["itlP99Ratio"])[-1] == said

@@ -75,6 +75,8 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
         "Reconcile cycle time",
         "Kubernetes API errors",
         "Custom metrics",
+        "How sure each gate is",
+        "Canary/stable latency ratio",
     ):
         assert any(title.startswith(wanted) for title in titles), wanted
     annotations = {a["name"]: a for a in load_dashboard()["annotations"]["list"]}
@@ -88,7 +90,13 @@ RUNNING = "sum(vllm:num_requests_running{ {{ selector }} })"
 
 FLEET = ("Policies per phase", "Rollbacks per day", "Reconcile cycle time", "Kubernetes API errors")
 """The fleet row's panels: every policy of the chosen clusters, not the chosen one."""
-PER_POLICY = ("kvoffload_policy_", "kvoffload_variant_", "kvoffload_tier_capacity_", "kvoffload_custom_metric_")
+PER_POLICY = (
+    "kvoffload_policy_",
+    "kvoffload_variant_",
+    "kvoffload_tier_capacity_",
+    "kvoffload_custom_metric_",
+    "kvoffload_analysis_",
+)
 """The operator's per-policy families: labelled policy_namespace and policy (controller/metrics.py)."""
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -40,14 +41,19 @@ Obj = dict[str, Any]
 
 
 def fleet() -> OperatorMetrics:
-    """An operator serving three policies: llm/chat's canary OOM-killed, llm/steady Stable, staging/chat rolled
-    back on a guard breach (a policy of the same name in another namespace)."""
+    """An operator serving three policies: llm/chat's canary OOM-killed (its latest analysis sure of a latency
+    ratio breach), llm/steady Stable, staging/chat rolled back on a guard breach (a policy of the same name in
+    another namespace)."""
     metrics = OperatorMetrics()
     metrics.leader.set(1)
     metrics.cycle_seconds.observe(0.2)
-    metrics.publish_policy(
-        "1", PolicySeries("llm", "chat", Phase.ROLLED_BACK.value, (("Degraded", "CanaryOOMKilled", True),))
+    chat = PolicySeries("llm", "chat", Phase.ROLLED_BACK.value, (("Degraded", "CanaryOOMKilled", True),))
+    evidence = (
+        ("ttftP99", 0.93, 8e-05, None),
+        ("ttftP99Ratio", 3e-05, 8e-05, (1.18, 1.45)),
+        ("errorShare", 0.99, 8e-05, (0.001, 0.012)),
     )
+    metrics.publish_policy("1", replace(chat, evidence=evidence))
     metrics.publish_policy("2", PolicySeries("llm", "steady", Phase.STABLE.value, (("Degraded", "AsExpected", False),)))
     metrics.publish_policy(
         "3", PolicySeries("staging", "chat", Phase.ROLLED_BACK.value, (("Degraded", "GuardBreach", True),))
@@ -149,6 +155,19 @@ def test_every_dashboard_query_parses_and_the_fleet_row_reads_the_operator(tmp_p
         phases = dict(dashboard_exprs())["Policies per phase"]
         counts = {s["metric"]["phase"]: float(s["value"][1]) for s in prometheus.query(phases)}
         assert counts == {p.value: 0.0 for p in Phase} | {"RolledBack": 2.0, "Stable": 1.0}
+        # The evidence panels: llm/chat's gates only, and intervals only of the ratios (errorShare's is a share).
+        panels: dict[str, list[str]] = {}
+        for where, expr in dashboard_exprs():
+            panels.setdefault(where, []).append(expr)
+        (p_values, alphas) = next(exprs for where, exprs in panels.items() if where.startswith("How sure each gate"))
+        (lows, highs) = next(exprs for where, exprs in panels.items() if where.startswith("Canary/stable latency"))
+
+        def read(expr: str) -> dict[str, float]:
+            return {s["metric"]["metric"]: float(s["value"][1]) for s in prometheus.query(expr)}
+
+        assert read(p_values) == {"ttftP99": 0.93, "ttftP99Ratio": 3e-05, "errorShare": 0.99}
+        assert read(alphas) == {"ttftP99": 8e-05, "ttftP99Ratio": 8e-05, "errorShare": 8e-05}
+        assert (read(lows), read(highs)) == ({"ttftP99Ratio": 1.18}, {"ttftP99Ratio": 1.45})
         errors = dict(dashboard_exprs())["Kubernetes API errors"]
         rates = prometheus.wait_for_series(errors, count=len(API_OPERATIONS))  # once a rate has two samples
         assert {float(s["value"][1]) for s in rates} == {0.0}  # a healthy operator's reads 0, not "no data"

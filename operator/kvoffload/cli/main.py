@@ -270,10 +270,11 @@ def analyze(
     import json
     from dataclasses import replace
 
-    from kvoffload.analysis.assess import assess, format_metric_value, format_threshold
+    from kvoffload.analysis.assess import assess
     from kvoffload.analysis.dialects import confirm_dialect, policy_dialect
     from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider, Target
     from kvoffload.api.types import Verdict
+    from kvoffload.cli.statusview import metric_rows
     from kvoffload.policy.ladder import build_ladder, find_level
     from kvoffload.policy.loading import load_policy
     from kvoffload.policy.render import config_hash
@@ -344,22 +345,10 @@ def analyze(
             f"{namespace}/{policy.metadata.name}: level {chosen.index} ({chosen.name}), {who}, "
             f"window {spec.analysis.window}, vLLM dialect {target.dialect.name}, Prometheus {provider.url}"
         )
-        rows = [("METRIC", "CANARY", "STABLE", "THRESHOLD", "RESULT", "WHY")]
-        for m in result.metrics:
-            verdict = {True: "pass", False: "FAIL", None: "-"}[m.passed]
-            rows.append(
-                (
-                    m.name,
-                    format_metric_value(m.name, m.canary),
-                    format_metric_value(m.name, m.stable),
-                    format_threshold(m.name, m.threshold),
-                    verdict,
-                    m.message,
-                )
-            )
-        widths = [max(len(r[i]) for r in rows) for i in range(5)]
+        rows = metric_rows(result.metrics)
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
         for r in rows if result.metrics else []:
-            click.echo("  ".join(cell.ljust(w) for cell, w in zip(r[:5], widths, strict=True)) + "  " + r[5])
+            click.echo("  ".join(cell.ljust(w) for cell, w in zip(r[:-1], widths, strict=True)) + "  " + r[-1])
         click.echo(f"verdict: {result.verdict.value}: {result.message}")
     codes = {Verdict.PASS: 0, Verdict.FAIL: EXIT_FAIL, Verdict.INCONCLUSIVE: EXIT_INCONCLUSIVE}
     sys.exit(codes[result.verdict])

@@ -16,6 +16,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvoffload.analysis.assess import format_metric_value, format_threshold
+from kvoffload.analysis.confidence import format_evidence, format_needed
 from kvoffload.api.conventions import PROGRESSING, ROLLBACK_DECISIONS, Reason
 from kvoffload.api.quantity import format_duration
 from kvoffload.api.types import (
@@ -24,6 +25,7 @@ from kvoffload.api.types import (
     Condition,
     HistoryEntry,
     KVOffloadPolicyStatus,
+    MetricResult,
     Percentiles,
     Phase,
     VariantStatus,
@@ -221,20 +223,39 @@ def _analysis_lines(analysis: AnalysisStatus, now: datetime) -> list[str]:
     if analysis.message:
         lines.append(f"  {analysis.message}")
     if analysis.metrics:
-        rows = [["METRIC", "CANARY", "STABLE", "THRESHOLD", "RESULT", "WHY"]]
-        for m in analysis.metrics:
-            rows.append(
-                [
-                    m.name,
-                    format_metric_value(m.name, m.canary),
-                    format_metric_value(m.name, m.stable),
-                    format_threshold(m.name, m.threshold),
-                    {True: "pass", False: "FAIL", None: "-"}[m.passed],
-                    m.message,
-                ]
-            )
-        lines.extend(table(rows))
+        lines.extend(table(metric_rows(analysis.metrics)))
     return lines
+
+
+def metric_rows(metrics: Sequence[MetricResult]) -> list[list[str]]:
+    """The metric table of ``kvoffload status`` and ``kvoffload analyze``, header first. EVIDENCE (how sure: the
+    interval, the p-value against alpha) is a column only when some row has any, so a table without reads as
+    before; the requests an Inconclusive row would need go after its WHY, where it does not say them."""
+    evidence = [format_evidence(m) for m in metrics]
+    shown = any(evidence)
+    rows = [["METRIC", "CANARY", "STABLE", "THRESHOLD", "RESULT", *(["EVIDENCE"] if shown else []), "WHY"]]
+    for m, sure in zip(metrics, evidence, strict=True):
+        rows.append(
+            [
+                m.name,
+                format_metric_value(m.name, m.canary),
+                format_metric_value(m.name, m.stable),
+                format_threshold(m.name, m.threshold),
+                {True: "pass", False: "FAIL", None: "-"}[m.passed],
+                *([sure or "-"] if shown else []),
+                _why(m),
+            ]
+        )
+    return rows
+
+
+def _why(m: MetricResult) -> str:
+    """The row's message, then the requests an Inconclusive breach would need unless the message names them."""
+    n = m.requests_needed
+    # The built-in gates' messages may say it already ("about 640 canary requests would settle it"): say it once.
+    if n is None or str(n) in m.message or f"{n:,}" in m.message:
+        return m.message
+    return f"{m.message}; {format_needed(m)}" if m.message else format_needed(m)
 
 
 def _condition_rows(conditions: Sequence[Condition], now: datetime) -> list[list[str]]:

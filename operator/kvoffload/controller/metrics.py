@@ -33,11 +33,16 @@ Per policy (labels ``policy_namespace`` and ``policy``; alerts and the dashboard
   request together (the pool per replica times the desired replicas).
 - ``kvoffload_tier_capacity_tokens{level,tier}``: tokens each offload tier of each ladder level holds
   per pod, as ``kvoffload plan`` gives them (also on the pods: ``kvoffload.io/tier-capacity-tokens``).
+- ``kvoffload_analysis_p_value{metric}`` and ``kvoffload_analysis_alpha{metric}``: how sure each built-in
+  latency and error gate of the latest analysis is (a breach counts when the p-value is under alpha);
+  ``kvoffload_analysis_interval_low{metric}`` and ``..._high``: the 95 % interval of its value, on the rows
+  where that is in the value's unit (the canary/stable ratios, errorShare: analysis/confidence.py).
 
 Their cardinality is bounded per policy, whatever the traffic: one series per phase, per condition
 type (with its current reason only), per decision (with its latest stage only), per running variant
-(two at most), and per tier of each ladder level. Every label value comes from a fixed enum or the
-policy's own ladder; none from requests, pods or time, so rolling pods or a long life add nothing.
+(two at most), per tier of each ladder level, and per built-in gate. Every label value comes from a
+fixed enum or the policy's own ladder; none from requests, pods or time, so rolling pods or a long life
+add nothing.
 
 No label is one Prometheus sets on a target (``namespace``, ``pod``, ``job``, ``instance``, ``service``,
 ``container``, ``endpoint``): the policy's namespace is ``policy_namespace``, so the series mean the same
@@ -58,6 +63,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from kvoffload.analysis.confidence import shown_interval
 from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PAUSED, PROGRESSING, Decision, Reason
 from kvoffload.api.quantity import parse_duration
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase
@@ -115,6 +121,9 @@ class PolicySeries:
     """Custom metrics of the latest analysis: (metric, gated or dryRun, template or "", canary value or None if
     absent, passed). The stable value goes apart: ``custom_stable``."""
     custom_stable: tuple[tuple[str, str, str, float], ...] = ()
+    evidence: tuple[tuple[str, float | None, float | None, tuple[float, float] | None], ...] = ()
+    """Built-in gates of the latest analysis that say how sure they are: (metric, p-value, alpha, 95 % interval
+    where it is in the value's unit)."""
 
     @classmethod
     def of(
@@ -130,7 +139,14 @@ class PolicySeries:
         newest: dict[str, tuple[str, float]] = {}
         for entry in status.history:  # oldest first: the newest of each decision wins
             newest[entry.decision] = (entry.stage, entry.time.timestamp())
-        custom = [m for m in (status.last_analysis.metrics if status.last_analysis else []) if m.dry_run is not None]
+        rows = status.last_analysis.metrics if status.last_analysis else []
+        custom = [m for m in rows if m.dry_run is not None]
+        # Built-in rows only: their names are a fixed set, so the metric label stays bounded.
+        sure = [
+            (m.name, m.p_value, m.alpha, shown_interval(m))
+            for m in rows
+            if m.dry_run is None and (m.p_value is not None or m.alpha is not None or shown_interval(m) is not None)
+        ]
         series = cls(
             namespace=namespace,
             name=name,
@@ -145,6 +161,7 @@ class PolicySeries:
                 for m in custom
                 if m.stable is not None
             ),
+            evidence=tuple(sure),
         )
         if spec is None or not ladder:
             return series
@@ -256,6 +273,29 @@ class _PolicyCollector(Collector):
             "absent when it was not judged.",
             labels=[*POLICY_LABELS, "metric", "mode", "template"],
         )
+        p_value = GaugeMetricFamily(
+            "kvoffload_analysis_p_value",
+            "One-sided p-value of each built-in latency and error gate at the latest analysis: a breach counts when "
+            "it is under kvoffload_analysis_alpha; absent where the gate computed none.",
+            labels=[*POLICY_LABELS, "metric"],
+        )
+        alpha = GaugeMetricFamily(
+            "kvoffload_analysis_alpha",
+            "The p-value a breach of each built-in gate must come under at the latest analysis "
+            "(analysis.falseRollbackRate shared over the step's analyses and gates).",
+            labels=[*POLICY_LABELS, "metric"],
+        )
+        low = GaugeMetricFamily(
+            "kvoffload_analysis_interval_low",
+            "Lower bound of the 95 % interval of the gate's value at the latest analysis, in its unit: "
+            "ttftP99Ratio and itlP99Ratio the canary/stable latency ratio, errorShare the failed share.",
+            labels=[*POLICY_LABELS, "metric"],
+        )
+        high = GaugeMetricFamily(
+            "kvoffload_analysis_interval_high",
+            "Upper bound of the 95 % interval of the gate's value at the latest analysis (as the lower one).",
+            labels=[*POLICY_LABELS, "metric"],
+        )
         for p in policies:
             who = [p.namespace, p.name]
             for value in Phase:
@@ -278,7 +318,16 @@ class _PolicyCollector(Collector):
                     custom_passed.add_metric([*who, metric, mode, template], 1.0 if passed else 0.0)
             for metric, mode, template, stable_reading in p.custom_stable:
                 custom_value.add_metric([*who, metric, "stable", mode, template], stable_reading)
+            for metric, p_reading, alpha_reading, bounds in p.evidence:
+                if p_reading is not None:
+                    p_value.add_metric([*who, metric], p_reading)
+                if alpha_reading is not None:
+                    alpha.add_metric([*who, metric], alpha_reading)
+                if bounds is not None:
+                    low.add_metric([*who, metric], bounds[0])
+                    high.add_metric([*who, metric], bounds[1])
         yield from (phase, condition, deadline, decisions, variant, pinned, capacity, custom_value, custom_passed)
+        yield from (p_value, alpha, low, high)
 
 
 class SweepTimer:
