@@ -69,8 +69,9 @@ def sample(rng: np.random.Generator, n: int, median: float, *, p99: float | None
 
 
 def test_cells_read_buckets_as_histogram_quantile_does() -> None:
-    # Unsorted, a repeated bound, and a count that falls (a counter reset mid-window) are read monotonically.
-    got = cells(((0.5, 7.0), (0.1, 2.0), (0.25, 9.0), (0.25, 8.0), (math.inf, 10.0)))
+    # Unsorted, a repeated bound (added, as coalesceBuckets does), and a count that falls (a counter reset
+    # mid-window) read monotonically.
+    got = cells(((0.5, 7.0), (0.1, 2.0), (0.25, 4.0), (0.25, 5.0), (math.inf, 10.0)))
     assert got == [(0.0, 0.1, 2.0), (0.1, 0.25, 7.0), (0.25, 0.5, 0.0), (0.5, math.inf, 1.0)]
     assert cells(((0.1, 2.0), (0.25, 9.0))) == []  # no +Inf: no histogram, as Prometheus says NaN
 

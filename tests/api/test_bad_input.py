@@ -82,6 +82,10 @@ EXPECTED: dict[str, tuple[set[str], set[str]]] = {
         {"spec.replicas", "spec.rollout.autoPromote", "spec.analysis.errors.maxShare"},
         {"spec.replicas", "spec.rollout.autoPromote", "spec.analysis.errors.maxShare"},
     ),
+    "toleration-seconds-without-no-execute.yaml": (
+        {"spec.gpu.tolerations[0]"},
+        {"spec.gpu.tolerations[0].tolerationSeconds"},
+    ),
     "observe-selector-widened.yaml": (
         {"spec.rollout.observe.selector.matchLabels.app"},
         {"spec.rollout.observe.selector.matchLabels.app"},
@@ -105,6 +109,7 @@ MODEL_MESSAGES = {
     "preflight-prompt-too-long.yaml": "rollout.preflight.promptTokens must be at most model.maxModelLen",
     "observe-without-selector.yaml": "rollout.observe.selector is required when rollout.observeOnly is true",
     "scalar-types.yaml": "must be a number, not str '4'",
+    "toleration-seconds-without-no-execute.yaml": "tolerationSeconds needs effect NoExecute",
 }
 
 CASES = pytest.mark.parametrize("name", sorted(EXPECTED))

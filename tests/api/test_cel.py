@@ -214,6 +214,16 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {"a": "b", "container.seccomp.security.alpha.kubernetes.io/x": "localhost/p.json"},
         ],
     ),
+    "tolerationSeconds needs effect NoExecute": (
+        [
+            {"key": "k", "operator": "Exists", "effect": "NoSchedule"},
+            {"key": "k", "operator": "Exists", "effect": "NoExecute", "tolerationSeconds": 30},
+        ],
+        [
+            {"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 2},
+            {"key": "k", "operator": "Exists", "tolerationSeconds": 2},  # no effect: every effect
+        ],
+    ),
     "rollout.observe.selector is required when rollout.observeOnly is true": (
         [
             {},
@@ -243,6 +253,7 @@ POD_TEMPLATE_AT = {
     "may not change the pod's security profile (AppArmor, seccomp annotations), which the operator sets": lambda v: {
         "metadata": {"annotations": v}
     },
+    "tolerationSeconds needs effect NoExecute": lambda v: {"tolerations": [v]},
 }
 
 

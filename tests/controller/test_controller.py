@@ -364,7 +364,10 @@ async def _failing_until_due(kube: EmulatedCluster, clock: Clock) -> tuple[Contr
     is then due 0.2 s on, which the last plan asks to come back for."""
     provider = SwitchedProvider()
     controller = new_controller(kube, provider, clock)
-    await create_policy(kube)
+    spec = chat_spec()
+    # Judged from the step start: the latency of a canary in its warm-up is not gated (tests/rollout/test_warmup.py).
+    spec["analysis"]["warmup"] = {"enabled": False}
+    await create_policy(kube, spec=spec)
     await controller.reconcile(policy_body(kube))
     await run_pods(kube, "chat-gpu-only", 4)
     await reconcile_until(controller, kube, clock, lambda: deployment(kube, "chat-cpu") is not None)

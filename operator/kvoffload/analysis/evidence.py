@@ -67,13 +67,14 @@ def look_alpha(rate: float, looks: int, gates: int) -> float:
 
 
 def cells(histogram: Histogram) -> list[tuple[float, float, float]]:
-    """(lower bound, upper bound, count) per bucket, as ``histogram_quantile`` reads them: bounds sorted and
-    merged, counts made monotonic, the first bucket from 0. Empty when there is no ``inf`` bucket."""
+    """(lower bound, upper bound, count) per bucket, as ``histogram_quantile`` reads them: bounds sorted, the counts
+    of equal bounds added (Prometheus' ``coalesceBuckets``), counts made monotonic, the first bucket from 0. Empty
+    when there is no ``inf`` bucket."""
     merged: dict[float, float] = {}
     for bound, count in histogram:
         if math.isnan(bound) or math.isnan(count):
             continue
-        merged[bound] = max(merged.get(bound, 0.0), count)
+        merged[bound] = merged.get(bound, 0.0) + count
     bounds = sorted(merged)
     if not bounds or not math.isinf(bounds[-1]):
         return []

@@ -384,8 +384,19 @@ class TopologySpreadConstraint(Model):
     match_label_keys: list[LabelKey] = Field(default_factory=list, max_length=32, description="Keys to match.")
 
 
+_TOLERATION_SECONDS_RULE = (
+    "!has(self.tolerationSeconds) || (has(self.effect) && self.effect == 'NoExecute')",
+    "tolerationSeconds needs effect NoExecute",
+    ".tolerationSeconds",
+)
+
+
 class Toleration(Model):
     """A Kubernetes toleration."""
+
+    # Kubernetes' own rule (ValidateTolerations): without it the CRD admits a policy whose Deployment the API server
+    # then refuses, and the policy never gets a status.
+    model_config = ConfigDict(json_schema_extra=cel_rules(_TOLERATION_SECONDS_RULE))
 
     key: str | None = Field(default=None, max_length=316, description="Taint key.")
     operator: Literal["Exists", "Equal"] | None = Field(default=None, description="Exists or Equal.")
@@ -394,6 +405,12 @@ class Toleration(Model):
     toleration_seconds: int | None = Field(
         default=None, ge=0, le=2**31 - 1, description="For NoExecute: how long to stay."
     )
+
+    @model_validator(mode="after")
+    def _seconds_for_no_execute(self) -> Self:
+        if self.toleration_seconds is not None and self.effect != "NoExecute":
+            raise ValueError("tolerationSeconds needs effect NoExecute")
+        return self
 
 
 # --- the overlay ---------------------------------------------------------------------------
