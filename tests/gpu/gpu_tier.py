@@ -17,6 +17,8 @@ tests/gpu/prepare_local.py from `kvoffload render` output) and, step by step unt
   big       (if time is left) a random Qwen3-8B with its 8 GiB level, verbatim: memory
   big_econ  the economics protocol on Qwen3-8B (CUDA graphs, 520 GPU blocks); big_eager the same eager
   boundary  held-out check of the per-layer sizing rule: 3.5 and 3.6 GiB tiers on Qwen3-0.6B, memory only
+  q06_graph, q8_graph, q4_graph, q06_eager, q8_eager, llama8_graph
+            issue 38: `kvoffload calibrate --engine-url` against each model and mode (see calib())
 
 ONLY=a,b runs just those steps after install/probe/smoke/build; STEPS=a,b on a machine already set up
 (the kit in /tmp/site): probe, then those steps.
@@ -66,6 +68,24 @@ SHAPES = {
         num_key_value_heads=8,
         head_dim=128,
         tie_word_embeddings=True,
+    ),
+    "Qwen/Qwen3-4B": dict(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=True,
+    ),
+    "meta-llama/Llama-3.1-8B": dict(
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        tie_word_embeddings=False,
     ),
     "Qwen/Qwen3-8B": dict(
         hidden_size=4096,
@@ -284,8 +304,13 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 t = time.time()
 shape = {SHAPES[name]!r}
-cfg = Qwen3Config(vocab_size={VOCAB}, max_position_embeddings=40960, rms_norm_eps=1e-6,
-                  bos_token_id=151643, eos_token_id=151645, rope_theta=1000000.0, **shape)
+if {name.startswith("meta-llama/")!r}:
+    from transformers import LlamaConfig as Qwen3Config, LlamaForCausalLM as Qwen3ForCausalLM
+    cfg = Qwen3Config(vocab_size={VOCAB}, max_position_embeddings=131072, rms_norm_eps=1e-5,
+                      bos_token_id=151643, eos_token_id=151645, rope_theta=500000.0, **shape)
+else:
+    cfg = Qwen3Config(vocab_size={VOCAB}, max_position_embeddings=40960, rms_norm_eps=1e-6,
+                      bos_token_id=151643, eos_token_id=151645, rope_theta=1000000.0, **shape)
 torch.manual_seed(0)
 torch.set_default_dtype(torch.bfloat16)
 with torch.device("cuda"):
@@ -1035,6 +1060,104 @@ def boundary() -> dict:
         finally:
             e.stop()
     return {}
+
+
+# ------------------------------------------------------------------------------------------ issue 38: engine calibration
+CAL_FIT = "256,1024,2048,4096"  # fitted
+CAL_HELD = "1480,3200,6000"  # measured, never fitted: issue 26's lengths and a longer one
+CAL_REPS = os.environ.get("CAL_REPS", "2")
+
+
+def gpu_class() -> str:
+    """The catalog's class of this machine's GPU (the device tool lends H100 80GB and H200 141GB)."""
+    name = sh("nvidia-smi --query-gpu=name --format=csv,noheader")["out"]
+    return "nvidia-h200-141gb" if "H200" in name else "nvidia-h100-80gb"
+
+
+def calib(tag: str, model: str, eager: bool, held_out_model: bool) -> dict:
+    """`kvoffload calibrate --engine-url` (the repo's CLI) against vLLM 0.26 serving a random-weight `model`
+    with a 4 GiB CPU tier and 520 GPU blocks (fillers of 2,048 tokens turn it over while the tier keeps the
+    prompt). Fitted models add their run to one engine profile; held-out models go to files of their own."""
+    if left() < 240:
+        raise RuntimeError(f"skipped: only {left():.0f}s left")
+    build(model)
+    key = f"cal_{tag}"
+    LEVELS[key] = dict(
+        LEVELS["qwen3-8b-h100-cpu8g-level1"],
+        file="(issue 38 calibration: not a rendered level)",
+        args=[
+            "--model",
+            model,
+            "--served-model-name",
+            "cal",
+            "--port",
+            "8000",
+            "--max-model-len",
+            "8192",
+            "--gpu-memory-utilization",
+            "0.9",
+            "--kv-offloading-size",
+            "4",
+            "--kv-offloading-backend",
+            "native",
+        ],
+        shm_size_limit="1Gi",
+        shm_bytes=1 << 30,
+    )
+    e = Engine(key, key, 8000, extra=["--num-gpu-blocks-override", OVERRIDE] + (["--enforce-eager"] if eager else []))
+    out: dict = {}
+    try:
+        e.start()
+        if not e.wait_up(400):
+            raise RuntimeError("not up: " + e.log_tail(20))
+        env = dict(os.environ, PYTHONPATH=f"/tmp/repo/operator:{EXTRA}:{SITE}")
+        target = f"{RES}/heldout-{tag}.json" if held_out_model else f"{RES}/engine-profile.json"
+        cmd = [
+            sys.executable,
+            "-c",
+            "import sys; from kvoffload.cli.main import main; sys.argv[0]='kvoffload'; main()",
+            "calibrate",
+            "--engine-url",
+            e.url,
+            "--model",
+            model,
+            "--gpu-class",
+            gpu_class(),
+            "--engine-mode",
+            "eager" if eager else "cudagraph",
+            "--lengths",
+            "" if held_out_model else CAL_FIT,
+            "--hold-out",
+            CAL_HELD,
+            "--reps",
+            "3",
+            "--out",
+            target,
+            "--raw",
+            f"{RES}/raw-{tag}.json",
+        ]
+        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=max(60, left() - 30))
+        out = {"rc": p.returncode, "argv": cmd[3:], "stderr": p.stderr[-6000:]}
+        log(f"calibrate {tag} rc={p.returncode}:\n" + p.stderr[-2500:])
+        e.rec["calibrate"] = out
+        graphs = [ln for ln in open(f"{RES}/server_{e.name}.log", errors="replace") if "capture" in ln.lower()][:6]
+        e.rec["graph_capture_lines"] = graphs
+    finally:
+        e.stop()
+    return out
+
+
+CAL_STEPS = {
+    _tag: step(_tag)(lambda t=_tag, m=_model, x=_eager, h=_held: calib(t, m, x, h))
+    for _tag, _model, _eager, _held in (
+        ("q06_graph", "Qwen/Qwen3-0.6B", False, False),
+        ("q8_graph", "Qwen/Qwen3-8B", False, False),
+        ("q4_graph", "Qwen/Qwen3-4B", False, True),
+        ("q06_eager", "Qwen/Qwen3-0.6B", True, False),
+        ("q8_eager", "Qwen/Qwen3-8B", True, False),
+        ("llama8_graph", "meta-llama/Llama-3.1-8B", False, True),
+    )
+}
 
 
 STEPS = {

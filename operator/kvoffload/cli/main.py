@@ -93,20 +93,30 @@ def main() -> None:
     type=click.IntRange(min=1),
     default=1480,
     show_default=True,
-    help="The model's typical prompt, for the break-even of restore against recompute.",
+    help="The model's typical prompt, for the break-even of restore against recompute and the forecast.",
+)
+@click.option(
+    "--gpu-class",
+    default=None,
+    metavar="CLASS",
+    help="Forecast on this GPU class's engine profile instead of spec.gpu.class.",
 )
 @OUTPUT
 @judged_as_the_cluster
 @reports_bad_input
-def plan(file: Path, prompt_tokens: int, output: str, tenancy: Tenancy) -> None:
+def plan(file: Path, prompt_tokens: int, gpu_class: str | None, output: str, tenancy: Tenancy) -> None:
     """Size a policy: KV bytes per token, tokens per tier, pinned pool, /dev/shm, host memory, warnings,
     and whether restoring a prompt from the CPU tier beats recomputing it on this GPU class.
+
+    The forecast is the engine's own time to first token (cold, GPU hit, CPU restore), from the class's
+    engine profile (`kvoffload calibrate --engine-url`); the break-even is the copy against a PyTorch forward.
 
     A policy with spec.model.configMap is sized from a ConfigMap of that name in the same file.
     """
     import json
 
     from kvoffload.economics.breakeven import plan_economics
+    from kvoffload.economics.enginecost import plan_forecast
     from kvoffload.policy.loading import iter_documents, load_policy
     from kvoffload.policy.sizing import format_plan, plan_policy, resolve_config_map
 
@@ -118,15 +128,34 @@ def plan(file: Path, prompt_tokens: int, output: str, tenancy: Tenancy) -> None:
         economics["note"] = (
             f"the restore is priced as vLLM moves the KV; {engine_for(policy.spec).title}'s own path is not modelled"
         )
+    forecast = plan_forecast(gpu_class or result.gpu_class, policy.spec, prompt_tokens)
     if output == "json":
         document = result.model_dump(mode="json", by_alias=True)
         for level in document["levels"]:
             if level["cpuBytes"] is not None:
                 level["economics"] = economics
+        document["forecast"] = forecast
         click.echo(json.dumps(document, indent=2))
     else:
         click.echo(format_plan(result))
         click.echo(_economics_line(economics))
+        click.echo(_forecast_line(forecast))
+
+
+def _forecast_line(forecast: dict[str, Any]) -> str:
+    if "error" in forecast:
+        return f"forecast: not priced: {forecast['error']}"
+    ttft = forecast["ttftMs"]
+    saving = forecast["savingMs"]
+    return (
+        f"forecast ({forecast['promptTokens']:,}-token prompt, {forecast['engineMode']}, {forecast['source']}): "
+        f"TTFT cold {ttft['cold']:.1f} ms, GPU hit {ttft['gpuHit']:.1f} ms, CPU restore {ttft['cpuRestore']:.1f} ms: "
+        + (
+            f"a restore saves {saving:.1f} ms"
+            if saving > 0
+            else f"a restore costs {-saving:.1f} ms more: the tier does not pay"
+        )
+    )
 
 
 def judged(policy: KVOffloadPolicy, file: Path) -> KVOffloadPolicy:
@@ -162,8 +191,15 @@ def _economics_line(economics: dict[str, Any]) -> str:
 def calibrate(args: tuple[str, ...]) -> None:
     """Measure this GPU's pinned transfers, pinning rate, prefill and decode into a cost profile.
 
-    Runs `python -m kvoffload.economics.calibrate ARGS` (see `kvoffload calibrate --help`).
+    Runs `python -m kvoffload.economics.calibrate ARGS` (see `kvoffload calibrate --help`). With
+    --engine-url, measures a running engine's time to first token instead (`kvoffload calibrate
+    --engine-url URL --help`).
     """
+    if any(a == "--engine-url" or a.startswith("--engine-url=") for a in args):
+        from kvoffload.cli.calibrate import engine_calibrate
+
+        engine_calibrate.main(list(args), prog_name="kvoffload calibrate")
+        return
     from kvoffload.economics import calibrate as calibration
 
     sys.exit(calibration.main(list(args)))

@@ -76,6 +76,11 @@ class Engine(Protocol):
         """The engine's options that load code (dest -> why): refused in ``extraArgs`` unless the admin allows them."""
         ...
 
+    def eager(self, spec: KVOffloadPolicySpec) -> bool:
+        """Whether the policy's flags turn CUDA graphs off (the engine then launches every kernel from the host,
+        a larger fixed cost a request: ``economics/enginecost.py``)."""
+        ...
+
     def judge_extra_args(self, args: Sequence[str], *, allowed: Collection[str] = ()) -> list[ArgProblem]:
         """Every ``extraArgs`` item that would set a managed value, turn on a code-loading option not in
         ``allowed`` (dests or flags the cluster admin allows), or that the engine's parser has no option for."""

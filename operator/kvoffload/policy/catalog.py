@@ -86,6 +86,14 @@ MODELS: tuple[ModelEntry, ...] = (
         max_position_embeddings=40960,
     ),
     ModelEntry(
+        "Qwen/Qwen3-4B",
+        _gqa(36, 8, 128),  # hidden 2560 / 32 heads would give 80: explicit head_dim 128
+        4.0e9,
+        2,
+        _hf("Qwen/Qwen3-4B"),
+        max_position_embeddings=40960,
+    ),
+    ModelEntry(
         "Qwen/Qwen3-8B",
         _gqa(36, 8, 128),
         8.2e9,

@@ -197,6 +197,11 @@ class SGLang:
     def code_options(self) -> Mapping[str, str]:
         return CODE_LOADING_DESTS
 
+    def eager(self, spec: KVOffloadPolicySpec) -> bool:
+        return any(
+            a == "--disable-cuda-graph" or a.lower() == "--disable-cuda-graph=true" for a in spec.model.extra_args
+        )
+
     def judge_extra_args(self, args: Sequence[str], *, allowed: Collection[str] = ()) -> list[ArgProblem]:
         return judge_extra_args(
             args, option_table(), managed=MANAGED_DESTS, code=CODE_LOADING_DESTS, allowed=allowed, engine="SGLang"

@@ -214,6 +214,9 @@ class VLLM:
     def code_options(self) -> Mapping[str, str]:
         return CODE_LOADING_DESTS
 
+    def eager(self, spec: KVOffloadPolicySpec) -> bool:
+        return any(a == "--enforce-eager" or a.lower() == "--enforce-eager=true" for a in spec.model.extra_args)
+
     def judge_extra_args(self, args: Sequence[str], *, allowed: Collection[str] = ()) -> list[ArgProblem]:
         return judge_extra_args(args, allowed=allowed)
 
