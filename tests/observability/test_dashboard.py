@@ -77,6 +77,7 @@ def test_the_dashboard_shows_what_the_issue_asks_for() -> None:
         "Custom metrics",
         "How sure each gate is",
         "Canary/stable latency ratio",
+        "Live payoff",
     ):
         assert any(title.startswith(wanted) for title in titles), wanted
     annotations = {a["name"]: a for a in load_dashboard()["annotations"]["list"]}
@@ -96,6 +97,7 @@ PER_POLICY = (
     "kvoffload_tier_capacity_",
     "kvoffload_custom_metric_",
     "kvoffload_analysis_",
+    "kvoffload_payoff_",
 )
 """The operator's per-policy families: labelled policy_namespace and policy (controller/metrics.py)."""
 

@@ -29,6 +29,7 @@ from kvoffload.analysis.dialects import (
 from kvoffload.analysis.errorgate import ERROR_SHARE, ERROR_SHARE_INCREASE, error_rows
 from kvoffload.analysis.evidence import Histogram, look_alpha
 from kvoffload.analysis.latencygate import Gate, Side, budget_row, ratio_row
+from kvoffload.analysis.payoff import PAYOFF, SubWindow, payoff_row
 from kvoffload.api.quantity import GIB, parse_duration
 from kvoffload.api.types import (
     AnalysisSpec,
@@ -36,6 +37,7 @@ from kvoffload.api.types import (
     BaselineStatus,
     KVOffloadPolicySpec,
     MetricResult,
+    PayoffGate,
     RolloutSpec,
     Verdict,
 )
@@ -62,7 +64,7 @@ exists (vLLM 0.33 on) the CPU tier as allocated, compared with the rendered size
 mismatch, which ``decide()`` treats as a canary's hard failure."""
 
 OBSERVE_NOT_JUDGED = frozenset(
-    {TTFT_RATIO, ITL_RATIO, EXTERNAL_SHARE, TIER_HITS, TIER_HIT_SHARE, LOAD_THROUGHPUT, LIVE_CONFIG}
+    {TTFT_RATIO, ITL_RATIO, EXTERNAL_SHARE, TIER_HITS, TIER_HIT_SHARE, LOAD_THROUGHPUT, LIVE_CONFIG, PAYOFF}
 )
 """Rows an observe-only policy cannot judge: its fleet runs no offload tier, and its canary is its stable side."""
 
@@ -154,6 +156,9 @@ class VariantSample:
     """Labels of vllm:cache_config_info, e.g. kv_offloading_size."""
     workload: WorkloadSample | None = None
     """The baseline's workload figures; None unless the target asked for them (``Target.workload``)."""
+    payoff_rows: tuple[SubWindow, ...] = ()
+    """Increments over the step's sub-windows, oldest first (``Target.payoff_since``): what the live payoff is
+    fitted to. Empty unless the target asked for them."""
 
 
 @dataclass(frozen=True)
@@ -195,6 +200,7 @@ def has_series(sample: VariantSample | None) -> bool:
             or sample.offload_allocated
             or sample.finished
             or sample.http_responses
+            or sample.payoff_rows
         )
         or sample.config is not None
         or (sample.workload is not None and sample.workload != WorkloadSample())
@@ -244,17 +250,29 @@ def _ratio(num: float | None, den: float | None) -> float | None:
 
 GATES_WITH_EVIDENCE = 5
 """TTFT and ITL against budget and against stable, and the failed share against budget: the gates that share
-``analysis.falseRollbackRate`` at each look (the failed share's increase over the stable's is judged on its bound)."""
+``analysis.falseRollbackRate`` at each look (the failed share's increase over the stable's is judged on its bound).
+Where the live payoff gates the level it is a sixth (``look_alpha_of(payoff=True)``)."""
 
 
-def look_alpha_of(spec: AnalysisSpec | KVOffloadPolicySpec) -> float:
+def look_alpha_of(spec: AnalysisSpec | KVOffloadPolicySpec, *, payoff: bool = False) -> float:
     """The p-value a breach must come under at one analysis so a step of ``rollout.stepDuration`` rolls back a canary
     no worse than the stable in at most ``analysis.falseRollbackRate`` of steps (a union bound over its analyses and
-    the gates; without a policy, the default step)."""
+    the gates; without a policy, the default step). ``payoff``: the live payoff gates this level too."""
     analysis = spec.analysis if isinstance(spec, KVOffloadPolicySpec) else spec
     step = spec.rollout.step_duration if isinstance(spec, KVOffloadPolicySpec) else RolloutSpec().step_duration
     looks = math.ceil(parse_duration(step) / parse_duration(analysis.interval))
-    return look_alpha(analysis.false_rollback_rate, looks, GATES_WITH_EVIDENCE)
+    return look_alpha(analysis.false_rollback_rate, looks, GATES_WITH_EVIDENCE + (1 if payoff else 0))
+
+
+def payoff_gates(analysis: AnalysisSpec, level: Level) -> tuple[bool, str]:
+    """Whether ``analysis.payoff`` gates a canary of ``level`` on its live payoff, and why (for the row)."""
+    if analysis.payoff is PayoffGate.REPORT:
+        return False, "analysis.payoff is report"
+    if analysis.payoff is PayoffGate.GATE:
+        return True, "analysis.payoff is gate"
+    if level.secondary_tiers:
+        return True, "a secondary tier must pay (analysis.payoff auto)"
+    return False, "analysis.payoff auto gates levels with a secondary tier"
 
 
 def assess(
@@ -267,6 +285,7 @@ def assess(
     stable_side: bool = True,
     comparing: bool = True,
     observing: bool = False,
+    forecast_saving_us_per_token: float | None = None,
 ) -> Assessment:
     """Judge one cycle. Pure: the same inputs always give the same Assessment.
 
@@ -290,6 +309,10 @@ def assess(
     - ``observing=True``: the subject is a fleet the operator observes and did not render (an observe-only
       policy, canary and stable both that fleet): what needs an offload tier or a canary apart from its stable
       side is reported as not judged (``OBSERVE_NOT_JUDGED``), and only the rest decides.
+    - The live payoff (``payoff``, ``analysis/payoff.py``): a canary of an offload level beside its stable side, from
+      their sub-windows (``VariantSample.payoff_rows``); gated as ``analysis.payoff`` says (``payoff_gates``), after
+      the warm-up. ``forecast_saving_us_per_token``: the economics' forecast of the saving per restored token
+      (``kvoffload plan``'s), shown beside it for the same restored tokens.
     """
     warmed_up = warmed_up and comparing
     analysis = spec.analysis if isinstance(spec, KVOffloadPolicySpec) else spec
@@ -347,7 +370,9 @@ def assess(
         gated=False,
     )
 
-    alpha = look_alpha_of(spec)
+    payoff_measured = canary is not None and stable_side and level.offloads and not observing
+    payoff_gated, payoff_why = payoff_gates(analysis, level)
+    alpha = look_alpha_of(spec, payoff=payoff_measured and payoff_gated)
     shares_window = canary is not None and stable_side and stable_enough and not observing
     for gate, attr, hist_attr, vs_base_name, base_value in (
         (
@@ -473,6 +498,20 @@ def assess(
                 else f"secondary tier {tiers} was never hit on the {who}: it does not pay"
             )
             add(name, c_hits, s_hits, 0.0, ok if enough else None, msg, gated=True)
+
+    # The payoff: what a restored request saves against recomputing it, fitted from both variants' sub-windows.
+    if payoff_measured and (c.payoff_rows or stable.payoff_rows):
+        judged_payoff = payoff_row(
+            c.payoff_rows,
+            stable.payoff_rows,
+            gate=payoff_gated,
+            gate_text=payoff_why,
+            judging=warmed_up,
+            min_requests=min_requests,
+            alpha=alpha,
+            forecast_saving_us_per_token=forecast_saving_us_per_token,
+        )
+        rows.append(_Row(judged_payoff.result, judged_payoff.gated))
 
     # Reported, not gated: transfer health, KV pressure, and what the engines really run.
     add(
@@ -698,6 +737,8 @@ def format_metric_value(name: str, value: float | None) -> str:
         return f"{value * 100:+.1f} pts"
     if name == LOAD_THROUGHPUT:
         return f"{value / 1e9:.1f} GB/s"
+    if name == PAYOFF:
+        return f"{value:+.1f}ms"
     return f"{value:.0f}"
 
 
@@ -713,4 +754,6 @@ def format_threshold(name: str, threshold: float | None) -> str:
         return f"= {threshold:.0f} B (within a chunk)"
     if name.startswith(TIER_HITS):
         return f"> {threshold:.0f}"
+    if name == PAYOFF:
+        return "> 0ms saved"
     return f"<= {format_metric_value(name, threshold)}"

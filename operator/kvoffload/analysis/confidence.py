@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from kvoffload.analysis.assess import ITL_RATIO, TTFT_RATIO, format_metric_value
 from kvoffload.analysis.errorgate import ERROR_SHARE
+from kvoffload.analysis.payoff import PAYOFF
 from kvoffload.api.types import MetricResult
 
-INTERVAL_SHOWN = frozenset({TTFT_RATIO, ITL_RATIO, ERROR_SHARE})
-"""Rows whose ``interval`` is in the unit of their value (a canary/stable ratio, a share). On ttftP99 and itlP99
-it bounds the share of requests over the budget, not the p99 shown: beside ``412.0ms`` it would mislead."""
+INTERVAL_SHOWN = frozenset({TTFT_RATIO, ITL_RATIO, ERROR_SHARE, PAYOFF})
+"""Rows whose ``interval`` is in the unit of their value (a canary/stable ratio, a share, the payoff's ms). On ttftP99
+and itlP99 it bounds the share of requests over the budget, not the p99 shown: beside ``412.0ms`` it would mislead."""
 
 
 def shown_interval(m: MetricResult) -> tuple[float, float] | None:

@@ -54,6 +54,7 @@ from urllib3.util.retry import Retry
 
 from kvoffload.analysis.assess import WORKLOAD_QUANTILES, Measurements, Percentiles, VariantSample, WorkloadSample
 from kvoffload.analysis.dialects import (
+    CACHED_SOURCE_DEVICE,
     CACHED_SOURCE_DISK,
     CACHED_SOURCE_HOST,
     FINISHED_ABORT,
@@ -67,9 +68,12 @@ from kvoffload.analysis.dialects import (
     LABEL_TIER,
     NEWEST,
     SOURCE_EXTERNAL_KV_TRANSFER,
+    SOURCE_LOCAL_CACHE_HIT,
+    SOURCE_LOCAL_COMPUTE,
     Dialect,
 )
 from kvoffload.analysis.evidence import Histogram
+from kvoffload.analysis.payoff import SubWindow
 from kvoffload.api.errors import printable
 from kvoffload.api.promql import TemplateError, escape_label_value, pods_regex, render_matchers
 from kvoffload.api.quantity import parse_duration
@@ -115,6 +119,11 @@ class Target:
     pods: tuple[str, ...] | None = None
     """Observe-only: the observed fleet's pods, selected by namespace and pod name (the series of a fleet the
     operator did not render carry none of its labels); they answer for both roles. None: the policy's labels."""
+    payoff_since: float | None = None
+    """Unix seconds from which to read the live payoff's sub-windows (the canary's step start); None: not read.
+    Only with a canary: one range query per group that has such targets (``payoff_query``)."""
+    payoff_step: float = 60.0
+    """The sub-window, seconds: two scrapes at least (the PodMonitor scrapes every ``analysis.interval``)."""
 
     @property
     def key(self) -> PolicyKey:
@@ -339,6 +348,68 @@ def build_queries(
             Query("workload.preemptions_per_second", f"sum by ({by}) (rate({dialect.num_preemptions}{s()}[{w}]))"),
         ]
     return tuple(queries)
+
+
+PAYOFF_LABEL = "kvoffload_payoff"
+"""The label ``payoff_query`` gives each series of its answer: which increment it is (``PAYOFF_SERIES``)."""
+
+PAYOFF_SERIES = ("requests", "ttft_seconds", "computed", "local_hit", "external", "prompt")
+"""Its values. ``prompt`` (every prompt token) stands in for ``computed`` where the engine splits only cached tokens
+by source (SGLang): computed = prompt - GPU hits - restored."""
+
+MAX_PAYOFF_POINTS = 120
+"""Sub-windows read at most per series: a long step is read over its latest ones only (a hundred series a policy
+would otherwise grow with the step)."""
+
+
+def payoff_query(
+    step: str,
+    dialect: Dialect,
+    extra_matchers: str | None = None,
+    labels: LabelNames | None = None,
+    *,
+    scope: str | None = None,
+) -> str | None:
+    """One range query for the live payoff (``analysis/payoff.py``): each variant's increments over sub-windows of
+    ``step`` (requests, their TTFT summed, prompt tokens by source), one series each, labelled ``PAYOFF_LABEL``.
+    Evaluated at that step, the sub-windows tile the range. None where the dialect splits no prompt tokens by
+    source."""
+    labels = labels or LabelNames()
+    by = labels.grouping()
+    sel = (scope or f'{labels.policy}!=""') + (f", {render_matchers(extra_matchers)}" if extra_matchers else "")
+
+    def inc(name: str, extra: str = "") -> str:
+        return f"increase({name}{{{sel}{', ' + extra if extra else ''}}}[{step}])"
+
+    def named(expr: str, value: str, source: str = "", regex: str = "") -> str:
+        return f'label_replace({expr}, "{PAYOFF_LABEL}", "{value}", "{source}", "{regex}")'
+
+    parts = [
+        named(f"sum by ({by}) ({inc(dialect.ttft + '_count')})", "requests"),
+        named(f"sum by ({by}) ({inc(dialect.ttft + '_sum')})", "ttft_seconds"),
+    ]
+    if dialect.prompt_tokens_by_source:
+        name = dialect.prompt_tokens_by_source
+        for source, value in (
+            (SOURCE_LOCAL_COMPUTE, "computed"),
+            (SOURCE_LOCAL_CACHE_HIT, "local_hit"),
+            (SOURCE_EXTERNAL_KV_TRANSFER, "external"),
+        ):
+            matcher = f'source="{source}"'
+            parts.append(named(f"sum by ({by}) ({inc(name, matcher)})", value))
+    elif dialect.external_from_cached and dialect.prompt_tokens_cached_by_source:
+        cached, label = dialect.prompt_tokens_cached_by_source, dialect.cached_source_label
+        host, disk = dialect.cached_tier_sources
+        gpu = dialect.gpu_prefix_cache_hits_matcher or f'{label}="{CACHED_SOURCE_DEVICE}"'
+        tiers = f'{label}=~"{host}|{disk}"'
+        parts += [
+            named(f"sum by ({by}) ({inc(dialect.prompt_tokens)})", "prompt"),
+            named(f"sum by ({by}) ({inc(cached, gpu)})", "local_hit"),
+            named(f"sum by ({by}) ({inc(cached, tiers)})", "external"),
+        ]
+    else:
+        return None
+    return " or ".join(parts)
 
 
 def workload_quantiles(bucket_rates: str) -> str:
@@ -906,6 +977,7 @@ class PrometheusProvider:
                     window, dialect, extra, self.labels, workload=workload, scope=scope, fleet=fleet is not None
                 )
                 collected = self._collect(queries, at)
+                payoff = {} if fleet is not None else self._payoff(members, dialect, extra, scope, at)
             except (
                 requests.RequestException,
                 OSError,
@@ -923,13 +995,56 @@ class PrometheusProvider:
                     stable = _sample(collected.get((t.namespace, "", "")), window_s, t.workload)
                     out[t.key] = Measurements(canary=stable if t.canary_hash is not None else None, stable=stable)
                     continue
-                stable = _sample(collected.get((t.namespace, t.policy, t.stable_hash or "")), window_s, t.workload)
-                canary = (
-                    _sample(collected.get((t.namespace, t.policy, t.canary_hash)), window_s, t.workload)
-                    if t.canary_hash is not None
-                    else None
-                )
+                stable_key = (t.namespace, t.policy, t.stable_hash or "")
+                stable = _sample(collected.get(stable_key), window_s, t.workload, _sub_windows(payoff, t, stable_key))
+                canary = None
+                if t.canary_hash is not None:
+                    canary_key = (t.namespace, t.policy, t.canary_hash)
+                    canary = _sample(
+                        collected.get(canary_key), window_s, t.workload, _sub_windows(payoff, t, canary_key)
+                    )
                 out[t.key] = Measurements(canary=canary, stable=stable)
+        return out
+
+    def _payoff(
+        self, members: Sequence[Target], dialect: Dialect, extra: str | None, scope: str | None, at: float
+    ) -> dict[tuple[float, str, str, str], dict[float, dict[str, float]]]:
+        """The live payoff's sub-windows of the group's targets that ask (``Target.payoff_since``): one range query
+        per sub-window length, over the longest step asked; (step, namespace, policy, hash) -> end time -> fields.
+        Nothing is sent when no target asks."""
+        asking = [t for t in members if t.payoff_since is not None and t.canary_hash is not None]
+        out: dict[tuple[float, str, str, str], dict[float, dict[str, float]]] = {}
+        for step in sorted({t.payoff_step for t in asking}):
+            expr = payoff_query(promql_duration(step), dialect, extra, self.labels, scope=scope)
+            if expr is None:
+                break
+            since = min(t.payoff_since or at for t in asking if t.payoff_step == step)
+            points = min(MAX_PAYOFF_POINTS, math.floor((at - since) / step))
+            if points < 1:
+                continue
+            # Ending now, a sub-window apart: each point's increase covers the sub-window before it.
+            start = at - (points - 1) * step
+            self.queries += 1
+            params = {"query": expr, "start": f"{start:.3f}", "end": f"{at:.3f}", "step": f"{step:g}"}
+            result = self._get("/api/v1/query_range", params)["result"]
+            if not isinstance(result, list):
+                raise ValueError(f"unexpected answer: {str(result)[:200]}")
+            self.series += len(result)
+            for item in result:
+                metric = item["metric"]
+                key = (
+                    step,
+                    metric.get(self.labels.namespace, ""),
+                    metric.get(self.labels.policy, ""),
+                    metric.get(self.labels.config_hash, ""),
+                )
+                which = metric.get(PAYOFF_LABEL, "")
+                for when, text in item["values"]:
+                    number = float(text)
+                    if which in PAYOFF_SERIES and math.isfinite(number):
+                        fields = out.setdefault(key, {}).setdefault(float(when), {})
+                        # Two levels of one config hash are one variant: their increments add up.
+                        fields[which] = fields.get(which, 0.0) + number
         return out
 
     def _collect(self, queries: Iterable[Query], at: float) -> dict[tuple[str, str, str], _Collected]:
@@ -1031,9 +1146,32 @@ class PrometheusProvider:
         return frozenset(str(n) for n in names)
 
 
-def _sample(entry: _Collected | None, window_s: float, workload: bool = False) -> VariantSample:
+def _sub_windows(
+    payoff: Mapping[tuple[float, str, str, str], Mapping[float, Mapping[str, float]]],
+    target: Target,
+    key: tuple[str, str, str],
+) -> tuple[SubWindow, ...]:
+    """One variant's sub-windows wholly after ``target.payoff_since``, oldest first. A missing token source is 0
+    (vLLM shows a source from its first token); a sub-window without requests or TTFT is left out."""
+    if target.payoff_since is None:
+        return ()
+    found = payoff.get((target.payoff_step, *key), {})
+    rows = []
+    for when in sorted(found):
+        f = found[when]
+        if when - target.payoff_step < target.payoff_since - 1e-3 or "requests" not in f or "ttft_seconds" not in f:
+            continue
+        local, external = f.get("local_hit", 0.0), f.get("external", 0.0)
+        computed = f["computed"] if "computed" in f else max(0.0, f.get("prompt", 0.0) - local - external)
+        rows.append(SubWindow(f["requests"], f["ttft_seconds"], computed, local, external))
+    return tuple(rows)
+
+
+def _sample(
+    entry: _Collected | None, window_s: float, workload: bool = False, payoff_rows: tuple[SubWindow, ...] = ()
+) -> VariantSample:
     if entry is None:
-        return VariantSample(workload=WorkloadSample() if workload else None)
+        return VariantSample(workload=WorkloadSample() if workload else None, payoff_rows=payoff_rows)
     v = entry.values
     requests_seen = v.get("requests")
     config = {k: ",".join(sorted(vals)) for k, vals in entry.config.items()} or None
@@ -1056,6 +1194,7 @@ def _sample(entry: _Collected | None, window_s: float, workload: bool = False) -
         load_bytes_per_second=v.get("load_bytes_per_second"),
         config=config,
         workload=_workload(entry) if workload else None,
+        payoff_rows=payoff_rows,
     )
 
 

@@ -444,6 +444,19 @@ class WarmupSpec(Model):
     )
 
 
+class PayoffGate(StrEnum):
+    """Whether the live payoff (``analysis.payoff``) gates a canary: what a restored request saves against
+    recomputing its prompt, fitted from the canary's and the stable's own series. Not on/off: YAML 1.1 (kubectl's)
+    reads those as booleans."""
+
+    AUTO = "auto"
+    """Gate levels with a secondary tier; report it on the first CPU tier."""
+    GATE = "gate"
+    """Gate every level with an offload tier."""
+    REPORT = "report"
+    """Report it only."""
+
+
 class ErrorsSpec(Model):
     """The built-in error gate: the share of finished requests the engine failed (vLLM's
     ``vllm:request_success_total`` with ``finished_reason`` abort or error), held to an absolute budget and,
@@ -491,6 +504,13 @@ class AnalysisSpec(Model):
     errors: ErrorsSpec = Field(
         default_factory=ErrorsSpec,
         description="The error gate: failed requests (aborted or errored) against an absolute budget and the stable's.",
+    )
+    payoff: PayoffGate = Field(
+        default=PayoffGate.AUTO,
+        description="The live payoff: the saving of a restored request against recomputing it, fitted from both "
+        "variants' TTFT and prompt-token series; a canary whose saving is below 0 beyond chance (at "
+        "falseRollbackRate) does not pay and fails. auto gates levels with a secondary tier and reports it on the "
+        "first CPU tier; gate gates every offload level; report reports it only.",
     )
     warmup: WarmupSpec = Field(
         default_factory=WarmupSpec,
@@ -820,6 +840,25 @@ class PreflightStatus(Status):
     message: str = Field(default="", description="The verdict with its figures.")
 
 
+class PayoffFigures(Status):
+    """What the live payoff fitted: TTFT = fixed x requests + prefill x computed tokens + restore x restored tokens
+    (+ a GPU-hit term where it can be told apart), by weighted least squares over both variants' sub-windows."""
+
+    fixed_ms: float | None = Field(
+        default=None, description="Per-request fixed cost of TTFT, ms; null where not separable from prefill."
+    )
+    prefill_us_per_token: float | None = Field(
+        default=None, description="Prefill per computed prompt token, µs; null where not separable from fixed."
+    )
+    restore_us_per_token: float | None = Field(
+        default=None, description="The canary's restore per restored token, µs; null where prefill is not separable."
+    )
+    saving_us_per_token: float = Field(description="Prefill minus restore per restored token, µs.")
+    restored_tokens_per_request: float = Field(description="The canary's restored tokens per request.")
+    sub_windows: int = Field(description="Sub-windows fitted, both variants.")
+    degrees_of_freedom: int = Field(description="Sub-windows less the figures fitted.")
+
+
 class MetricResult(Status):
     name: str = Field(description="Metric, e.g. ttftP99.")
     canary: float | None = Field(default=None, description="Canary value.")
@@ -841,6 +880,14 @@ class MetricResult(Status):
     requests_needed: int | None = Field(
         default=None,
         description="Canary requests the window would need for the breach seen to count, when it is Inconclusive.",
+    )
+    # The payoff row only (analysis/payoff.py).
+    payoff: PayoffFigures | None = Field(
+        default=None, description="The payoff row: the figures fitted from both variants' sub-windows."
+    )
+    forecast_saving_ms: float | None = Field(
+        default=None,
+        description="The payoff row: the saving per restored request the economics forecast (kvoffload plan), ms.",
     )
     # Custom metrics only (api/analysistemplate.py); unset on the built-in ones.
     dry_run: bool | None = Field(default=None, description="Custom metric: true when it is shown and never decides.")

@@ -273,6 +273,11 @@ def crd(kind: str) -> None:
 @click.option("--guard", is_flag=True, help="No canary runs: judge --level's engines against the absolute budgets.")
 @click.option("--warming-up", is_flag=True, help="Judge as in a step's first half: offload hit checks not gated.")
 @click.option(
+    "--payoff-over",
+    default=None,
+    help="How far back the live payoff reads its sub-windows (a duration, e.g. 15m). Default: rollout.stepDuration.",
+)
+@click.option(
     "--series-labels",
     default="kvoffload_io_policy,kvoffload_io_level,kvoffload_io_config_hash",
     show_default=True,
@@ -291,6 +296,7 @@ def analyze(
     stable_level: int | None,
     guard: bool,
     warming_up: bool,
+    payoff_over: str | None,
     series_labels: str,
     bearer_token_file: Path | None,
     connection: Connection,
@@ -304,11 +310,14 @@ def analyze(
     2 bad input.
     """
     import json
+    import time
     from dataclasses import replace
 
     from kvoffload.analysis.assess import assess
     from kvoffload.analysis.dialects import confirm_dialect, policy_dialect
+    from kvoffload.analysis.payoff import payoff_sub_window
     from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider, Target
+    from kvoffload.api.quantity import parse_duration
     from kvoffload.api.types import Verdict
     from kvoffload.cli.statusview import metric_rows
     from kvoffload.policy.ladder import build_ladder, find_level
@@ -357,6 +366,14 @@ def analyze(
         stable_hash=config_hash(policy, stable),
         canary_hash=None if guard else config_hash(policy, chosen),
     )
+    if not guard and chosen.offloads and stable.index != chosen.index:
+        # As a step would have it so far: the live payoff's sub-windows over the step (or --payoff-over).
+        try:
+            over = parse_duration(payoff_over or spec.rollout.step_duration)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--payoff-over") from None
+        since = time.time() - over
+        target = replace(target, payoff_since=since, payoff_step=payoff_sub_window(spec.analysis))
     # The image tag can be off by a release: the series Prometheus holds decide.
     target = replace(target, dialect=confirm_dialect(dialect, set(provider.present_metric_names(target))))
     measurements = provider.measure([target])[target.key]

@@ -37,6 +37,9 @@ Per policy (labels ``policy_namespace`` and ``policy``; alerts and the dashboard
   latency and error gate of the latest analysis is (a breach counts when the p-value is under alpha);
   ``kvoffload_analysis_interval_low{metric}`` and ``..._high``: the 95 % interval of its value, on the rows
   where that is in the value's unit (the canary/stable ratios, errorShare: analysis/confidence.py).
+- ``kvoffload_payoff_saving_ms{level,source}``: the live payoff of the latest analysis, what a canary request of
+  ``level`` saves by its restores against recomputing them (``source="measured"``, analysis/payoff.py), and the
+  economics' forecast of it where one was given (``source="forecast"``); absent while none was fitted.
 
 Their cardinality is bounded per policy, whatever the traffic: one series per phase, per condition
 type (with its current reason only), per decision (with its latest stage only), per running variant
@@ -64,6 +67,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from kvoffload.analysis.confidence import shown_interval
+from kvoffload.analysis.payoff import PAYOFF
 from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PAUSED, PROGRESSING, Decision, Reason
 from kvoffload.api.quantity import parse_duration
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase
@@ -124,6 +128,8 @@ class PolicySeries:
     evidence: tuple[tuple[str, float | None, float | None, tuple[float, float] | None], ...] = ()
     """Built-in gates of the latest analysis that say how sure they are: (metric, p-value, alpha, 95 % interval
     where it is in the value's unit)."""
+    payoff: tuple[tuple[str, str, float], ...] = ()
+    """(level, measured or forecast, saving ms per canary request) of the latest analysis's payoff row."""
 
     @classmethod
     def of(
@@ -165,6 +171,13 @@ class PolicySeries:
         )
         if spec is None or not ladder:
             return series
+        payoff_row = next((m for m in rows if m.name == PAYOFF and m.dry_run is None), None)
+        canary = status.canary
+        if payoff_row is not None and canary is not None and 0 <= canary.level < len(ladder):
+            level_name = ladder[canary.level].name
+            readings = (("measured", payoff_row.canary), ("forecast", payoff_row.forecast_saving_ms))
+            payoff = tuple((level_name, source, value) for source, value in readings if value is not None)
+            series = replace(series, payoff=payoff)
         variants = []
         for variant, vs in (("stable", status.stable), ("canary", status.canary)):
             if vs is not None and 0 <= vs.level < len(ladder):
@@ -296,6 +309,13 @@ class _PolicyCollector(Collector):
             "Upper bound of the 95 % interval of the gate's value at the latest analysis (as the lower one).",
             labels=[*POLICY_LABELS, "metric"],
         )
+        payoff = GaugeMetricFamily(
+            "kvoffload_payoff_saving_ms",
+            "What a canary request of the level saves by its restores against recomputing them, ms, at the latest "
+            "analysis: measured (fitted from both variants' sub-windows) or forecast (the economics'); below 0 the "
+            "tier does not pay.",
+            labels=[*POLICY_LABELS, "level", "source"],
+        )
         for p in policies:
             who = [p.namespace, p.name]
             for value in Phase:
@@ -326,8 +346,10 @@ class _PolicyCollector(Collector):
                 if bounds is not None:
                     low.add_metric([*who, metric], bounds[0])
                     high.add_metric([*who, metric], bounds[1])
+            for level, source, saving in p.payoff:
+                payoff.add_metric([*who, level, source], saving)
         yield from (phase, condition, deadline, decisions, variant, pinned, capacity, custom_value, custom_passed)
-        yield from (p_value, alpha, low, high)
+        yield from (p_value, alpha, low, high, payoff)
 
 
 class SweepTimer:

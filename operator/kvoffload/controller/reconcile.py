@@ -64,6 +64,7 @@ from pydantic import ValidationError
 from kvoffload.analysis.assess import Measurements, assess, not_scraped
 from kvoffload.analysis.dialects import Dialect, confirm_dialect, policy_dialect
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
+from kvoffload.analysis.payoff import payoff_since, payoff_sub_window
 from kvoffload.analysis.prometheus import Connection, Target
 from kvoffload.api.conventions import (
     ANNOTATION_APPLIED,
@@ -102,7 +103,8 @@ from kvoffload.controller.gateway import (
 )
 from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
 from kvoffload.controller.workloads import Workloads
-from kvoffload.economics.breakeven import breakeven
+from kvoffload.economics.breakeven import DEFAULT_PROMPT_TOKENS, breakeven
+from kvoffload.economics.enginecost import saving_us_per_token
 from kvoffload.economics.profile import Profile, ProfileError, shipped_profile
 from kvoffload.notify.derive import notices
 from kvoffload.notify.notifier import Notifier
@@ -388,6 +390,8 @@ class Controller:
                 canary_hash=canary_role.config_hash if canary_role is not None else None,
                 workload=in_baseline,
                 pods=tuple(p.name for p in fleet.pods) if fleet is not None else None,
+                payoff_since=payoff_since(ctx.status, subject.level) if fleet is None else None,
+                payoff_step=payoff_sub_window(spec.analysis),
             )
             resting = ctx.status is not None and ctx.status.mode in RESTING_MODES
             # At rest a request may wait for others to share its batch: a quarter of its interval at most, so a
@@ -406,6 +410,7 @@ class Controller:
                 stable_side=subject.stable_side,
                 comparing=subject.comparing,
                 observing=fleet is not None,
+                forecast_saving_us_per_token=forecast_saving(spec) if subject.level.offloads else None,
             )
             if source is not None and (spec.analysis.metrics or spec.analysis.templates):
                 # A template that cannot be read is a not-judged row (counted here), never the end of the cycle.
@@ -947,6 +952,14 @@ def restore_price(spec: KVOffloadPolicySpec, prompt_tokens: int) -> RestorePrice
         profile=found.profile,
         profile_kind=found.profile_kind,
     )
+
+
+def forecast_saving(spec: KVOffloadPolicySpec) -> float | None:
+    """The forecast saving of a restored token (µs) on the class's engine profile, for the live payoff's row: at
+    the preflight's prompt when it names one, else the seed's 1,480 tokens."""
+    preflight = spec.rollout.preflight
+    tokens = preflight.prompt_tokens if preflight is not None and preflight.prompt_tokens else DEFAULT_PROMPT_TOKENS
+    return saving_us_per_token(spec.gpu.class_, spec, tokens)
 
 
 def with_digest(manifest: dict[str, Any], render_input: str | None = None) -> dict[str, Any]:

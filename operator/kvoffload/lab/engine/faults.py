@@ -1,6 +1,7 @@
 """Injected faults: added latency, TTFT and ITL multipliers from a given time on, an outage (503 everywhere), a
-share of requests that fail (finished_reason ``error``, HTTP 500) while the others keep their latency, and a cold
-start (latency added to each request that misses the GPU prefix cache).
+share of requests that fail (finished_reason ``error``, HTTP 500) while the others keep their latency, a cold
+start (latency added to each request that misses the GPU prefix cache), and slow restores (latency added to each
+request that restored prompt tokens from an offload tier: a tier slower than recomputing what it holds).
 
 Set by flags (or ``KVOFFLOAD_EMULATE_*`` variables), or at runtime with ``POST /emulator/faults``.
 """
@@ -30,6 +31,9 @@ class Faults:
     miss_latency_s: float = 0.0
     """Added to the first token of a request that found none of its prompt in the GPU prefix cache. A fresh engine
     misses each shared prefix once and a warm one hits it, so this raises TTFT only while the cache fills."""
+    restore_latency_s: float = 0.0
+    """Added to the first token of a request that restored any prompt tokens from an offload tier (CPU or
+    secondary): the restore costs this much more than priced, so a tier can cost more than the prefill it saves."""
     _arrivals: int = 0
     """Requests that arrived while ``error_share`` held: which fail is counted, not drawn, so the share is exact."""
 
@@ -50,9 +54,12 @@ class Faults:
             return self.itl_multiplier
         return 1.0
 
-    def added_for(self, gpu_hit_tokens: int) -> float:
-        """The latency added to a request's first token, by what it found in the GPU prefix cache."""
-        return self.added_latency_s + (self.miss_latency_s if gpu_hit_tokens == 0 else 0.0)
+    def added_for(self, gpu_hit_tokens: int, restored_tokens: int = 0) -> float:
+        """The latency added to a request's first token, by what it found in the GPU prefix cache and what it
+        restored from the offload tiers."""
+        miss = self.miss_latency_s if gpu_hit_tokens == 0 else 0.0
+        restore = self.restore_latency_s if restored_tokens > 0 else 0.0
+        return self.added_latency_s + miss + restore
 
     def in_outage(self, now: float) -> bool:
         if self.outage_from is None or now < self.outage_from:
@@ -75,6 +82,7 @@ class Faults:
             "error_share": self.error_share,
             "error_share_in": rel(self.error_share_from),
             "miss_latency": self.miss_latency_s,
+            "restore_latency": self.restore_latency_s,
         }
 
 
@@ -103,6 +111,7 @@ def apply_faults(faults: Faults, body: Mapping[str, Any], now: float) -> None:
         "error_share",
         "error_share_after",
         "miss_latency",
+        "restore_latency",
     }
     unknown = sorted(set(body) - known)
     if unknown:
@@ -127,6 +136,8 @@ def apply_faults(faults: Faults, body: Mapping[str, Any], now: float) -> None:
         faults._arrivals = 0
     if (v := num("miss_latency")) is not None:
         faults.miss_latency_s = v
+    if (v := num("restore_latency")) is not None:
+        faults.restore_latency_s = v
     if (v := num("outage_after")) is not None or "outage_for" in body:
         start = now + (v or 0.0)
         duration = num("outage_for")
@@ -145,10 +156,16 @@ def faults_from_options(
     outage_for: float | None = None,
     error_share: float = 0.0,
     error_share_after: float | None = None,
+    restore_latency: float = 0.0,
     start: float,
 ) -> Faults:
     """Faults from command-line options, whose times count from engine start."""
-    f = Faults(added_latency_s=added_latency, ttft_multiplier=ttft_multiplier, itl_multiplier=itl_multiplier)
+    f = Faults(
+        added_latency_s=added_latency,
+        ttft_multiplier=ttft_multiplier,
+        itl_multiplier=itl_multiplier,
+        restore_latency_s=restore_latency,
+    )
     if ttft_multiplier != 1.0:
         f.ttft_multiplier_from = start + (ttft_multiplier_after or 0.0)
     if itl_multiplier != 1.0:

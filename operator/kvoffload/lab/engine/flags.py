@@ -146,6 +146,13 @@ OPTIONS: Final[tuple[Callable[[Any], Any], ...]] = (
         envvar=_env("ERROR_SHARE_AFTER"),
         help="Seconds from start before --error-share applies.",
     ),
+    click.option(
+        "--restore-latency",
+        type=click.FloatRange(min=0.0),
+        default=0.0,
+        envvar=_env("RESTORE_LATENCY"),
+        help="Seconds added to the TTFT of every request that restored prompt tokens from an offload tier.",
+    ),
 )
 """The engine's options, in the order ``--help`` lists them."""
 
@@ -173,6 +180,7 @@ FAULT_OPTIONS: Final = (
     "outage_for",
     "error_share",
     "error_share_after",
+    "restore_latency",
 )
 
 

@@ -249,7 +249,7 @@ class Emulator:
                 if not recorded and req.admission is not None:
                     self.metrics.record_admission(req.admission, max_tokens)
                     recorded = True
-                    added = faults.added_for(req.admission.local_hit_tokens)
+                    added = faults.added_for(req.admission.local_hit_tokens, req.admission.external_tokens)
                 if fails:
                     # Its prefill ran (where a KV load fails); the modelled engine still decodes its few tokens.
                     break
