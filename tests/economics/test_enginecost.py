@@ -151,3 +151,9 @@ def test_a_catalog_model_is_priced_from_its_parameters_layers_and_kv_bytes() -> 
     assert model_cost("Qwen/Qwen3-8B") == ModelCost("Qwen/Qwen3-8B", 8.2e9, 36, 147_456)
     with pytest.raises(ProfileError, match="not in the model catalog"):
         model_cost("someone/unknown")
+
+
+def test_fewer_medians_than_coefficients_are_refused_by_name() -> None:
+    samples = [Sample("cold", n, n, 0, 0, 20.0 + n / 100) for n in (512, 1024, 2048, 4096)]
+    with pytest.raises(ProfileError, match=r"too few medians to fit \(4, one a case and length\): 5 at least"):
+        fit([(SMALL, "cudagraph", s) for s in samples])

@@ -37,7 +37,6 @@ def series_of(dialect: Dialect) -> EngineSeries:
         source_external=EXTERNAL,
         prompt_tokens=dialect.prompt_tokens,
         cached_by_source=cached,
-        cached_label=dialect.cached_source_label,
         cached_device="device",
         cached_host=tuple(dialect.cached_tier_sources),
     )

@@ -245,7 +245,9 @@ def fit(points: Sequence[tuple[ModelCost, EngineMode, Sample]]) -> Fit:
     """The coefficients that reproduce ``points`` best, in relative terms (held-out samples excluded)."""
     used = [(m, mode, s) for m, mode, s in points if not s.held_out]
     if len(used) < MIN_POINTS:
-        raise ProfileError(f"too few samples to fit ({len(used)}): measure at least three lengths or cases")
+        raise ProfileError(
+            f"too few medians to fit ({len(used)}, one a case and length): {MIN_POINTS} at least; measure more lengths"
+        )
     a = np.array([_features(m, mode, s.computed, s.local_hit + s.external, s.external) for m, mode, s in used])
     y = np.array([s.ttft_ms - s.restore_copy_ms for _, _, s in used])
     w = 1.0 / np.array([s.ttft_ms for _, _, s in used])

@@ -49,7 +49,7 @@ class EngineSeries:
     prompt_tokens: str | None
     """Prompt tokens in all, where the split is cached tokens by tier (SGLang)."""
     cached_by_source: str | None
-    cached_label: str
+    """Its label is ``cache_source``, which ``scrape`` keys on beside vLLM's ``source``."""
     cached_device: str
     cached_host: tuple[str, ...]
 
