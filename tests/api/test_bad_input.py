@@ -25,7 +25,6 @@ INVALID = paths.DATA / "invalid"
 
 UNKNOWN_FIELD = "spec.offload.cpuSize"
 SCHEMA_MISTAKES = {
-    "spec.model.image",  # missing
     "spec.gpu.memoryUtilization",  # 1.5 > 0.99
     "spec.offload.backend",  # not an enum value
     "spec.offload.cpu",  # 32GB is no quantity

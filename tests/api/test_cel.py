@@ -48,6 +48,13 @@ def spec(**changes: Any) -> dict[str, Any]:
     return defaulted
 
 
+def adopting(**changes: Any) -> dict[str, Any]:
+    """A spec that takes over the Deployment ``vllm`` (spec.workloadRef) instead of naming model.image."""
+    out = spec(**{"workloadRef": {"name": "vllm"}, **changes})
+    del out["model"]["image"]
+    return out
+
+
 def tier(name: str = "nvme", **extra: Any) -> dict[str, Any]:
     return {"name": name, "size": "500Gi", "path": "/mnt/kv-cache", "volume": {"emptyDir": {}}, **extra}
 
@@ -159,6 +166,18 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
     "rollout.canaryReplicas must be fewer than replicas when maxSurge is 0": (
         [spec(), spec(replicas=2), spec(replicas=1, rollout__maxSurge=1), spec(rollout__canaryReplicas=3)],
         [spec(replicas=1), spec(rollout__canaryReplicas=4), spec(replicas=2, rollout__canaryReplicas=5)],
+    ),
+    "set model.image or workloadRef, exactly one": (
+        [spec(), adopting(), adopting(workloadRef={"name": "vllm", "container": "engine"})],
+        [spec(workloadRef={"name": "vllm"}), {k: v for k, v in adopting().items() if k != "workloadRef"}],
+    ),
+    "with workloadRef, the referenced Deployment carries the pod, flags and environment": (
+        [adopting(), spec(model__extraArgs=["--enforce-eager"])],
+        [
+            adopting(podTemplate={}),
+            adopting(model__extraArgs=["--enforce-eager"]),
+            adopting(model__env=[{"name": "A", "value": "b"}]),
+        ],
     ),
     "set model.architecture or model.configMap, not both": (
         [spec(), spec(model__configMap={"name": "cfg"})],
@@ -305,6 +324,8 @@ SPEC_LEVEL = [
     "rollout.pilotCpu must be smaller than offload.cpu",
     "rollout.canaryReplicas must be fewer than replicas when maxSurge is 0",
     "set model.architecture or model.configMap, not both",
+    "set model.image or workloadRef, exactly one",
+    "with workloadRef, the referenced Deployment carries the pod, flags and environment",
     "rollout.preflight.promptTokens must be at most model.maxModelLen",
 ]
 

@@ -491,7 +491,7 @@ def policy_dialect(spec: KVOffloadPolicySpec) -> Dialect:
     Raises ValueError when the vLLM version is not a version."""
     if spec.engine == EngineName.SGLANG:
         return SGLANG
-    return dialect_for(spec.model.vllm_version or version_from_image(spec.model.image))
+    return dialect_for(spec.model.vllm_version or version_from_image(spec.image))
 
 
 def has_family(name: str, present: Iterable[str] | set[str]) -> bool:

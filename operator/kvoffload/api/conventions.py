@@ -54,6 +54,12 @@ ANNOTATION_TIER_CAPACITY = f"{API_GROUP}/tier-capacity-tokens"
 """On engine pods: JSON ``{"cpu": tokens, "<tier>": tokens, ...}``, the tokens each offload tier of the pod's
 level holds (all TP ranks together), for KV-aware routers; ``{}`` on the GPU-only level. The GPU's own
 cache is not in it: vLLM reports that (``kv_cache_size_tokens`` of ``vllm:cache_config_info``)."""
+# On a Deployment a policy's spec.workloadRef took over: the replicas it ran before, given back on release.
+ANNOTATION_ORIGINAL_REPLICAS = f"{API_GROUP}/original-replicas"
+# The policy that took it over (one Deployment, one taker).
+ANNOTATION_TAKEN_BY = f"{API_GROUP}/taken-over-by"
+# On a policy with workloadRef: holds its deletion until the referenced Deployment serves again.
+HAND_BACK_FINALIZER = f"{API_GROUP}/hand-back"
 
 # --- manual control: annotations a person sets on a policy ---------------------------------
 

@@ -12,13 +12,14 @@ import math
 import re
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     field_serializer,
     field_validator,
     model_validator,
@@ -142,11 +143,13 @@ class ModelSpec(Model):
     served_model_name: str | None = Field(
         default=None, min_length=1, max_length=253, description="Name clients use; default: metadata.name."
     )
-    image: str = Field(
+    image: str | None = Field(
+        default=None,
         min_length=1,
         max_length=512,
         pattern=r"^[^\s]+$",
-        description="vLLM image, pinned; its tag selects the metric dialect.",
+        description="vLLM image, pinned; its tag selects the metric dialect. Absent with spec.workloadRef, whose "
+        "container's image is used.",
     )
     vllm_version: str | None = Field(
         default=None,
@@ -285,6 +288,45 @@ class OffloadSpec(Model):
         if self.store_threshold is not None and self.secondary_tiers:
             raise ValueError("storeThreshold applies only to a single CPU tier, without secondaryTiers")
         return self
+
+
+class WorkloadAPIVersion(StrEnum):
+    APPS_V1 = "apps/v1"
+
+
+class WorkloadKind(StrEnum):
+    DEPLOYMENT = "Deployment"
+
+
+class WorkloadRef(Model):
+    """A Deployment the team already runs, taken over level by level as Argo Rollouts' ``workloadRef`` does."""
+
+    api_version: WorkloadAPIVersion = Field(
+        default=WorkloadAPIVersion.APPS_V1, description="apps/v1, the only one today."
+    )
+    kind: WorkloadKind = Field(default=WorkloadKind.DEPLOYMENT, description="Deployment, the only one today.")
+    name: Name = Field(description="The Deployment, in the policy's namespace.")
+    container: DnsLabel | None = Field(
+        default=None, description="The engine container, when the pod has more than one."
+    )
+
+
+class AdoptedWorkload(BaseModel):
+    """The referenced Deployment as the operator (or ``kvoffload render --workload``) read it. Never part of
+    the CRD: it rides on the spec it was read for (``KVOffloadPolicySpec.with_workload``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    name: str
+    replicas: int
+    """What it ran before the takeover: its recorded count, else its spec.replicas when first read."""
+    template: dict[str, Any]
+    """Its spec.template, as read."""
+    container: str
+    """The engine container's name."""
+    image: str
+    digest: str
+    """A digest of the template: a change starts a new ladder, as a spec change does."""
 
 
 class PreflightSpec(Model):
@@ -620,6 +662,18 @@ class KVOffloadPolicySpec(Model):
                 ".model.configMap",
             ),
             (
+                "has(self.workloadRef) != has(self.model.image)",
+                "set model.image or workloadRef, exactly one",
+                ".workloadRef",
+            ),
+            (
+                "!has(self.workloadRef) || (!has(self.podTemplate) && !has(self.model.extraArgs)"
+                " && !has(self.model.env))",
+                "with workloadRef, the referenced Deployment carries the pod, flags and environment: drop "
+                "podTemplate, model.extraArgs and model.env",
+                ".workloadRef",
+            ),
+            (
                 "!has(self.rollout.preflight) || !has(self.rollout.preflight.promptTokens)"
                 " || self.rollout.preflight.promptTokens <= self.model.maxModelLen",
                 "rollout.preflight.promptTokens must be at most model.maxModelLen",
@@ -646,6 +700,12 @@ class KVOffloadPolicySpec(Model):
         description="What to add to the engine pods (Secrets as variables, volumes, scheduling, labels), merged "
         "under what the operator manages.",
     )
+    workload_ref: WorkloadRef | None = Field(
+        default=None,
+        description="A Deployment the team already runs, instead of model.image: each level is its pod template "
+        "with only the offload flags, memory, /dev/shm and tier volumes changed; the operator scales it down as "
+        "its own engines become Ready, and back up before they go.",
+    )
     notifications: NotificationsSpec | None = Field(
         default=None,
         description="Tell the cluster admin's webhook sinks, by name, of promotions, rollbacks, pauses, a step "
@@ -665,10 +725,39 @@ class KVOffloadPolicySpec(Model):
             raise ValueError("rollout.canaryReplicas must be fewer than replicas when maxSurge is 0")
         if self.model.architecture is not None and self.model.config_map is not None:
             raise ValueError("set model.architecture or model.configMap, not both")
+        if (self.workload_ref is None) == (self.model.image is None):
+            raise ValueError("set model.image or workloadRef, exactly one")
+        if self.workload_ref is not None and (self.pod_template is not None or self.model.extra_args or self.model.env):
+            raise ValueError(
+                "with workloadRef, the referenced Deployment carries the pod, flags and environment: drop "
+                "podTemplate, model.extraArgs and model.env"
+            )
         tokens = self.rollout.preflight.prompt_tokens if self.rollout.preflight is not None else None
         if tokens is not None and tokens > self.model.max_model_len:
             raise ValueError("rollout.preflight.promptTokens must be at most model.maxModelLen")
         return self
+
+    _workload: AdoptedWorkload | None = PrivateAttr(default=None)
+
+    @property
+    def workload(self) -> AdoptedWorkload | None:
+        """The Deployment spec.workloadRef names, once read (None before, and without workloadRef)."""
+        return self._workload
+
+    def with_workload(self, workload: AdoptedWorkload) -> KVOffloadPolicySpec:
+        """This spec with its referenced Deployment read."""
+        if self.workload_ref is None:
+            raise ValueError("only a spec with workloadRef adopts a Deployment")
+        spec = self.model_copy()
+        spec._workload = workload
+        return spec
+
+    @property
+    def image(self) -> str | None:
+        """The engine image: model.image, else the referenced container's (None until it is read)."""
+        if self.model.image is not None:
+            return self.model.image
+        return self._workload.image if self._workload is not None else None
 
 
 class ObjectMeta(BaseModel):

@@ -23,13 +23,15 @@ def parse_version(version: str) -> VersionTuple:
     return tuple(int(p) for p in match.groups() if p is not None)
 
 
-def version_from_image(image: str) -> str | None:
+def version_from_image(image: str | None) -> str | None:
     """The vLLM version an image reference's tag names (numeric part only), or None.
 
     ``vllm/vllm-openai:v0.32.0`` -> ``"0.32.0"``; ``registry:5000/vllm:0.11.0-cu128@sha256:..``
     -> ``"0.11.0"``; a bare tag ``"0.11.2"`` -> ``"0.11.2"``; ``:latest``, ``:nightly``,
-    a bare digest or no tag -> None.
+    a bare digest, no tag or no image -> None.
     """
+    if image is None:
+        return None
     ref = image.strip().split("@", 1)[0]
     last = ref.rsplit("/", 1)[-1]
     tag = last.split(":", 1)[1] if ":" in last else last

@@ -528,13 +528,19 @@ class _Engine:
         return hashlib.sha256(canonical.encode()).hexdigest()[:10]
 
 
+def _image(spec: KVOffloadPolicySpec) -> str:
+    if spec.image is None:
+        raise PolicyError([FieldError("spec.workloadRef", "the referenced Deployment has not been read")])
+    return spec.image
+
+
 def _engine(policy: KVOffloadPolicy, level: Level) -> _Engine:
     spec = policy.spec
     overlay = spec.pod_template
     gpu = _gpu_class(spec)
     volumes, mounts = _volumes(spec, level)
     return _Engine(
-        image=spec.model.image,
+        image=_image(spec),
         command=engine_for(spec).command(spec),
         args=engine_args(policy, level),
         env=engine_env(spec, level),

@@ -221,7 +221,7 @@ def tier_capacity_tokens(spec: KVOffloadPolicySpec, level: Level) -> dict[str, i
 def engine_version(spec: KVOffloadPolicySpec) -> tuple[int, ...] | None:
     """The engine's vLLM version as the dialect table resolves it: ``model.vllmVersion``, else the
     image tag; None when neither tells (the newest engine is assumed, as for the dialect)."""
-    version = spec.model.vllm_version or version_from_image(spec.model.image)
+    version = spec.model.vllm_version or version_from_image(spec.image)
     if version is None:
         return None
     try:

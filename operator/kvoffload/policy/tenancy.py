@@ -145,11 +145,12 @@ def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -
         FieldError(f"spec.model.extraArgs[{p.index}]", p.message)
         for p in engine_for(spec).judge_extra_args(spec.model.extra_args, allowed=tenancy.code_options)
     ]
-    if tenancy.image_patterns and not image_allowed(spec.model.image, tenancy.image_patterns):
+    image, where = spec.image, "spec.model.image" if spec.model.image is not None else "spec.workloadRef"
+    if tenancy.image_patterns and image is not None and not image_allowed(image, tenancy.image_patterns):
         errors.append(
             FieldError(
-                "spec.model.image",
-                f"{repository(spec.model.image)} is not among the images this cluster allows "
+                where,
+                f"{repository(image)} is not among the images this cluster allows "
                 f"({', '.join(tenancy.image_patterns)})",
             )
         )
