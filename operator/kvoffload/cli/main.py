@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 import click
 
 from kvoffload import __version__
-from kvoffload.api.errors import PolicyError
+from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.types import EngineName, KVOffloadPolicy
 from kvoffload.cli.common import (
     EXIT_BAD_INPUT,
@@ -32,6 +32,17 @@ if TYPE_CHECKING:
     from pydantic import ValidationError
 
     from kvoffload.analysis.prometheus import Connection
+
+WORKLOAD_FILE = click.option(
+    "--workload",
+    "workload_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    metavar="DEPLOYMENT.yaml",
+    help="The Deployment the policy's spec.workloadRef takes over, as a file (for review before it is applied): "
+    "each level is derived from its pod template as the operator derives it from the cluster's. Needed with "
+    "spec.workloadRef.",
+)
 
 LAB_COMMANDS = ("cluster", "demo", "emulate")
 """Commands that live in the lab (``kvoffload.lab.commands``), loaded only when asked for."""
@@ -101,17 +112,22 @@ def main() -> None:
     metavar="CLASS",
     help="Forecast on this GPU class's engine profile instead of spec.gpu.class.",
 )
+@WORKLOAD_FILE
 @OUTPUT
 @judged_as_the_cluster
 @reports_bad_input
-def plan(file: Path, prompt_tokens: int, gpu_class: str | None, output: str, tenancy: Tenancy) -> None:
+def plan(
+    file: Path, prompt_tokens: int, gpu_class: str | None, workload_file: Path | None, output: str, tenancy: Tenancy
+) -> None:
     """Size a policy: KV bytes per token, tokens per tier, pinned pool, /dev/shm, host memory, warnings,
     and whether restoring a prompt from the CPU tier beats recomputing it on this GPU class.
 
     The forecast is the engine's own time to first token (cold, GPU hit, CPU restore), from the class's
     engine profile (`kvoffload calibrate --engine-url`); the break-even is the copy against a PyTorch forward.
 
-    A policy with spec.model.configMap is sized from a ConfigMap of that name in the same file.
+    A policy with spec.model.configMap is sized from a ConfigMap of that name in the same file. A policy with
+    spec.workloadRef needs --workload, the Deployment it takes over: its engine is recognised there and its flags
+    checked against the spec; what the levels would replace in it is printed as warnings on stderr.
     """
     import json
 
@@ -120,7 +136,9 @@ def plan(file: Path, prompt_tokens: int, gpu_class: str | None, output: str, ten
     from kvoffload.policy.loading import iter_documents, load_policy
     from kvoffload.policy.sizing import format_plan, plan_policy, resolve_config_map
 
-    policy = judged(resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file)), file)
+    policy = resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file))
+    policy, warnings = adopted(policy, file, workload_file, tenancy)
+    policy = judged(policy, file)
     result = plan_policy(policy)
     economics = plan_economics(result, prompt_tokens)
     if policy.spec.engine != EngineName.VLLM and "error" not in economics:
@@ -140,6 +158,8 @@ def plan(file: Path, prompt_tokens: int, gpu_class: str | None, output: str, ten
         click.echo(format_plan(result))
         click.echo(_economics_line(economics))
         click.echo(_forecast_line(forecast))
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
 
 
 def _forecast_line(forecast: dict[str, Any]) -> str:
@@ -168,6 +188,57 @@ def judged(policy: KVOffloadPolicy, file: Path) -> KVOffloadPolicy:
     except PolicyError as exc:
         raise PolicyError(exc.errors, str(file)) from None
     return policy
+
+
+def adopted(
+    policy: KVOffloadPolicy, file: Path, workload_file: Path | None, tenancy: Tenancy
+) -> tuple[KVOffloadPolicy, list[str]]:
+    """``policy`` with the Deployment its spec.workloadRef names read from ``workload_file``, judged against
+    ``tenancy`` as the operator judges it, and the warnings about it; the policy as it is without workloadRef.
+    PolicyError names the field."""
+    from kvoffload.policy.loading import iter_documents
+    from kvoffload.policy.tenancy import check_tenancy
+    from kvoffload.policy.workload import WHERE, adopt, workload_warnings
+
+    ref = policy.spec.workload_ref
+    if ref is None:
+        if workload_file is not None:
+            raise PolicyError(
+                [FieldError(WHERE, f"--workload {workload_file}: the policy has no workloadRef")], str(file)
+            )
+        return policy, []
+    if workload_file is None:
+        raise PolicyError(
+            [FieldError(WHERE, f"the policy takes over Deployment {ref.name}: pass --workload DEPLOYMENT.yaml")],
+            str(file),
+        )
+    found = [d for d in iter_documents(workload_file) if isinstance(d, dict) and d.get("kind") == "Deployment"]
+    named = [d for d in found if (d.get("metadata") or {}).get("name") == ref.name]
+    if not named:
+        held = ", ".join(str((d.get("metadata") or {}).get("name")) for d in found) or "none"
+        raise PolicyError(
+            [FieldError(f"{WHERE}.name", f"{workload_file} holds no Deployment {ref.name} (it holds: {held})")],
+            str(file),
+        )
+    deployment = named[0]
+    namespace = (deployment.get("metadata") or {}).get("namespace")
+    wrong = []
+    if deployment.get("apiVersion") != ref.api_version.value:
+        wrong.append(f"{workload_file}: Deployment {ref.name} is {deployment.get('apiVersion')}, not {ref.api_version}")
+    if namespace not in (None, policy.metadata.namespace):
+        wrong.append(
+            f"{workload_file}: Deployment {ref.name} is in namespace {namespace}, not the policy's "
+            f"({policy.metadata.namespace})"
+        )
+    if wrong:
+        raise PolicyError([FieldError(f"{WHERE}.name", w) for w in wrong], str(file))
+    try:
+        policy = adopt(policy, deployment)
+    except PolicyError as exc:
+        raise PolicyError(exc.errors, str(file)) from None
+    if problems := check_tenancy(policy, tenancy):
+        raise PolicyError(problems, str(file))
+    return policy, workload_warnings(policy)
 
 
 def _economics_line(economics: dict[str, Any]) -> str:
@@ -214,14 +285,27 @@ def calibrate(args: tuple[str, ...]) -> None:
     help="Ladder level, by index (0 = GPU-only) or name (gpu-only, cpu-pilot, cpu, nvme...). Default: the top level.",
 )
 @click.option("--stage", default=None, hidden=True, help="Old name of --level NAME.")
+@WORKLOAD_FILE
 @MONITOR_LABELS
 @judged_as_the_cluster
 @reports_bad_input
-def render(file: Path, level: str | None, stage: str | None, monitor_labels: dict[str, str], tenancy: Tenancy) -> None:
+def render(
+    file: Path,
+    level: str | None,
+    stage: str | None,
+    workload_file: Path | None,
+    monitor_labels: dict[str, str],
+    tenancy: Tenancy,
+) -> None:
     """Print the manifests (Deployment, Service, PodMonitor) of one ladder level, for GitOps.
 
     A policy with spec.model.configMap reads the model's KV shape from a ConfigMap of that name in the
     same file (as `plan` does): the pods carry each tier's capacity in tokens.
+
+    A policy with spec.workloadRef needs --workload, the Deployment it takes over: each level's pod template is
+    that Deployment's, with only the engine's offload flags and variables, the memory request and limit (raised,
+    never lowered), /dev/shm and the tier volumes changed, and the operator's labels and annotations added. What
+    it replaces of the team's own (their offload flags, say) is printed as warnings on stderr.
     """
     from kvoffload.policy.ladder import build_ladder, find_level
     from kvoffload.policy.loading import iter_documents, load_policy
@@ -234,7 +318,9 @@ def render(file: Path, level: str | None, stage: str | None, monitor_labels: dic
             sys.exit(EXIT_BAD_INPUT)
         click.echo("warning: --stage is deprecated; use --level NAME", err=True)
         level = stage
-    policy = judged(resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file)), file)
+    policy = resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file))
+    policy, warnings = adopted(policy, file, workload_file, tenancy)
+    policy = judged(policy, file)
     try:
         ladder = build_ladder(policy.spec)
         chosen = find_level(ladder, index=int(level)) if level and level.isdigit() else find_level(ladder, name=level)
@@ -242,6 +328,8 @@ def render(file: Path, level: str | None, stage: str | None, monitor_labels: dic
         click.echo(f"{file}: {exc.args[0]}", err=True)
         sys.exit(EXIT_BAD_INPUT)
     text = dump_yaml(render_level(policy, chosen, monitor_labels))  # whole text first: nothing printed on error
+    for warning in warnings:
+        click.echo(f"warning: {warning}", err=True)
     click.echo(text, nl=False)
 
 

@@ -2,7 +2,8 @@
 
 Rendering, sizing, the tenancy checks, analysis, rollout and the controller reach an engine only through
 :func:`engine_for`; each engine's own package (``engines/vllm``, ``engines/sglang``) owns its command
-line, environment, managed flags and the checks only it can make.
+line, environment, managed flags and the checks only it can make, and how it reads and derives a container the
+team already runs (``spec.workloadRef``, on ``engines/adoption.py``).
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ checks it).
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvoffload.api.errors import FieldError
@@ -28,6 +29,42 @@ class Rung(Protocol):
 
     @property
     def secondary_tiers(self) -> tuple[SecondaryTier, ...]: ...
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A value a container's own command line sets, with the flag as it was spelt (for messages)."""
+
+    flag: str
+    value: str
+    number: int | None = None
+    """The value as a whole number, where the engine reads it as one (``32k`` is 32000 to vLLM); None otherwise."""
+
+
+@dataclass(frozen=True)
+class Served:
+    """What a container's own command line sets of what the policy also says; None where it leaves the engine's
+    default."""
+
+    model: Setting | None
+    max_model_len: Setting | None
+    tensor_parallel_size: Setting | None
+    kv_cache_dtype: Setting | None
+    port: int
+    """The port it serves on: its --port, else the engine's default."""
+
+
+@dataclass(frozen=True)
+class DerivedContainer:
+    """A referenced container's command, args and env for one ladder level: the user's, less their offload flags
+    and variables, plus the level's. None where the container had none and the level adds none."""
+
+    command: list[str] | None
+    args: list[str] | None
+    env: list[dict[str, Any]] | None
+    removed_flags: tuple[str, ...]
+    """The user's offload flags as spelt (without their values)."""
+    removed_env: tuple[str, ...]
 
 
 class Engine(Protocol):
@@ -77,13 +114,51 @@ class Engine(Protocol):
         ...
 
     def eager(self, spec: KVOffloadPolicySpec) -> bool:
-        """Whether the policy's flags turn CUDA graphs off (the engine then launches every kernel from the host,
-        a larger fixed cost a request: ``economics/enginecost.py``)."""
+        """Whether the policy's flags (an adopted container's own, with spec.workloadRef) turn CUDA graphs off (the
+        engine then launches every kernel from the host, a larger fixed cost a request: ``economics/enginecost.py``)."""
         ...
 
     def judge_extra_args(self, args: Sequence[str], *, allowed: Collection[str] = ()) -> list[ArgProblem]:
         """Every ``extraArgs`` item that would set a managed value, turn on a code-loading option not in
         ``allowed`` (dests or flags the cluster admin allows), or that the engine's parser has no option for."""
+        ...
+
+    # --- a container the team already runs (spec.workloadRef) ---
+
+    def recognises(self, container: Mapping[str, Any]) -> bool:
+        """Whether ``container`` runs this engine: its command or args launch it, or it has no command and its image
+        is the engine's."""
+        ...
+
+    def served(self, container: Mapping[str, Any]) -> Served:
+        """What ``container``'s own options set of the model, context length, parallelism, KV dtype and port."""
+        ...
+
+    def adoption_problems(self, container: Mapping[str, Any]) -> list[str]:
+        """Why levels cannot be derived from ``container`` (its options unreadable, flags the operator could not
+        replace); empty when they can."""
+        ...
+
+    def offload_args(self, spec: KVOffloadPolicySpec, rung: Rung) -> list[str]:
+        """The offload flags of ``rung`` alone (none on the GPU-only level)."""
+        ...
+
+    def offload_env(self, spec: KVOffloadPolicySpec, rung: Rung) -> list[dict[str, Any]]:
+        """The variables the offload of ``rung`` reads, alone."""
+        ...
+
+    def split_offload(self, args: Sequence[str]) -> tuple[list[str], list[str]]:
+        """``args`` without the offload flags (however spelt, with their values), and those flags."""
+        ...
+
+    def derive(self, container: Mapping[str, Any], spec: KVOffloadPolicySpec, rung: Rung) -> DerivedContainer:
+        """``container``'s command, args and env for ``rung``: its offload flags and variables replaced by the
+        rung's (flags appended to args), everything else as written."""
+        ...
+
+    def code_problems(self, container: Mapping[str, Any], *, allowed: Collection[str] = ()) -> list[str]:
+        """Each option of ``container`` that loads code and is not in ``allowed`` (the user's other flags are
+        theirs: only code loading is the admin's to refuse)."""
         ...
 
 

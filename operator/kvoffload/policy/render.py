@@ -8,6 +8,7 @@ reading the packaged templates.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -39,15 +40,16 @@ from kvoffload.api.conventions import (
 )
 from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.podspec import LabelSelector, NodeSelectorTerm, PodAffinityTerm, PodTemplate, Toleration
-from kvoffload.api.quantity import parse_duration, quantity_bytes, to_quantity
+from kvoffload.api.quantity import parse_duration, to_quantity
 from kvoffload.api.types import (
+    AdoptedWorkload,
     KVOffloadPolicy,
     KVOffloadPolicySpec,
     SecondaryTier,
-    TierVolume,
 )
 from kvoffload.engines import PORT, SHM_PATH, engine_for
 from kvoffload.policy.catalog import GPUClass, find_gpu_class, gpu_class_names
+from kvoffload.policy.derive import check_workload, derived_pod, engine_port
 from kvoffload.policy.ladder import Level
 from kvoffload.policy.sizing import (
     SHM_EXTRA_BYTES,
@@ -57,6 +59,7 @@ from kvoffload.policy.sizing import (
     startup_seconds,
     tier_capacity_tokens,
 )
+from kvoffload.policy.volumes import disk_scratch_bytes, tier_volume, under, volume_name
 
 STARTUP_PROBE_PERIOD_SECONDS = 10
 TERMINATION_GRACE_SECONDS = 60
@@ -104,17 +107,13 @@ def engine_env(spec: KVOffloadPolicySpec, level: Level) -> list[dict[str, Any]]:
 # --- checks only rendering can make ----------------------------------------------------
 
 
-def _under(path: str, parent: str) -> bool:
-    return path == parent or path.startswith(parent.rstrip("/") + "/")
-
-
 def _mount_path_problem(path: str) -> str | None:
     """Why nothing may be mounted at ``path`` in the engine container; None when it may."""
     if posixpath.normpath(path) != path:
         return f"{path!r} must be a normalized absolute path (no '..', '//' or trailing /)"
-    if _under(SHM_PATH, path) or _under(path, SHM_PATH):
+    if under(SHM_PATH, path) or under(path, SHM_PATH):
         return f"{path!r} collides with {SHM_PATH}, where the engine keeps the CPU pool and its IPC"
-    if any(_under(path, d) for d in _NO_MOUNTS_UNDER) or any(_under(d, path) for d in _SYSTEM_DIRS):
+    if any(under(path, d) for d in _NO_MOUNTS_UNDER) or any(under(d, path) for d in _SYSTEM_DIRS):
         return f"{path!r} would hide a system directory of the image"
     return None
 
@@ -129,7 +128,7 @@ def _check_tier_paths(tiers: Iterable[SecondaryTier]) -> list[FieldError]:
             errors.append(FieldError(where, problem))
             continue
         for other in seen:
-            if _under(path, other) or _under(other, path):
+            if under(path, other) or under(other, path):
                 errors.append(FieldError(where, f"{path!r} overlaps the tier mounted at {other!r}"))
         seen.append(path)
     return errors
@@ -221,6 +220,8 @@ def check_renderable(policy: KVOffloadPolicy) -> list[FieldError]:
         errors += check_label(f"spec.prometheus.monitorLabels[{key!r}]", key, spec.prometheus.monitor_labels[key])
     if spec.pod_template is not None:
         errors += _check_pod_template(spec.pod_template, spec, policy.metadata.namespace)
+    if spec.workload is not None:
+        errors += check_workload(spec, spec.workload)
     return errors
 
 
@@ -295,7 +296,7 @@ def _check_node_term(where: str, term: NodeSelectorTerm) -> list[FieldError]:
 
 
 def _operator_volume_names(spec: KVOffloadPolicySpec) -> set[str]:
-    return {"dshm", *(_volume_name(t, i) for i, t in enumerate(spec.offload.secondary_tiers))}
+    return {"dshm", *(volume_name(t, i) for i, t in enumerate(spec.offload.secondary_tiers))}
 
 
 def _check_pod_template(overlay: PodTemplate, spec: KVOffloadPolicySpec, namespace: str) -> list[FieldError]:
@@ -338,10 +339,10 @@ def _check_pod_template(overlay: PodTemplate, spec: KVOffloadPolicySpec, namespa
             errors.append(FieldError(f"{at}.mountPath", problem))
             continue
         for path, what in taken:
-            if mount.mount_path == path or (_under(mount.mount_path, path) and what != "/dev/shm"):
+            if mount.mount_path == path or (under(mount.mount_path, path) and what != "/dev/shm"):
                 errors.append(FieldError(f"{at}.mountPath", f"{mount.mount_path!r} is where {what} is mounted"))
                 break
-            if _under(path, mount.mount_path):
+            if under(path, mount.mount_path):
                 errors.append(FieldError(f"{at}.mountPath", f"{mount.mount_path!r} would hide {what} at {path!r}"))
                 break
         taken.append((mount.mount_path, f"volumeMounts[{i}]"))
@@ -429,47 +430,13 @@ def _gpu_class(spec: KVOffloadPolicySpec) -> GPUClass:
     return found
 
 
-def _volume_name(tier: SecondaryTier, index: int) -> str:
-    name = f"kv-{tier.name}"
-    return name if len(name) <= 63 else f"kv-tier-{index}"
-
-
-def _tier_volume(tier: SecondaryTier) -> dict[str, Any]:
-    source: TierVolume = tier.volume
-    if source.persistent_volume_claim is not None:
-        return {"persistentVolumeClaim": {"claimName": source.persistent_volume_claim.claim_name}}
-    if source.host_path is not None:
-        host: dict[str, Any] = {"path": source.host_path.path}
-        if source.host_path.type:
-            host["type"] = source.host_path.type
-        return {"hostPath": host}
-    empty = source.empty_dir
-    spec: dict[str, Any] = {}
-    if empty is not None and empty.medium:
-        spec["medium"] = empty.medium
-    # vLLM's fs tier never deletes files, so the volume's limit is the tier's only bound.
-    limit = empty.size_limit if empty is not None and empty.size_limit is not None else tier.size
-    spec["sizeLimit"] = to_quantity(quantity_bytes(limit))
-    return {"emptyDir": spec}
-
-
-def _disk_scratch_bytes(level: Level) -> int:
-    """Node disk the level's emptyDir tiers may fill: requested so the scheduler finds room."""
-    total = 0
-    for tier in level.secondary_tiers:
-        empty = tier.volume.empty_dir
-        if empty is not None and empty.medium != "Memory":
-            total += quantity_bytes(empty.size_limit if empty.size_limit is not None else tier.size)
-    return total
-
-
 def _volumes(spec: KVOffloadPolicySpec, level: Level) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     shm = host_memory(spec, level).shm or SHM_EXTRA_BYTES  # NCCL and torch IPC need /dev/shm too
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": to_quantity(shm)}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": SHM_PATH}]
     for i, tier in enumerate(level.secondary_tiers):
-        name = _volume_name(tier, i)
-        volumes.append({"name": name, **_tier_volume(tier)})
+        name = volume_name(tier, i)
+        volumes.append({"name": name, **tier_volume(tier)})
         mounts.append({"name": name, "mountPath": tier.path})
     if spec.pod_template is not None:
         volumes += (_dump(v) for v in spec.pod_template.volumes)
@@ -484,7 +451,7 @@ def _resources(spec: KVOffloadPolicySpec, level: Level, gpu: GPUClass) -> dict[s
     # Quantities as strings, as the API server returns them, so GitOps diffs stay quiet.
     limits: dict[str, Any] = {"cpu": str(spec.resources.cpu), "memory": memory, gpu.resource: str(spec.gpu.count)}
     requests = dict(limits)
-    if scratch := _disk_scratch_bytes(level):
+    if scratch := disk_scratch_bytes(level):
         requests["ephemeral-storage"] = to_quantity(scratch)
     return {"requests": requests, "limits": limits}
 
@@ -513,16 +480,20 @@ class _Engine:
     gpu: GPUClass
     env_from: list[dict[str, Any]]
     pod: dict[str, Any]
-    """What spec.podTemplate adds to the pod: its metadata, scheduling and identity."""
+    """What spec.podTemplate adds to the pod: its metadata, scheduling and identity; with an adopted workload, the
+    whole derived pod template (before the operator's labels and annotations)."""
+    workload: str = ""
+    """The adopted pod template's digest (``AdoptedWorkload.digest``); empty without one."""
 
     @property
     def hash(self) -> str:
         # Not dataclasses.asdict: it would deep-copy the GPU class too, only to drop it (the gpu shows in resources).
-        # What a policy without spec.podTemplate leaves empty is left out, so its hash is the one it always had.
+        # What a policy without spec.podTemplate or workloadRef leaves empty is left out, so its hash is the one it
+        # always had.
         hashed = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name != "gpu" and (f.name not in ("env_from", "pod") or getattr(self, f.name))
+            if f.name != "gpu" and (f.name not in ("env_from", "pod", "workload") or getattr(self, f.name))
         }
         canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:10]
@@ -536,6 +507,8 @@ def _image(spec: KVOffloadPolicySpec) -> str:
 
 def _engine(policy: KVOffloadPolicy, level: Level) -> _Engine:
     spec = policy.spec
+    if spec.workload is not None:
+        return _adopted_engine(policy, level, spec.workload)
     overlay = spec.pod_template
     gpu = _gpu_class(spec)
     volumes, mounts = _volumes(spec, level)
@@ -550,6 +523,30 @@ def _engine(policy: KVOffloadPolicy, level: Level) -> _Engine:
         gpu=gpu,
         env_from=[_dump(e) for e in overlay.env_from] if overlay is not None else [],
         pod=_overlay_pod(overlay),
+    )
+
+
+# --- a Deployment the team runs (spec.workloadRef) ------------------------------------------
+
+
+def _adopted_engine(policy: KVOffloadPolicy, level: Level, workload: AdoptedWorkload) -> _Engine:
+    """The referenced pod template with only what offload needs changed: the offload flags and variables, memory,
+    /dev/shm and the tier volumes. Everything else is the user's, as written."""
+    spec = policy.spec
+    template, container, derived = derived_pod(spec, level, workload)
+    pod = template["spec"]
+    return _Engine(
+        image=workload.image,
+        command=derived.command or [],
+        args=derived.args or [],
+        env=derived.env or [],
+        resources=container["resources"],
+        volume_mounts=container["volumeMounts"],
+        volumes=pod["volumes"],
+        gpu=_gpu_class(spec),
+        env_from=[],
+        pod=template,
+        workload=workload.digest,
     )
 
 
@@ -627,10 +624,14 @@ def renderer_version() -> str:
 
 def render_input(policy: KVOffloadPolicy) -> str:
     """A digest of everything a render reads: the policy's name, namespace and resolved spec (but its
-    ``notifications``, which no render reads), and the renderer."""
+    ``notifications``, which no render reads), the referenced pod template where spec.workloadRef was read, and
+    the renderer."""
     meta = policy.metadata
     spec = policy.spec.model_dump_json(by_alias=True, exclude={"notifications"})
     text = f"{renderer_version()}\0{meta.namespace}/{meta.name}\0{spec}"
+    workload = policy.spec.workload
+    if workload is not None:  # only then, so that every other policy's digest stays what it was
+        text += f"\0{workload.digest}"
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -675,7 +676,8 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> d
     """The engine Deployment ``<policy>-<level>`` running ``level`` with ``replicas`` pods.
 
     Its pods carry only labels that never change while they run (policy, level, config hash), so that a
-    role moving from one level to another rewrites no pod template."""
+    role moving from one level to another rewrites no pod template. With an adopted workload
+    (spec.workloadRef), the pod template is the referenced one, derived for the level."""
     _require_renderable(policy)
     if replicas < 0:
         raise ValueError("replicas must not be negative")
@@ -689,18 +691,23 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> d
         LABEL_LEVEL: level.name,
         LABEL_CONFIG_HASH: engine.hash,
     }
-    pod = dict(engine.pod)
-    # The overlay's labels and annotations go under the operator's, which win (check_renderable refuses clashes).
-    pod_labels = {**pod.pop("labels", {}), **labels}
-    pod_annotations = {
-        **pod.pop("annotations", {}),
-        "kubectl.kubernetes.io/default-container": engine_for(spec).container,
+    annotations = {
         ANNOTATION_TIERS: tiers,
         # What each tier holds, for KV-aware routers that size their per-pod prefix index.
         ANNOTATION_TIER_CAPACITY: tier_capacity_annotation(policy, level),
     }
+    adopted = spec.workload is not None
+    pod = {} if adopted else dict(engine.pod)
+    # The overlay's labels and annotations go under the operator's, which win (check_renderable refuses clashes).
+    pod_labels = {**pod.pop("labels", {}), **labels}
+    container = spec.workload.container if spec.workload is not None else engine_for(spec).container
+    pod_annotations = {
+        **pod.pop("annotations", {}),
+        "kubectl.kubernetes.io/default-container": container,
+        **annotations,
+    }
     surge = spec.rollout.max_surge
-    return _from_template(
+    deployment = _from_template(
         "deployment.yaml.j2",
         name=deployment_name(policy.metadata.name, level.name),
         namespace=policy.metadata.namespace,
@@ -721,7 +728,7 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> d
         container_security=CONTAINER_SECURITY,
         node_selector={**gpu.node_labels, **spec.gpu.node_selector},
         tolerations=_tolerations(spec, gpu),
-        container=engine_for(spec).container,
+        container=container,
         image=engine.image,
         command=engine.command,
         args=engine.args,
@@ -737,6 +744,15 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> d
             "failures": max(1, math.ceil(startup_seconds(spec, level) / STARTUP_PROBE_PERIOD_SECONDS)),
         },
     )
+    if adopted:
+        # The template gives the Deployment around the pod; the pod is the user's, derived. Its own labels (those
+        # their Service or InferencePool selects) and annotations stay; the operator's go on top.
+        template = copy.deepcopy(engine.pod)
+        meta = template.setdefault("metadata", {})
+        meta["labels"] = {**(meta.get("labels") or {}), **{k: labels[k] for k in SERIES_POD_LABELS}}
+        meta["annotations"] = {**(meta.get("annotations") or {}), **pod_annotations}
+        deployment["spec"]["template"] = template
+    return deployment
 
 
 def render_service(policy: KVOffloadPolicy) -> dict[str, Any]:
@@ -766,7 +782,7 @@ def render_pod_monitor(policy: KVOffloadPolicy, monitor_labels: Mapping[str, str
     kube-prometheus-stack selects PodMonitors on), then spec.prometheus.monitorLabels, then the operator's own
     labels, each winning over the one before."""
     _require_renderable(policy)
-    return _from_template(
+    monitor = _from_template(
         "podmonitor.yaml.j2",
         name=policy.metadata.name,
         namespace=policy.metadata.namespace,
@@ -776,6 +792,13 @@ def render_pod_monitor(policy: KVOffloadPolicy, monitor_labels: Mapping[str, str
         interval=_prometheus_duration(parse_duration(policy.spec.analysis.interval)),
         sample_limit=SAMPLE_LIMIT,
     )
+    target = engine_port(policy)
+    if target is not None:  # an adopted engine's port is not named http
+        endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+        del endpoint["port"]
+        where = {"port": target} if isinstance(target, str) else {"portNumber": target}
+        monitor["spec"]["podMetricsEndpoints"][0] = {**where, **endpoint}
+    return monitor
 
 
 def render(
@@ -785,7 +808,8 @@ def render(
     replicas: int | None = None,
     monitor_labels: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The manifests of one level: its Deployment, then the shared Service and PodMonitor.
+    """The manifests of one level: its Deployment, then the shared Service (none with spec.workloadRef: the team's
+    own Service selects the derived pods by the labels they keep) and PodMonitor.
 
     ``replicas`` defaults to what the role would run: spec.replicas as stable, rollout.canaryReplicas as
     canary (the role changes nothing else). Raises PolicyError naming the fields when the policy cannot
@@ -795,11 +819,8 @@ def render(
         raise ValueError(f"role must be one of {', '.join(VARIANTS)}, not {role!r}")
     if replicas is None:
         replicas = policy.spec.replicas if role == "stable" else policy.spec.rollout.canary_replicas
-    return [
-        render_deployment(policy, level, replicas),
-        render_service(policy),
-        render_pod_monitor(policy, monitor_labels),
-    ]
+    service = [render_service(policy)] if policy.spec.workload_ref is None else []
+    return [render_deployment(policy, level, replicas), *service, render_pod_monitor(policy, monitor_labels)]
 
 
 def render_level(

@@ -24,6 +24,7 @@ from kvoffload.api.quantity import format_duration, parse_duration
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.api.vllmflags import option_dest
 from kvoffload.engines import ENGINES, engine_for
+from kvoffload.policy.workload import WHERE, adopted_container
 
 # Hosts that name the node or the cloud's metadata service whatever they resolve to.
 _METADATA_HOSTS = frozenset(
@@ -168,6 +169,7 @@ def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -
     errors += notification_sink_problems(policy, tenancy)
     errors += analysis_floor_problems(policy, tenancy)
     errors += pod_reach_problems(policy, tenancy)
+    errors += adopted_pod_problems(policy, tenancy)
     overlay = spec.pod_template
     if overlay is not None:
         for i, volume in enumerate(overlay.volumes):
@@ -191,6 +193,29 @@ def check_tenancy(policy: KVOffloadPolicy, tenancy: Tenancy = DEFAULT_TENANCY) -
                 )
             )
     return errors
+
+
+def adopted_pod_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[FieldError]:
+    """What the admin does not allow in a referenced Deployment's pod (spec.workloadRef), once read: code-loading
+    options of its engine container, and hostPath volumes. Its image is judged as spec.model.image is; the rest of
+    the pod is the team's own, which it already runs."""
+    workload = policy.spec.workload
+    if workload is None:
+        return []
+    container = adopted_container(workload)
+    found = [
+        FieldError(WHERE, f"Deployment {workload.name}: {problem}")
+        for problem in engine_for(policy.spec).code_problems(container, allowed=tenancy.code_options)
+    ]
+    for volume in (workload.template.get("spec") or {}).get("volumes") or []:
+        host = volume.get("hostPath")
+        if isinstance(host, dict) and (
+            problem := host_path_problem(str(host.get("path", "")), tenancy.host_path_roots)
+        ):
+            found.append(
+                FieldError(WHERE, f"Deployment {workload.name}: volume {volume.get('name')!r} is a hostPath: {problem}")
+            )
+    return found
 
 
 def notification_sink_problems(policy: KVOffloadPolicy, tenancy: Tenancy) -> list[FieldError]:
@@ -444,6 +469,7 @@ __all__ = [
     "MESH_KEY_PREFIXES",
     "SinkGrant",
     "Tenancy",
+    "adopted_pod_problems",
     "analysis_floor_problems",
     "check_tenancy",
     "host_path_problem",

@@ -19,6 +19,7 @@ checked by its own parser (tests/sglang):
 from __future__ import annotations
 
 import functools
+import posixpath
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ from kvoffload.api.errors import FieldError
 from kvoffload.api.quantity import GIB, quantity_bytes
 from kvoffload.api.types import Backend, EvictionPolicy, KVCacheDtype, KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.api.vllmflags import ArgProblem, OptionTable, judge_extra_args, load_option_table
+from kvoffload.engines.adoption import Adopts
 from kvoffload.engines.engine import PORT, Rung, managed_env_errors
 
 LAUNCH = ("python3", "-m", "sglang.launch_server")
@@ -79,6 +81,20 @@ MANAGED_DESTS: Mapping[str, str] = {
     "ple_offload_backend": "embedding weights in pinned host memory the request does not hold",
     "kt_weight_path": "experts run from host memory the request does not hold (ktransformers)",
 }
+# What a level's offload sets on the command line: a referenced container's own are replaced. LMCache too, which
+# SGLang refuses beside HiCache (tests/sglang: with-lmcache).
+OFFLOAD_DESTS = frozenset(
+    {
+        "enable_hierarchical_cache",
+        "hicache_size",
+        "hicache_ratio",
+        "hicache_host_memory_fraction",
+        "hicache_host_memory_mode",
+        "hicache_storage_backend",
+        "hicache_storage_backend_extra_config",
+        "enable_lmcache",
+    }
+)
 
 # dest -> why it loads code beyond the image's own entry points and the model's weights; refused unless the
 # cluster admin allows it (Tenancy.code_options, --allowed-code-option).
@@ -106,12 +122,47 @@ def hicache_gigabytes(cpu_bytes: int, ranks: int) -> int | None:
     return per_rank if not rest and per_rank > 0 else None
 
 
-class SGLang:
+class SGLang(Adopts):
     """SGLang with HiCache: a pinned host pool, and the file storage backend as its one further tier."""
 
     name = "sglang"
     title = "SGLang"
     container = "sglang"
+
+    OFFLOAD_DESTS = OFFLOAD_DESTS
+    OFFLOAD_ENV_PREFIX = "SGLANG_HICACHE_"
+    DEFAULT_PORT = 30000
+    MODEL_DEST = "model_path"
+    MAX_MODEL_LEN_DEST = "context_length"
+    TP_DEST = "tp_size"
+    IMAGE_WORD = "sglang"
+    POSITIONAL_WINS = False  # sglang serve MODEL: the positional is read as a leading --model-path
+    CODE_DESTS = CODE_LOADING_DESTS
+
+    def table(self) -> OptionTable:
+        return option_table()
+
+    def launch(self, tokens: Sequence[str]) -> tuple[int, bool] | None:
+        for i, token in enumerate(tokens[:-1]):
+            if token == "-m" and tokens[i + 1] == "sglang.launch_server":
+                return i + 2, False
+            if posixpath.basename(token) == "sglang" and tokens[i + 1] == "serve":
+                return i + 2, True
+        return None
+
+    def offload_args(self, spec: KVOffloadPolicySpec, rung: Rung) -> list[str]:
+        if rung.cpu_bytes is None:
+            return []
+        size = hicache_gigabytes(rung.cpu_bytes, spec.model.tensor_parallel_size)
+        if size is None:  # check() refused it already
+            raise ValueError(f"{rung.cpu_bytes} bytes are not whole gigabytes per rank")
+        args = ["--enable-hierarchical-cache", "--hicache-size", str(size)]
+        if rung.secondary_tiers:
+            args += ["--hicache-storage-backend", "file"]
+        return args
+
+    def offload_env(self, spec: KVOffloadPolicySpec, rung: Rung) -> list[dict[str, Any]]:
+        return self.env(spec, rung)
 
     def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
         return False
@@ -145,14 +196,8 @@ class SGLang:
             "--mem-fraction-static",
             repr(spec.gpu.memory_utilization),
             "--enable-metrics",
+            *self.offload_args(spec, rung),
         ]
-        if rung.cpu_bytes is not None:
-            size = hicache_gigabytes(rung.cpu_bytes, model.tensor_parallel_size)
-            if size is None:  # check() refused it already
-                raise ValueError(f"{rung.cpu_bytes} bytes are not whole gigabytes per rank")
-            args += ["--enable-hierarchical-cache", "--hicache-size", str(size)]
-            if rung.secondary_tiers:
-                args += ["--hicache-storage-backend", "file"]
         return [*args, *model.extra_args]
 
     def env(self, spec: KVOffloadPolicySpec, rung: Rung) -> list[dict[str, Any]]:
@@ -198,6 +243,8 @@ class SGLang:
         return CODE_LOADING_DESTS
 
     def eager(self, spec: KVOffloadPolicySpec) -> bool:
+        if spec.workload is not None:
+            return self.last_switch(self.adopted_options(spec), "disable_cuda_graph")
         return any(
             a == "--disable-cuda-graph" or a.lower() == "--disable-cuda-graph=true" for a in spec.model.extra_args
         )

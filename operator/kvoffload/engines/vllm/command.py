@@ -6,6 +6,7 @@ Pure: every value is computed from the policy and the level.
 from __future__ import annotations
 
 import json
+import posixpath
 from collections.abc import Collection, Mapping, Sequence
 from decimal import Context, Decimal, Inexact
 from typing import Any
@@ -13,7 +14,8 @@ from typing import Any
 from kvoffload.api.errors import FieldError
 from kvoffload.api.quantity import GIB, quantity_bytes
 from kvoffload.api.types import Backend, EvictionPolicy, KVOffloadPolicy, KVOffloadPolicySpec, SecondaryTier
-from kvoffload.api.vllmflags import CODE_LOADING_DESTS, ArgProblem, judge_extra_args
+from kvoffload.api.vllmflags import CODE_LOADING_DESTS, ArgProblem, OptionTable, judge_extra_args, option_table
+from kvoffload.engines.adoption import Adopts, Item
 from kvoffload.engines.engine import PORT, SHM_PATH, Rung, managed_env_errors
 
 # vLLM keeps the CPU pool in /dev/shm/vllm_offload_<engine>.mmap (PR 50094) and an
@@ -32,6 +34,13 @@ LMCACHE_ENV = frozenset(
     {"LMCACHE_LOCAL_CPU", "LMCACHE_MAX_LOCAL_CPU_SIZE", "LMCACHE_CHUNK_SIZE", "LMCACHE_LOCAL_DISK"}
     | {"LMCACHE_MAX_LOCAL_DISK_SIZE"}
 )
+# What a level's offload sets on the command line: a referenced container's own are replaced.
+OFFLOAD_DESTS = frozenset({"kv_offloading_size", "kv_offloading_backend", "kv_transfer_config"})
+# Connectors that only offload (the operator's, or LMCache's): any other (NixlConnector, P2pNcclConnector,
+# MultiConnector...) moves KV between engines, which replacing --kv-transfer-config would break.
+OFFLOAD_CONNECTORS = frozenset({"OffloadingConnector", "LMCacheConnectorV1", "LMCacheMPConnector", "LMCacheConnector"})
+# The modules that run vLLM's OpenAI server, as ``python -m`` names them.
+_SERVER_MODULES = ("vllm.entrypoints.openai.api_server",)
 
 
 def decimal_of(numerator: int, denominator: int) -> str:
@@ -145,12 +154,60 @@ def lmcache_env(spec: KVOffloadPolicySpec, level: Rung) -> list[dict[str, Any]]:
     return env
 
 
-class VLLM:
+def _connector(item: Item) -> str | None:
+    """The kv_connector a ``--kv-transfer-config`` item names; None when it names none readable."""
+    if item.key is not None:
+        return item.value if item.key == "kv_connector" else None
+    try:
+        config = json.loads(item.value or "")
+    except ValueError:
+        return None
+    connector = config.get("kv_connector") if isinstance(config, dict) else None
+    return connector if isinstance(connector, str) else None
+
+
+class VLLM(Adopts):
     """vLLM's ``vllm serve`` with its native OffloadingConnector or LMCache."""
 
     name = "vllm"
     title = "vLLM"
     container = "vllm"
+
+    OFFLOAD_DESTS = OFFLOAD_DESTS
+    OFFLOAD_ENV_PREFIX = "LMCACHE_"
+    DEFAULT_PORT = 8000
+    MODEL_DEST = "model"
+    MAX_MODEL_LEN_DEST = "max_model_len"
+    TP_DEST = "tensor_parallel_size"
+    IMAGE_WORD = "vllm"
+    POSITIONAL_WINS = True  # vllm serve: model_tag replaces --model
+    CODE_DESTS = CODE_LOADING_DESTS
+    DASH_O = True
+
+    def table(self) -> OptionTable:
+        return option_table()
+
+    def launch(self, tokens: Sequence[str]) -> tuple[int, bool] | None:
+        for i, token in enumerate(tokens[:-1]):
+            if posixpath.basename(token) == "vllm" and tokens[i + 1] == "serve":
+                return i + 2, True
+            if token == "-m" and tokens[i + 1] in _SERVER_MODULES:
+                return i + 2, False
+        return None
+
+    def offload_args(self, spec: KVOffloadPolicySpec, rung: Rung) -> list[str]:
+        return offload_args(spec, rung)
+
+    def offload_env(self, spec: KVOffloadPolicySpec, rung: Rung) -> list[dict[str, Any]]:
+        return lmcache_env(spec, rung)
+
+    def adopted_problems(self, items: Sequence[Item]) -> list[str]:
+        connectors = {c for i in items if i.dest == "kv_transfer_config" and (c := _connector(i)) is not None}
+        return [
+            f"sets --kv-transfer-config with kv_connector {c}, which moves KV between engines: each level's offload "
+            "would replace it (kvoffload does not combine connectors)"
+            for c in sorted(connectors - OFFLOAD_CONNECTORS)
+        ]
 
     def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
         # Since PR 50094 (0.27) vLLM's native pool is a /dev/shm file; the sizing handles the older
@@ -215,6 +272,8 @@ class VLLM:
         return CODE_LOADING_DESTS
 
     def eager(self, spec: KVOffloadPolicySpec) -> bool:
+        if spec.workload is not None:
+            return self.last_switch(self.adopted_options(spec), "enforce_eager")
         return any(a == "--enforce-eager" or a.lower() == "--enforce-eager=true" for a in spec.model.extra_args)
 
     def judge_extra_args(self, args: Sequence[str], *, allowed: Collection[str] = ()) -> list[ArgProblem]:
