@@ -138,6 +138,8 @@ class Reason(StrEnum):
     LEVEL_PROMOTED = "LevelPromoted"
     NEW_LADDER = "NewLadder"
     SPEC_CHANGED = "SpecChanged"
+    WORKLOAD_CHANGED = "WorkloadChanged"
+    """spec.workloadRef's pod template changed (an image, a flag): a new ladder from GPU-only."""
     # Degraded
     AS_EXPECTED = "AsExpected"
     ANALYSIS_FAILED = "AnalysisFailed"
@@ -208,6 +210,7 @@ class Decision(StrEnum):
 
     NEW_LADDER = "NewLadder"
     SPEC_CHANGED = "SpecChanged"
+    WORKLOAD_CHANGED = "WorkloadChanged"
     RETRY = "Retry"
     BASELINE_TAKEN = "BaselineTaken"
     CANARY_STARTED = "CanaryStarted"

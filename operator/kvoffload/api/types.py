@@ -1035,6 +1035,15 @@ class ObserveStatus(Status):
     )
 
 
+class WorkloadStatus(Status):
+    """The Deployment spec.workloadRef took over."""
+
+    name: str = Field(description="The Deployment.")
+    template_digest: str = Field(description="Digest of its pod template: a change starts a new ladder.")
+    original_replicas: int = Field(description="What it ran before the takeover; given back on release.")
+    replicas: int = Field(description="What the operator leaves it: fewer as the operator's engines become Ready.")
+
+
 class KVOffloadPolicyStatus(Status):
     """What the operator observed and decided; written only by the operator."""
 
@@ -1071,6 +1080,9 @@ class KVOffloadPolicyStatus(Status):
     )
     selector: str | None = Field(
         default=None, description="Label selector of every engine pod of the policy (/scale, for HPA and KEDA)."
+    )
+    workload: WorkloadStatus | None = Field(
+        default=None, description="spec.workloadRef's Deployment: its template digest and the replicas it keeps."
     )
     spec_digest: str | None = Field(
         default=None,

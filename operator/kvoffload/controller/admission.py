@@ -58,6 +58,8 @@ def problems(obj: Mapping[str, Any], tenancy: Tenancy = DEFAULT_TENANCY) -> list
             policy = parse_policy(body, tenancy=tenancy)
     except PolicyError as exc:
         return exc.errors
+    if policy.spec.workload_ref is not None:
+        return []  # its levels derive from the referenced Deployment: the operator judges them once it read it
     try:
         with judging("the admission webhook"):
             judge_resolved(policy)

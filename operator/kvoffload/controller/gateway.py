@@ -82,6 +82,7 @@ FIELD_MANAGER = COMPONENT
 """The field manager of every write, as ``metadata.managedFields`` records it."""
 APPLY_PATCH = "application/apply-patch+yaml"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 
 class GatewayError(Exception):
@@ -501,6 +502,66 @@ class KubernetesGateway:
             f"list pods {selector} in {namespace}",
         )
         return tuple(parse_pod(item) for item in pods.get("items", []))
+
+    # --- a Deployment spec.workloadRef took over: read, scaled, never owned or deleted ------------
+
+    async def read_deployment(self, namespace: str, name: str) -> Obj:
+        """A Deployment the operator does not own; MissingObjectError when there is none."""
+        deployment = await self._retrying(
+            lambda: self._get(resource_path("apps/v1", "deployments", namespace, name)),
+            f"read Deployment {namespace}/{name}",
+        )
+        if deployment is None:
+            raise MissingObjectError(f"Deployment {namespace}/{name} not found")
+        return deployment
+
+    async def scale_workload(
+        self, namespace: str, name: str, replicas: int, annotations: Mapping[str, str | None]
+    ) -> Obj:
+        """Set a taken-over Deployment's ``spec.replicas`` and the operator's annotations on it (None removes
+        one), by merge patch on the version read, so its pod template and everything else stay as they are."""
+        path = resource_path("apps/v1", "deployments", namespace, name)
+
+        async def attempt() -> Obj:
+            current = await self._get(path)
+            if current is None:
+                raise MissingObjectError(f"Deployment {namespace}/{name} is gone")
+            body = {
+                "metadata": {
+                    "resourceVersion": current["metadata"]["resourceVersion"],
+                    "annotations": dict(annotations),
+                },
+                "spec": {"replicas": replicas},
+            }
+            query = {"fieldManager": FIELD_MANAGER}
+            return await self._call("PATCH", path, body=body, query=query, content_type=MERGE_PATCH)
+
+        return await self._retrying(attempt, f"scale Deployment {namespace}/{name}")
+
+    async def set_finalizer(
+        self, policy: PolicyRef, metadata: Mapping[str, Any], finalizer: str, present: bool
+    ) -> None:
+        """Add or remove one finalizer of the policy whose ``metadata`` was read, leaving the others (kopf's, a
+        user's) as they are: a JSON patch that tests the list read is still there, so a concurrent writer makes
+        it fail (retried by the next cycle, with the newer body) rather than lose their finalizer."""
+        held = list(metadata.get("finalizers") or [])
+        if (finalizer in held) == present:
+            return
+        wanted = [*held, finalizer] if present else [f for f in held if f != finalizer]
+        check: dict[str, Any]
+        if held:
+            check = {"op": "test", "path": "/metadata/finalizers", "value": held}
+        else:
+            check = {"op": "test", "path": "/metadata/resourceVersion", "value": metadata.get("resourceVersion")}
+        body = [check, {"op": "add", "path": "/metadata/finalizers", "value": wanted}]
+        path = resource_path(policy.api_version, PLURAL, policy.namespace, policy.name)
+        what = f"{'add' if present else 'remove'} finalizer {finalizer} of {policy}"
+        try:
+            await self._call("PATCH", path, body=body, content_type=JSON_PATCH)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise ApiRejectedError(f"{what}: {exc.status} {api_message(exc)}", exc.status) from exc
 
     # --- the policy itself -----------------------------------------------------------
 

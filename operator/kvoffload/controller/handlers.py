@@ -52,9 +52,10 @@ from typing import Any, cast
 import kopf
 
 from kvoffload.analysis.hub import FULL_BATCH
-from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, PEERING_NAME, PLURAL
+from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, HAND_BACK_FINALIZER, PEERING_NAME, PLURAL
 from kvoffload.api.quantity import parse_duration
-from kvoffload.controller.bodies import packed_body
+from kvoffload.controller.bodies import packed_body, plain_body
+from kvoffload.controller.gateway import PolicyRef
 from kvoffload.controller.health import Health, Role
 from kvoffload.controller.heap import full_collections_on_schedule, tend_heap
 from kvoffload.controller.leadership import Leadership, LeaseSettings
@@ -87,6 +88,8 @@ REQUEUE_SLACK = 0.01
 """Seconds added to a plan's ``requeue_after``. It counts from the cycle's ``now``, which the cycle reads just after
 the loop stamps the cycle's start; woken that much early, a cycle would find what it came for (a step's end, a
 breach sustained) not yet due."""
+HAND_BACK_PERIOD = 3.0
+"""Seconds between looks at a Deployment being given back by a deleted policy."""
 
 ControllerFactory = Callable[[], Controller | Awaitable[Controller]]
 
@@ -160,6 +163,10 @@ class PolicyRuntime:
         self._stopping: asyncio.Event | None = None
         self._newest_arrival = 0.0
         """Loop time at which a policy was last seen for the first time."""
+        self._handing_back: dict[str, asyncio.Task[None]] = {}
+        """Deleted policies whose taken-over Deployment is being given back (``controller/takeover.py``)."""
+        self._deleting: dict[str, dict[str, Any]] = {}
+        """Their newest bodies."""
 
     @property
     def metrics(self) -> OperatorMetrics:
@@ -178,6 +185,8 @@ class PolicyRuntime:
         """End every loop: each may finish its cycle for ``daemon_cancellation_timeout`` seconds, then is cancelled."""
         if self._stopping is not None:
             self._stopping.set()
+        for task in self._handing_back.values():  # the next leader picks the hand-back up from the finalizer
+            task.cancel()
         loops = [slot.loop for slot in self._slots.values() if slot.loop is not None]
         if loops:
             _, pending = await asyncio.wait(loops, timeout=self.loop.daemon_cancellation_timeout)
@@ -220,6 +229,8 @@ class PolicyRuntime:
             gone = self._slots.get(uid)
             if gone is not None and gone.loop is not None:
                 gone.loop.cancel()
+            if event_type != "DELETED" and HAND_BACK_FINALIZER in (meta.get("finalizers") or ()):
+                self._hand_back(uid, body)
             return
         if uid not in self._slots:
             self._newest_arrival = asyncio.get_running_loop().time()
@@ -239,6 +250,36 @@ class PolicyRuntime:
                 self.run_loop(uid, slot, self._stopped(), logger),
                 name=f"policy {meta.get('namespace')}/{meta.get('name')}",
             )
+
+    def _hand_back(self, uid: str, body: Mapping[str, Any]) -> None:
+        """Give a deleted policy's Deployment back, once per policy, until its finalizer is off; each step reads
+        the newest body (its finalizers are tested when the last one is taken off)."""
+        self._deleting[uid] = plain_body(body)
+        running = self._handing_back.get(uid)
+        if running is None or running.done():
+            name = (body.get("metadata") or {}).get("name")
+            self._handing_back[uid] = asyncio.create_task(self._handing(uid), name=f"hand back {name}")
+
+    async def _handing(self, uid: str) -> None:
+        await self.start()
+        assert self.controller is not None
+        told = None
+        try:
+            while True:
+                body = self._deleting[uid]
+                try:
+                    waiting = await self.controller.hand_back(body)
+                except ReconcileError as exc:
+                    waiting = str(exc)
+                if waiting is None:
+                    return
+                if waiting != told:
+                    log.info("%s is being deleted: %s", PolicyRef.from_body(body), waiting)
+                    told = waiting
+                await asyncio.sleep(HAND_BACK_PERIOD)
+        finally:
+            self._handing_back.pop(uid, None)
+            self._deleting.pop(uid, None)
 
     async def _stopped(self) -> None:
         await self.start()

@@ -102,6 +102,7 @@ from kvoffload.controller.gateway import (
     resource_version,
 )
 from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
+from kvoffload.controller.takeover import hand_back, hand_over, observed, taker_problem
 from kvoffload.controller.workloads import Workloads
 from kvoffload.economics.breakeven import DEFAULT_PROMPT_TOKENS, breakeven
 from kvoffload.economics.enginecost import saving_us_per_token
@@ -127,7 +128,8 @@ from kvoffload.policy.sizing import (
     tier_capacity_tokens,
     with_architecture,
 )
-from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy, url_under
+from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy, check_tenancy, url_under
+from kvoffload.policy.workload import adopt, workload_warnings
 from kvoffload.rollout.decide import decide, invalid
 from kvoffload.rollout.observations import (
     FleetObservation,
@@ -136,6 +138,7 @@ from kvoffload.rollout.observations import (
     PodObservation,
     TokenCheck,
     VariantObservation,
+    WorkloadObservation,
 )
 from kvoffload.rollout.observe import observing, would_apply
 from kvoffload.rollout.plan import Plan, Variants
@@ -246,6 +249,8 @@ class _Reconcile:
     ladder: list[Level] = field(default_factory=list)
     notifications: NotificationsSpec | None = None
     """The sinks the policy chose (read on its own from an invalid spec, so that Invalid is told too)."""
+    workload: WorkloadObservation | None = None
+    """spec.workloadRef's Deployment, as read this cycle."""
 
 
 class Controller:
@@ -445,6 +450,7 @@ class Controller:
             token=token,
             pod_monitor=self._pod_monitor(policy) if not_scraped(measurements) else None,
             fleet=fleet,
+            workload=ctx.workload,
         )
         decided = decide(spec, ctx.status, observations, ctx.now)
         variants = decided.variants
@@ -467,6 +473,9 @@ class Controller:
             if first_meeting and unchanged and owned.deployments:
                 self._defer_children(ctx.ref.uid, judged.key)
             await self._apply_shared(ctx, policy, judged.key)
+            held = status.workload
+            if held is not None and ctx.workload is not None and held.replicas < ctx.workload.replicas:
+                await self._api("hand_over", hand_over(self.gateway, ctx.ref, meta, held), ctx.ref)
         await self._finish(ctx, plan)
         return plan
 
@@ -508,13 +517,44 @@ class Controller:
             except ConfigError as exc:
                 raise PolicyError([FieldError(path, f"ConfigMap {ref.name!r} key {ref.key!r}: {exc}")]) from None
             policy = policy.model_copy(update={"spec": with_architecture(spec, arch)})
+        if spec.workload_ref is not None:
+            policy = await self._adopted(ctx, policy)
         key = render_input(policy)
         known = self._judged.get(ctx.ref.uid)
         if known is None or known.key != key:
             with judging(ctx.ref):
                 known = _Judged(key, *judge_resolved(policy))
             self._judged[ctx.ref.uid] = known
+            for warning in workload_warnings(policy):  # once per input: what the derived levels change
+                await self.gateway.emit_event(ctx.ref, "Warning", "WorkloadAdjusted", warning)
         return policy, known
+
+    async def _adopted(self, ctx: _Reconcile, policy: KVOffloadPolicy) -> KVOffloadPolicy:
+        """The policy with the Deployment its spec.workloadRef names read in (``ctx.workload`` too)."""
+        ref = policy.spec.workload_ref
+        assert ref is not None
+        path = "spec.workloadRef.name"
+        try:
+            deployment = await self._api(
+                "read_deployment", self.gateway.read_deployment(ctx.ref.namespace, ref.name), ctx.ref
+            )
+        except MissingObjectError as exc:
+            raise PolicyError([FieldError(path, str(exc))]) from None
+        if (problem := taker_problem(deployment, ctx.ref.name)) is not None:
+            raise PolicyError([FieldError(path, problem)])
+        with judging(ctx.ref):
+            policy = adopt(policy, deployment)
+            # The admin's allow-lists judge the referenced pod as they judge a rendered one.
+            if errors := check_tenancy(policy, self.settings.judged_tenancy):
+                raise PolicyError(errors)
+        ctx.workload = observed(policy, deployment)
+        return policy
+
+    async def hand_back(self, body: Mapping[str, Any]) -> str | None:
+        """One step of handing a deleted policy's Deployment back (``controller/takeover.py``); None once done."""
+        ref = PolicyRef.from_body(body)
+        waiting: str | None = await self._api("hand_back", hand_back(self.gateway, body), ref)
+        return waiting
 
     def _analysis_due(self, policy: KVOffloadPolicy, ctx: _Reconcile, generation: int | None) -> bool:
         status = ctx.status
@@ -595,6 +635,8 @@ class Controller:
         now = self._monotonic()
         period = self.settings.children_resync_seconds
         for kind, render_child in _CHILDREN:
+            if kind == "Service" and policy.spec.workload_ref is not None:
+                continue  # the team's own Service selects the derived pods by the labels they keep
             child = (ctx.ref.uid, kind)
             written = self._children.get(child)
             if written is not None and written[0] == key and now - written[1] < period:

@@ -141,6 +141,7 @@ from kvoffload.rollout.plan import Event, Plan, VariantPlan
 from kvoffload.rollout.preflight import PreflightJudgment, judge
 from kvoffload.rollout.record import HISTORY_LIMIT, baseline_from, evidence_of, write_plan
 from kvoffload.rollout.replicas import canary_replicas, next_step, stable_replicas
+from kvoffload.rollout.takeover import template_changed
 from kvoffload.rollout.texts import (
     baseline_text,
     cpu_text,
@@ -157,6 +158,7 @@ from kvoffload.rollout.warmup import warmed_up_canary, warming_text
 _DECISIONS: Mapping[Reason, Decision] = {
     Reason.NEW_LADDER: Decision.NEW_LADDER,
     Reason.SPEC_CHANGED: Decision.SPEC_CHANGED,
+    Reason.WORKLOAD_CHANGED: Decision.WORKLOAD_CHANGED,
     Reason.RETRY: Decision.RETRY,
     Reason.BASELINE_TAKEN: Decision.BASELINE_TAKEN,
     Reason.CANARY_STARTED: Decision.CANARY_STARTED,
@@ -207,6 +209,8 @@ def decide(
         return write_plan(ctx, _start_fresh(ctx, Reason.OBSERVE_SWITCHED, switch_text(spec)))
     if current.stable is None or current.stage is None:
         return write_plan(ctx, _start_fresh(ctx))
+    if (moved := template_changed(ctx)) is not None:
+        return write_plan(ctx, _new_template(ctx, moved))
     changed = observations.generation != current.observed_generation or current.ladder != [lv.name for lv in ladder]
     if changed and not _resized_only(ctx):  # a change of replicas alone (/scale) resizes the shares in place
         return write_plan(ctx, _new_spec(ctx))
@@ -372,6 +376,15 @@ def _new_spec(ctx: Ctx) -> Outcome:
         ctx, level, Reason.SPEC_CHANGED, f"generation {old} → {ctx.obs.generation}: {dropped}stable level {level.name}"
     )
     return outcome  # the old canary drains, paced, as the new ladder's stable level grows Ready
+
+
+def _new_template(ctx: Ctx, what: str) -> Outcome:
+    """The taken-over Deployment runs another engine now (an image, a flag): what was judged on the old one
+    proves nothing, so the new ladder starts from GPU-only, as a new policy does."""
+    dropped = f"dropped canary {ctx.level_name(ctx.status.canary.level)}; " if ctx.status.canary else ""
+    return _start_ladder(
+        ctx, ctx.ladder[0], Reason.WORKLOAD_CHANGED, f"{what}: {dropped}stable level {ctx.ladder[0].name}"
+    )
 
 
 def _start_ladder(ctx: Ctx, level: Level, reason: Reason, why: str) -> Outcome:

@@ -78,6 +78,19 @@ class FleetObservation:
 
 
 @dataclass(frozen=True)
+class WorkloadObservation:
+    """The Deployment spec.workloadRef names, as read this cycle."""
+
+    name: str
+    digest: str
+    """Its pod template's digest."""
+    original_replicas: int
+    """What it ran before the takeover (recorded on it, else its replicas when first read)."""
+    replicas: int
+    """Its spec.replicas now."""
+
+
+@dataclass(frozen=True)
 class Observations:
     """Everything ``decide`` needs to know about the world, gathered by the adapter."""
 
@@ -102,6 +115,8 @@ class Observations:
     """The bearer token's Secret, when this cycle read one; None keeps the PrometheusTokenUnreadable condition."""
     pod_monitor: PodMonitorRef | None = None
     """The policy's PodMonitor as rendered, named in the PodsNotScraped message; None: named from the policy."""
+    workload: WorkloadObservation | None = None
+    """spec.workloadRef's Deployment; None without one."""
     fleet: FleetObservation | None = None
     """Observe-only (``spec.rollout.observeOnly``): the observed fleet, from which ``decide`` builds the roles it
     would have applied (``rollout.observe.observed_roles``); ignored otherwise."""

@@ -52,6 +52,7 @@ from kvoffload.rollout.observations import VariantObservation
 from kvoffload.rollout.observe import observe_message, observe_status, observing_condition
 from kvoffload.rollout.pace import capacity_dip, observed_variant, pace
 from kvoffload.rollout.plan import Event, Plan, VariantPlan
+from kvoffload.rollout.takeover import workload_status
 from kvoffload.rollout.texts import display_of, not_scraped_message
 from kvoffload.rollout.warmup import judged_from, warmup_of, warmup_reason
 
@@ -114,6 +115,7 @@ def write_plan(ctx: Ctx, o: Outcome) -> Plan:
         annotations_seen=dict(seen),
         message=observe_message(ctx.spec, o.message),
         replicas=paced.total_replicas,
+        workload=workload_status(ctx),
         spec_digest=spec_digest(ctx.spec),
         **display_of(o, last_analysis),
     )

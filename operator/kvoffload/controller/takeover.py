@@ -1,0 +1,98 @@
+"""The adapter of spec.workloadRef: the taken-over Deployment read, scaled down as ``decide`` allows, and handed
+back before the policy goes.
+
+The operator never owns, applies or deletes that Deployment: it writes only its ``spec.replicas`` and two
+annotations (the count it ran before, and which policy holds it). A policy that has scaled it down carries the
+``kvoffload.io/hand-back`` finalizer, so deleting the policy first brings the Deployment back to its count and
+waits for it to be Ready; only then do the operator's own Deployments go, by their ownerReferences.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from kvoffload.api.conventions import ANNOTATION_ORIGINAL_REPLICAS, ANNOTATION_TAKEN_BY, HAND_BACK_FINALIZER
+from kvoffload.api.types import KVOffloadPolicy, WorkloadStatus
+from kvoffload.controller.gateway import KubernetesGateway, MissingObjectError, PolicyRef
+from kvoffload.policy.workload import original_replicas
+from kvoffload.rollout.observations import WorkloadObservation
+
+log = logging.getLogger(__name__)
+
+
+def taker_problem(deployment: Mapping[str, Any], policy: str) -> str | None:
+    """Why ``policy`` may not take the Deployment over: another policy holds it."""
+    meta = deployment.get("metadata") or {}
+    holder = (meta.get("annotations") or {}).get(ANNOTATION_TAKEN_BY)
+    if holder and holder != policy:
+        return f"Deployment {meta.get('name')} is already taken over by policy {holder}"
+    return None
+
+
+def observed(policy: KVOffloadPolicy, deployment: Mapping[str, Any]) -> WorkloadObservation:
+    """What ``decide`` sees of the Deployment ``adopt`` read into ``policy``."""
+    workload = policy.spec.workload
+    assert workload is not None  # adopted
+    replicas = (deployment.get("spec") or {}).get("replicas")
+    return WorkloadObservation(
+        name=workload.name,
+        digest=workload.digest,
+        original_replicas=workload.replicas,
+        replicas=replicas if isinstance(replicas, int) else 1,
+    )
+
+
+def holding(ref: PolicyRef, workload: WorkloadStatus) -> dict[str, str | None]:
+    """The annotations a held Deployment carries."""
+    return {ANNOTATION_ORIGINAL_REPLICAS: str(workload.original_replicas), ANNOTATION_TAKEN_BY: ref.name}
+
+
+RELEASED: dict[str, str | None] = {ANNOTATION_ORIGINAL_REPLICAS: None, ANNOTATION_TAKEN_BY: None}
+
+
+async def hand_over(
+    gateway: KubernetesGateway, ref: PolicyRef, metadata: Mapping[str, Any], workload: WorkloadStatus
+) -> None:
+    """Scale the Deployment down to what ``decide`` left it, the finalizer set first: a policy deleted from now
+    on gives the replicas back before its own engines go."""
+    await gateway.set_finalizer(ref, metadata, HAND_BACK_FINALIZER, True)
+    await gateway.scale_workload(ref.namespace, workload.name, workload.replicas, holding(ref, workload))
+
+
+def _ready(deployment: Mapping[str, Any]) -> int:
+    status = deployment.get("status") or {}
+    meta = deployment.get("metadata") or {}
+    if (status.get("observedGeneration") or 0) < (meta.get("generation") or 0):
+        return 0  # the controller has not seen the new count yet
+    return int(status.get("readyReplicas") or 0)
+
+
+async def hand_back(gateway: KubernetesGateway, body: Mapping[str, Any]) -> str | None:
+    """One step of giving a deleted policy's Deployment back; None once done (the finalizer is off), else what
+    it waits for."""
+    ref = PolicyRef.from_body(body)
+    name = ((body.get("spec") or {}).get("workloadRef") or {}).get("name")
+    recorded = ((body.get("status") or {}).get("workload") or {}).get("originalReplicas")
+    if name:
+        try:
+            deployment = await gateway.read_deployment(ref.namespace, str(name))
+        except MissingObjectError:
+            deployment = None
+        if deployment is not None and taker_problem(deployment, ref.name) is None:
+            annotations = (deployment.get("metadata") or {}).get("annotations") or {}
+            annotated = ANNOTATION_ORIGINAL_REPLICAS in annotations
+            want = original_replicas(deployment) if annotated or recorded is None else int(recorded)
+            have = (deployment.get("spec") or {}).get("replicas")
+            if have != want:
+                held = {ANNOTATION_TAKEN_BY: ref.name, ANNOTATION_ORIGINAL_REPLICAS: str(want)}
+                await gateway.scale_workload(ref.namespace, str(name), want, held)
+                return f"Deployment {name} scaled back to {want}"
+            ready = _ready(deployment)
+            if ready < want:
+                return f"Deployment {name}: {ready} of {want} Ready"
+            await gateway.scale_workload(ref.namespace, str(name), want, RELEASED)
+    await gateway.set_finalizer(ref, body.get("metadata") or {}, HAND_BACK_FINALIZER, False)
+    log.info("%s: Deployment %s handed back; its own engines go now", ref, name)
+    return None
