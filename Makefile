@@ -44,9 +44,11 @@ setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(VLLM
 # The real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), built from the Go
 # modules pinned in tools/kube, and the Prometheus Operator with its CRDs, from tools/prometheus-operator;
 # each script skips the build when its stamp matches (cold: 11-15 min, and about 1.5 min, on 2 cores).
+# Beside them argocd-diff, Argo CD's own diff for tests/gitops/test_argocd_workload.py (tools/argocd-diff).
 kube:
 	scripts/build-kube.sh $(KUBE_BIN)
 	scripts/build-prometheus-operator.sh $(KUBE_BIN)
+	tools/argocd-diff/build.sh $(KUBE_BIN)
 
 # Debian packages: Prometheus (with promtool) for the Prometheus tier, and venv support for a
 # Debian-packaged Python. Nothing to do when both are there.
