@@ -16,7 +16,7 @@ import pytest
 import yaml
 from click.testing import CliRunner, Result
 
-from kvoffload.api.conventions import PROMOTE
+from kvoffload.api.conventions import PROMOTE, RELEASE
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicyStatus, Phase
 from kvoffload.cli.control import VERBS, new_annotation_value
 from kvoffload.cli.main import main
@@ -238,3 +238,15 @@ def test_run_refuses_admin_leave_that_would_be_unsafe(args: list[str], complaint
 
     assert result.exit_code == 2
     assert complaint in result.output
+
+
+async def test_abort_release_writes_only_the_release_annotation(kube: EmulatedCluster, operator: Operator) -> None:
+    before = operator.stored()
+    result = await kvoffload(kube, "abort", "demo", "--release")
+    assert result.exit_code == 0, result.output
+    assert f"({RELEASE}=" in result.output
+    assert "hand the Deployment back" in result.output
+    after = operator.stored()
+    added = set(after["metadata"]["annotations"]) - set(before["metadata"].get("annotations") or {})
+    assert added == {RELEASE}  # not kvoffload.io/abort: the ladder is not rolled back, the Deployment is handed back
+    assert after["spec"] == before["spec"]

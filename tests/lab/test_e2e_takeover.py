@@ -18,9 +18,16 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
+from click.testing import CliRunner
 
-from kvoffload.api.conventions import ANNOTATION_ORIGINAL_REPLICAS, ANNOTATION_TAKEN_BY, HAND_BACK_FINALIZER
+from kvoffload.api.conventions import (
+    ANNOTATION_ORIGINAL_REPLICAS,
+    ANNOTATION_TAKEN_BY,
+    HAND_BACK_FINALIZER,
+    RELEASE,
+)
 from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.cli.main import main
 from kvoffload.lab.load import replay
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import render_deployment
@@ -40,6 +47,7 @@ from tests.support.cluster import (
 pytestmark = [pytest.mark.e2e, pytest.mark.prometheus, pytest.mark.kube, pytest.mark.timeout(300)]
 
 APP = "app=chat"
+DEPLOYMENTS = "/apis/apps/v1/namespaces/{}/deployments"
 GPU_CLASS = "nvidia-l4"
 IMAGE = "vllm/vllm-openai:v0.32.0"
 
@@ -234,3 +242,42 @@ async def test_a_new_image_in_the_team_deployment_starts_a_new_ladder_from_gpu_o
     assert stable is not None
     (container,) = stable["spec"]["template"]["spec"]["containers"]
     assert container["image"] == "vllm/vllm-openai:v0.32.1"
+
+
+async def test_abort_release_hands_the_deployment_back_then_removing_it_takes_over_again(
+    local_cluster: Cluster, operator: OperatorProcess
+) -> None:
+    cluster = local_cluster
+    await team_serving(cluster)
+    samples: list[int] = []
+    async with census(cluster, samples), team_load(cluster):
+        await cluster.apply(takeover_doc(cluster))
+        await eventually(lambda: (deployment(cluster, "chat") or {})["spec"]["replicas"] < 3, "chat scaled down", 120)
+        runner = CliRunner()
+        args = ["abort", "chat", "--release", "-n", cluster.namespace, "--kubeconfig", str(cluster.kubeconfig)]
+        result = await asyncio.to_thread(runner.invoke, main, args)
+        assert result.exit_code == 0, result.output
+
+        def released() -> dict[str, Any] | None:
+            status = status_of(cluster, "chat")
+            return status if status.get("message", "").startswith("released by") else None
+
+        status = await eventually(released, "released", 90)
+        assert status["phase"] == "Paused"
+        assert (deployment(cluster, "chat") or {})["spec"]["replicas"] == 3
+        assert ready_pods(cluster) >= 3
+        assert not [
+            d
+            for d in await cluster.list_items(DEPLOYMENTS.format(cluster.namespace))
+            if d["metadata"]["name"] != "chat"
+        ]
+        assert ANNOTATION_TAKEN_BY not in annotations_of(cluster)
+        assert HAND_BACK_FINALIZER not in (policy_of(cluster, "chat") or {})["metadata"].get("finalizers", [])
+
+        path = f"/apis/{POLICY_API_VERSION}/namespaces/{cluster.namespace}/kvoffloadpolicies/chat"
+        await cluster.api.merge_patch(path, {"metadata": {"annotations": {RELEASE: None}}})
+        await eventually(lambda: decisions(cluster, "chat").count("NewLadder") == 2, "a new ladder", 60)
+        await eventually(lambda: (deployment(cluster, "chat") or {})["spec"]["replicas"] < 3, "taken over again", 90)
+
+    first_full = next(i for i, n in enumerate(samples) if n >= 3)
+    assert min(samples[first_full:]) >= 3, f"Ready dipped to {min(samples[first_full:])}"

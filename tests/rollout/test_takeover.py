@@ -10,10 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from kvoffload.api.conventions import Reason
-from kvoffload.api.types import Mode
+from kvoffload.api.conventions import Decision, Reason
+from kvoffload.api.types import Mode, Phase
 from kvoffload.rollout.decide import decide
 from kvoffload.rollout.observations import Observations, WorkloadObservation
+from kvoffload.rollout.release import is_released, released, taking_over_again
 from tests.rollout.test_rollout import World, make_spec
 
 
@@ -120,3 +121,33 @@ def test_a_policy_without_workload_ref_has_no_workload_status() -> None:
     world = World.given()
     assert world.st.workload is None
     assert world.observe(None, None).workload is None
+
+
+def test_a_release_pauses_the_policy_once_and_gives_back_the_recorded_count() -> None:
+    world = given(Team(replicas=3))
+    world.tick(advance="30s")
+    assert world.team.replicas == 0
+    first = released(world.status, "releasing: Deployment chat: 1 of 3 Ready", 1, world.now)
+    again = released(first.status, "released: done", 1, world.now)
+
+    assert first.variants is None  # the ladder's Deployments are the adapter's to remove, once chat is Ready
+    assert first.status.phase is Phase.PAUSED
+    assert is_released(first.status)
+    assert first.status.workload is not None
+    assert first.status.workload.replicas == 3
+    assert [e.decision for e in again.status.history].count(Decision.RELEASE.value) == 1
+    assert [e.reason for e in (*first.events, *again.events)] == [Reason.RELEASED, Reason.RELEASED]
+    assert released(again.status, "released: done", 1, world.now).events == ()  # nothing new, nothing told
+
+
+def test_taking_over_again_after_a_release_starts_a_new_ladder_from_gpu_only() -> None:
+    world = given(Team(replicas=3))
+    world.run_until(lambda w: w.st.stable is not None and w.st.stable.level >= 2, limit="24h")
+    world.status = taking_over_again(released(world.status, "released", 1, world.now).status)
+    world.plan = None  # the release removed the operator's Deployments: none run
+    assert not is_released(world.status)
+    world.tick(advance="30s")
+    assert world.st.history[-1].decision == Decision.NEW_LADDER.value
+    assert world.st.stable is not None
+    assert world.st.stable.level == 0
+    assert world.st.phase is Phase.BASELINE

@@ -69,6 +69,9 @@ ABORT = f"{ANNOTATION_PREFIX}abort"
 RETRY = f"{ANNOTATION_PREFIX}retry"
 PAUSE = f"{ANNOTATION_PREFIX}pause"
 RESUME = f"{ANNOTATION_PREFIX}resume"
+RELEASE = f"{ANNOTATION_PREFIX}release"
+"""On a policy with spec.workloadRef (``kvoffload abort NAME --release``): while set, the team's Deployment is
+handed back at its recorded count and the operator runs none of its own engines; removing it takes over again."""
 MANUAL_ANNOTATIONS = (ABORT, PAUSE, RESUME, RETRY, PROMOTE)
 """In the order a cycle acts on them, one per cycle."""
 
@@ -140,6 +143,8 @@ class Reason(StrEnum):
     SPEC_CHANGED = "SpecChanged"
     WORKLOAD_CHANGED = "WorkloadChanged"
     """spec.workloadRef's pod template changed (an image, a flag): a new ladder from GPU-only."""
+    RELEASED = "Released"
+    """kvoffload.io/release: spec.workloadRef's Deployment handed back (Paused: nothing runs until it goes)."""
     # Degraded
     AS_EXPECTED = "AsExpected"
     ANALYSIS_FAILED = "AnalysisFailed"
@@ -211,6 +216,7 @@ class Decision(StrEnum):
     NEW_LADDER = "NewLadder"
     SPEC_CHANGED = "SpecChanged"
     WORKLOAD_CHANGED = "WorkloadChanged"
+    RELEASE = "Release"
     RETRY = "Retry"
     BASELINE_TAKEN = "BaselineTaken"
     CANARY_STARTED = "CanaryStarted"

@@ -117,15 +117,22 @@ def read_policy(
 
 
 def request(
-    api: kubernetes.client.ApiClient, namespace: str, name: str, verb: str, now: datetime | None = None
+    api: kubernetes.client.ApiClient,
+    namespace: str,
+    name: str,
+    verb: str,
+    now: datetime | None = None,
+    *,
+    key: str | None = None,
 ) -> tuple[str, dict[str, Any]]:
-    """Set the verb's annotation to a new value; return the value and the policy as stored after the patch.
+    """Set the verb's annotation (or ``key``) to a new value; return the value and the policy as stored after the
+    patch.
 
     The value always differs from the one already there, so the operator acts on it once.
     """
     if verb not in VERBS:
         raise ValueError(f"unknown verb {verb!r}; known: {', '.join(VERBS)}")
-    key = VERBS[verb]
+    key = key or VERBS[verb]
     current = read_policy(api, namespace, name)
     previous = (current.get("metadata", {}).get("annotations") or {}).get(key)
     value = new_annotation_value(previous, now or datetime.now(UTC))

@@ -517,20 +517,29 @@ def _me() -> str:
     return called if called and not called.startswith("-") else "kvoffload"  # `python -c` names itself -c
 
 
-def _control(verb: str, name: str, namespace: str | None, kubeconfig: Path | None, context: str | None) -> None:
+def _control(
+    verb: str,
+    name: str,
+    namespace: str | None,
+    kubeconfig: Path | None,
+    context: str | None,
+    *,
+    key: str | None = None,
+    what: str | None = None,
+) -> None:
     from kvoffload.cli import control
 
     try:
         api = control.connect(kubeconfig, context)
         ns = namespace or control.default_namespace(kubeconfig, context)
         with api:
-            value, policy = control.request(api, ns, name, verb)
+            value, policy = control.request(api, ns, name, verb, key=key)
     except control.ControlError as exc:
         click.echo(f"{_me()} {verb}: {exc}", err=True)
         sys.exit(EXIT_FAIL)
     phase = (policy.get("status") or {}).get("phase", "not yet acted on")
     click.echo(
-        f"asked {ns}/{name} to {verb} ({control.VERBS[verb]}={value}): {control.WHAT_IT_DOES[verb]}.\n"
+        f"asked {ns}/{name} to {verb} ({key or control.VERBS[verb]}={value}): {what or control.WHAT_IT_DOES[verb]}.\n"
         f"The operator acts on it at its next cycle (phase now: {phase}); see `{_me()} status {name} -n {ns}`."
     )
 
@@ -550,8 +559,23 @@ def promote(name: str, namespace: str | None, kubeconfig: Path | None, context: 
 @NAMESPACE
 @KUBECONFIG
 @CONTEXT
-def abort(name: str, namespace: str | None, kubeconfig: Path | None, context: str | None) -> None:
-    """Remove the canary and halt the ladder on the stable level (phase RolledBack)."""
+@click.option(
+    "--release",
+    is_flag=True,
+    help="A policy with spec.workloadRef: give the team's Deployment back at its recorded count, wait until it is "
+    "Ready, then remove the operator's own engines; the policy stays, Paused (Released), until the "
+    "kvoffload.io/release annotation is removed (`kubectl annotate kvop NAME kvoffload.io/release-`), which "
+    "takes the Deployment over again from GPU-only.",
+)
+def abort(name: str, namespace: str | None, kubeconfig: Path | None, context: str | None, release: bool) -> None:
+    """Remove the canary and halt the ladder on the stable level (phase RolledBack); with --release, hand a
+    taken-over Deployment back."""
+    if release:
+        from kvoffload.api.conventions import RELEASE
+
+        what = "hand the Deployment back at its recorded count, then remove the operator's own engines"
+        _control("abort", name, namespace, kubeconfig, context, key=RELEASE, what=what)
+        return
     _control("abort", name, namespace, kubeconfig, context)
 
 

@@ -60,7 +60,7 @@ from kvoffload.controller.health import Health, Role
 from kvoffload.controller.heap import full_collections_on_schedule, tend_heap
 from kvoffload.controller.leadership import Leadership, LeaseSettings
 from kvoffload.controller.metrics import OperatorMetrics
-from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
+from kvoffload.controller.reconcile import HAND_BACK_SECONDS, Controller, ControllerSettings, ReconcileError
 from kvoffload.controller.workloads import Workloads
 from kvoffload.notify.config import NotificationsConfig
 from kvoffload.notify.notifier import Notifier
@@ -88,8 +88,6 @@ REQUEUE_SLACK = 0.01
 """Seconds added to a plan's ``requeue_after``. It counts from the cycle's ``now``, which the cycle reads just after
 the loop stamps the cycle's start; woken that much early, a cycle would find what it came for (a step's end, a
 breach sustained) not yet due."""
-HAND_BACK_PERIOD = 3.0
-"""Seconds between looks at a Deployment being given back by a deleted policy."""
 
 ControllerFactory = Callable[[], Controller | Awaitable[Controller]]
 
@@ -276,7 +274,7 @@ class PolicyRuntime:
                 if waiting != told:
                     log.info("%s is being deleted: %s", PolicyRef.from_body(body), waiting)
                     told = waiting
-                await asyncio.sleep(HAND_BACK_PERIOD)
+                await asyncio.sleep(HAND_BACK_SECONDS)
         finally:
             self._handing_back.pop(uid, None)
             self._deleting.pop(uid, None)

@@ -70,9 +70,11 @@ from kvoffload.api.conventions import (
     ANNOTATION_APPLIED,
     ANNOTATION_LEVEL_INDEX,
     ANNOTATION_RENDER_INPUT,
+    HAND_BACK_FINALIZER,
     LABEL_CONFIG_HASH,
     LABEL_POLICY,
     LEGACY_DEPLOYMENT_ROLES,
+    RELEASE,
     Reason,
 )
 from kvoffload.api.errors import FieldError, PolicyError
@@ -102,7 +104,7 @@ from kvoffload.controller.gateway import (
     resource_version,
 )
 from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
-from kvoffload.controller.takeover import hand_back, hand_over, observed, taker_problem
+from kvoffload.controller.takeover import give_back, hand_back, hand_over, observed, taker_problem
 from kvoffload.controller.workloads import Workloads
 from kvoffload.economics.breakeven import DEFAULT_PROMPT_TOKENS, breakeven
 from kvoffload.economics.enginecost import saving_us_per_token
@@ -144,12 +146,17 @@ from kvoffload.rollout.observe import observing, would_apply
 from kvoffload.rollout.plan import Plan, Variants
 from kvoffload.rollout.preflight import RestorePrice, prompt_tokens_for
 from kvoffload.rollout.record import evidence_of
+from kvoffload.rollout.release import is_released, released, taking_over_again
 from kvoffload.rollout.warmup import analysis_subject
 
 log = logging.getLogger(__name__)
 
 
 Clock = Callable[[], datetime]
+
+
+HAND_BACK_SECONDS = 3.0
+"""How soon a release looks again at the Deployment it gives back."""
 
 
 def utc_now() -> datetime:
@@ -374,6 +381,13 @@ class Controller:
         spec = policy.spec
         ladder = build_ladder(spec)
         ctx.spec, ctx.ladder, ctx.notifications = spec, ladder, spec.notifications
+        if spec.workload_ref is not None and RELEASE in (meta.get("annotations") or {}):
+            plan = await self._release(ctx, spec.workload_ref.name, meta, generation)
+            await self._finish(ctx, plan)
+            return plan
+        if is_released(ctx.status):
+            assert ctx.status is not None
+            ctx.status = taking_over_again(ctx.status)
         level_hashes, dialect = judged.level_hashes, judged.dialect
         owned = await self._api("list", self.workloads.owned(ctx.ref), ctx.ref)
         stable_seen, canary_seen, retiring_seen = _observe_roles(owned, ctx.ref.name, ctx.status)
@@ -549,6 +563,23 @@ class Controller:
                 raise PolicyError(errors)
         ctx.workload = observed(policy, deployment)
         return policy
+
+    async def _release(self, ctx: _Reconcile, name: str, meta: Mapping[str, Any], generation: int | None) -> Plan:
+        """``kvoffload.io/release``: the Deployment given back, Ready, before the operator's own engines go."""
+        waiting = await self._api("give_back", give_back(self.gateway, ctx.ref, name), ctx.ref)
+        if waiting is None:
+            owned = await self._api("list", self.workloads.owned(ctx.ref), ctx.ref)
+            for deployment in owned.deployments:
+                await self._delete(ctx, deployment.name)
+            await self._api("finalizer", self.gateway.set_finalizer(ctx.ref, meta, HAND_BACK_FINALIZER, False), ctx.ref)
+            message = (
+                f"released by {RELEASE}: Deployment {name} serves at its own count and none of the operator's "
+                f"engines run; remove {RELEASE} to take it over again (a new ladder from GPU-only)"
+            )
+        else:
+            message = f"releasing by {RELEASE}: {waiting}; the operator's engines go once it is Ready"
+        plan = released(ctx.status, message, generation, ctx.now)
+        return replace(plan, requeue_after=HAND_BACK_SECONDS if waiting is not None else None)
 
     async def hand_back(self, body: Mapping[str, Any]) -> str | None:
         """One step of handing a deleted policy's Deployment back (``controller/takeover.py``); None once done."""

@@ -69,30 +69,34 @@ def _ready(deployment: Mapping[str, Any]) -> int:
     return int(status.get("readyReplicas") or 0)
 
 
+async def give_back(gateway: KubernetesGateway, ref: PolicyRef, name: str) -> str | None:
+    """One step of giving the Deployment back at the count recorded on it when it was first scaled down; None once
+    it runs that many Ready and carries no annotation of ours (or is gone, or was never scaled down), else what
+    the step waits for."""
+    try:
+        deployment = await gateway.read_deployment(ref.namespace, name)
+    except MissingObjectError:
+        return None
+    annotations = (deployment.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(ANNOTATION_TAKEN_BY) != ref.name:
+        return None  # not held by this policy: nothing to give back
+    want = original_replicas(deployment)
+    if (deployment.get("spec") or {}).get("replicas") != want:
+        await gateway.scale_workload(ref.namespace, name, want, {})
+        return f"Deployment {name} scaled back to {want}"
+    if (ready := _ready(deployment)) < want:
+        return f"Deployment {name}: {ready} of {want} Ready"
+    await gateway.scale_workload(ref.namespace, name, want, RELEASED)
+    return None
+
+
 async def hand_back(gateway: KubernetesGateway, body: Mapping[str, Any]) -> str | None:
-    """One step of giving a deleted policy's Deployment back; None once done (the finalizer is off), else what
-    it waits for."""
+    """One step of giving a deleted policy's Deployment back; None once done (the finalizer is off, so its own
+    engines go), else what it waits for."""
     ref = PolicyRef.from_body(body)
     name = ((body.get("spec") or {}).get("workloadRef") or {}).get("name")
-    recorded = ((body.get("status") or {}).get("workload") or {}).get("originalReplicas")
-    if name:
-        try:
-            deployment = await gateway.read_deployment(ref.namespace, str(name))
-        except MissingObjectError:
-            deployment = None
-        if deployment is not None and taker_problem(deployment, ref.name) is None:
-            annotations = (deployment.get("metadata") or {}).get("annotations") or {}
-            annotated = ANNOTATION_ORIGINAL_REPLICAS in annotations
-            want = original_replicas(deployment) if annotated or recorded is None else int(recorded)
-            have = (deployment.get("spec") or {}).get("replicas")
-            if have != want:
-                held = {ANNOTATION_TAKEN_BY: ref.name, ANNOTATION_ORIGINAL_REPLICAS: str(want)}
-                await gateway.scale_workload(ref.namespace, str(name), want, held)
-                return f"Deployment {name} scaled back to {want}"
-            ready = _ready(deployment)
-            if ready < want:
-                return f"Deployment {name}: {ready} of {want} Ready"
-            await gateway.scale_workload(ref.namespace, str(name), want, RELEASED)
+    if name and (waiting := await give_back(gateway, ref, str(name))) is not None:
+        return waiting
     await gateway.set_finalizer(ref, body.get("metadata") or {}, HAND_BACK_FINALIZER, False)
     log.info("%s: Deployment %s handed back; its own engines go now", ref, name)
     return None
