@@ -43,3 +43,14 @@ def test_a_huge_bad_policy_is_refused_and_marked_invalid_with_a_bounded_message(
     assert plan.status is not None
     (condition,) = [c for c in plan.status.conditions if c.type == "Invalid"]
     assert condition.message == refusal
+
+
+def test_a_takeover_is_admitted_on_its_fields_and_its_levels_are_left_to_the_operator() -> None:
+    """The webhook cannot read the referenced Deployment: what depends on it (the levels, their sizing) is judged
+    by the operator once it has (status Invalid); the policy's own fields are still judged at apply."""
+    obj = policy("team-a", "chat", workloadRef={"name": "chat"})
+    del obj["spec"]["model"]["image"]
+    assert admission.problems(obj) == []
+    obj["spec"]["model"]["extraArgs"] = ["--enforce-eager"]
+    assert [e.path for e in admission.problems(obj)] == ["spec"]
+    assert "with workloadRef, the referenced Deployment carries" in admission.message(admission.problems(obj))
