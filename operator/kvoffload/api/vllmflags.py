@@ -122,11 +122,12 @@ class ArgProblem:
     message: str
 
 
-def _option_like(arg: str) -> bool:
+def option_like(arg: str) -> bool:
+    """Whether argparse reads ``arg`` as an option (not a value such as -1)."""
     return arg.startswith("-") and arg != "-" and not _NEGATIVE_NUMBER.match(arg)
 
 
-def _candidates(table: OptionTable, name: str) -> list[str]:
+def candidates(table: OptionTable, name: str) -> list[str]:
     """The option strings argparse may take ``name`` for: itself, else its unique-prefix expansions."""
     if name in table.options:
         return [name]
@@ -187,7 +188,7 @@ def judge_extra_args(
         if arg == "--":
             found.append(ArgProblem(i - 1, f"'--' ends {engine}'s options: what follows would be read as the model"))
             break
-        if not _option_like(arg):
+        if not option_like(arg):
             found.append(
                 ArgProblem(
                     i - 1,
@@ -206,14 +207,14 @@ def judge_extra_args(
             found.append(ArgProblem(i - 1, "vLLM reads a bare -O only before a level, 0 to 3 (or write -O3)"))
             continue
         name, attached, dotted = _name(arg)
-        candidates = _candidates(table, name)
-        if not name.startswith("--") and len(name) > 2 and len(candidates) == 1 and len(candidates[0]) == 2:
+        spelt_as = candidates(table, name)
+        if not name.startswith("--") and len(name) > 2 and len(spelt_as) == 1 and len(spelt_as[0]) == 2:
             attached = True  # "-qfp8": argparse reads a two-character option with its value attached
-        hits = [c for c in candidates if table.options[c][0] in managed]
+        hits = [c for c in spelt_as if table.options[c][0] in managed]
         # "--no-trust-remote-code" turns the option off: it loads nothing.
         code_hits = [
             c
-            for c in candidates
+            for c in spelt_as
             if table.options[c][0] in code and table.options[c][0] not in permitted and not c.startswith("--no-")
         ]
         if hits:
@@ -229,17 +230,17 @@ def judge_extra_args(
             dest = table.options[code_hits[0]][0]
             spelled = "" if name == code_hits[0] else f" ({arg.partition('=')[0]} is read as {code_hits[0]})"
             found.append(ArgProblem(i - 1, _code_problem(table, dest, spelled, code[dest])))
-        elif not candidates:
+        elif not spelt_as:
             found.append(ArgProblem(i - 1, f"{engine} {known} has no option {name}"))
-        elif len(candidates) > 1:
-            found.append(ArgProblem(i - 1, f"{name} is ambiguous in {engine}: it could be {', '.join(candidates[:4])}"))
+        elif len(spelt_as) > 1:
+            found.append(ArgProblem(i - 1, f"{name} is ambiguous in {engine}: it could be {', '.join(spelt_as[:4])}"))
         if attached:
             continue
-        nargs = 1 if dotted or len(candidates) != 1 else table.options[candidates[0]][1]
-        if nargs in (1, "?") and i < len(args) and not _option_like(args[i]):
+        nargs = 1 if dotted or len(spelt_as) != 1 else table.options[spelt_as[0]][1]
+        if nargs in (1, "?") and i < len(args) and not option_like(args[i]):
             i += 1
         elif nargs in ("+", "*"):
-            while i < len(args) and not _option_like(args[i]):
+            while i < len(args) and not option_like(args[i]):
                 i += 1
         elif isinstance(nargs, int) and nargs > 1:
             i += nargs

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvoffload.api.types import KVOffloadPolicySpec
-from kvoffload.api.vllmflags import OptionTable, option_dest
+from kvoffload.api.vllmflags import OptionTable, candidates, option_dest, option_like
 from kvoffload.engines.engine import DerivedContainer, Rung, Served, Setting
 
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")  # argparse reads these as values, not options
 _SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "busybox"})
 _SHELL_OPERATORS = frozenset({";", "&&", "||", "|", "&", ";;", "(", ")"})
 _ALL_ARGS = frozenset({"$@", "${@}"})
@@ -45,10 +44,6 @@ def whole_number(text: str) -> int | None:
     return int(number) * _BINARY[suffix] if number.isdigit() else None
 
 
-def _option_like(arg: str) -> bool:
-    return arg.startswith("-") and arg != "-" and not _NEGATIVE_NUMBER.match(arg)
-
-
 @dataclass(frozen=True)
 class Item:
     """One item of a command line as the engine's parser reads it: ``args[start:end]``."""
@@ -71,15 +66,7 @@ class Item:
 
     @property
     def positional(self) -> bool:
-        return not self.flag and not _option_like(self.spelt)
-
-
-def _candidates(table: OptionTable, name: str) -> list[str]:
-    if name in table.options:
-        return [name]
-    if name.startswith("--"):
-        return sorted(o for o in table.options if o.startswith(name)) if table.allow_abbrev else []
-    return sorted(o for o in table.options if o.startswith(name) or (len(o) == 2 and name.startswith(o)))
+        return not self.flag and not option_like(self.spelt)
 
 
 def walk(args: Sequence[str], table: OptionTable, *, dash_o: bool = False) -> list[Item]:
@@ -92,7 +79,7 @@ def walk(args: Sequence[str], table: OptionTable, *, dash_o: bool = False) -> li
         if arg == "--":  # everything after it is positional
             items += [Item(j, j + 1, None, "", args[j], (args[j],)) for j in range(i, n)]
             break
-        if not _option_like(arg):
+        if not option_like(arg):
             items.append(Item(start, i, None, "", arg, (arg,)))
             continue
         if dash_o and arg.startswith("-O") and not arg.startswith("--"):
@@ -104,24 +91,24 @@ def walk(args: Sequence[str], table: OptionTable, *, dash_o: bool = False) -> li
         key, eq, attached = arg.partition("=")
         base, dot, sub = key.partition(".")
         name = "--" + base[2:].replace("_", "-") if arg.startswith("--") else base
-        candidates = _candidates(table, name)
-        if not name.startswith("--") and len(name) > 2 and len(candidates) == 1 and len(candidates[0]) == 2:
+        spelt_as = candidates(table, name)
+        if not name.startswith("--") and len(name) > 2 and len(spelt_as) == 1 and len(spelt_as[0]) == 2:
             # "-qfp8": argparse reads a two-character option with its value attached
-            flag = candidates[0]
+            flag = spelt_as[0]
             items.append(Item(start, i, table.options[flag][0], flag, arg[:2], (arg[2:],)))
             continue
-        dests = {table.options[c][0] for c in candidates}
-        flag = candidates[0] if len(dests) == 1 else ""
+        dests = {table.options[c][0] for c in spelt_as}
+        flag = spelt_as[0] if len(dests) == 1 else ""
         dest = table.options[flag][0] if flag else None
         values: tuple[str, ...] = ()
         if eq:
             values = (attached,)
         else:
             nargs = 1 if dot or not flag else table.options[flag][1]
-            if nargs in (1, "?") and i < n and not _option_like(args[i]):
+            if nargs in (1, "?") and i < n and not option_like(args[i]):
                 values, i = (args[i],), i + 1
             elif nargs in ("+", "*"):
-                while i < n and not _option_like(args[i]):
+                while i < n and not option_like(args[i]):
                     values, i = (*values, args[i]), i + 1
             elif isinstance(nargs, int) and nargs > 1:
                 values, i = tuple(args[i : i + nargs]), i + nargs
