@@ -91,6 +91,11 @@ API_OPERATIONS = (
     "scale",
     "delete",
     "patch_status",
+    "read_deployment",
+    "hand_over",
+    "give_back",
+    "finalizer",
+    "hand_back",
 )
 """The ``operation`` values of ``kvoffload_api_errors_total``: the Kubernetes API calls the reconcile makes."""
 
