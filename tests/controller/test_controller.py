@@ -579,6 +579,26 @@ async def test_a_body_older_than_the_status_just_written_is_judged_by_that_statu
     assert status_of(kube)["stage"] == written["stage"]
 
 
+async def test_a_stale_body_is_told_by_its_resource_version_even_where_that_is_no_number(
+    kube: EmulatedCluster, controller: Controller, clock: Clock
+) -> None:
+    """resourceVersions are opaque (the API conventions allow only equality): an aggregated server's need not count."""
+    await create_policy(kube)
+    stale = policy_body(kube)
+    stale["metadata"]["resourceVersion"] = "opaque-b"
+    await controller.reconcile(stale)
+    clock.advance(1)
+    await controller.reconcile(stale)
+    assert [e["decision"] for e in status_of(kube)["history"]] == ["NewLadder"]
+
+    fresh = policy_body(kube)
+    fresh["metadata"]["resourceVersion"] = "opaque-a"  # another version, "smaller" as text: still the newer body
+    fresh["status"]["history"] = []  # what this newer body says wins over the status the operator wrote
+    status = controller._freshest_status(fresh["metadata"]["uid"], fresh)
+    assert status is not None
+    assert status.history == []
+
+
 async def test_an_unserved_podmonitor_kind_is_asked_once_per_resync_period_and_told_once_per_policy(
     kube: EmulatedCluster, provider: CraftedProvider, clock: Clock
 ) -> None:

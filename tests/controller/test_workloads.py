@@ -175,8 +175,8 @@ async def test_after_its_own_write_a_policy_lists_until_the_watch_shows_that_ver
 ) -> None:
     workloads, metrics, clock, policy = watched
     stored = await kube.gateway().apply(deployment("chat-cpu"), policy)
-    version = int(stored["metadata"]["resourceVersion"])
-    workloads.wrote(policy, "chat-cpu", version + 1_000)  # a version the watch cannot have shown yet
+    version = stored["metadata"]["resourceVersion"]
+    workloads.wrote(policy, "chat-cpu", f"{version}-never")  # a version the watch never delivers
     listed = reads(metrics, "list")
     owned = await workloads.owned(policy)
     assert reads(metrics, "list") == listed + 1
@@ -196,6 +196,29 @@ async def test_after_its_own_write_a_policy_lists_until_the_watch_shows_that_ver
         return reads(metrics, "list") == before and "chat-cpu" in [d.name for d in owned.deployments]
 
     await wait_for(from_the_watch, "the watch to show the write", 10)
+
+
+async def test_a_write_followed_by_other_changes_counts_as_delivered_by_its_own_version(
+    kube: EmulatedCluster, watched: Watched
+) -> None:
+    """resourceVersions are compared for equality only: the watch remembers the versions it delivered, so a write
+    that the Deployment controller has since changed again (a status update) still reads as shown."""
+    workloads, metrics, _, policy = watched
+    stored = await kube.gateway().apply(deployment("chat-cpu"), policy)
+    written = stored["metadata"]["resourceVersion"]
+    for ready in (1, 2):
+        await kube.emulator.patch_object(
+            "apps/v1", "Deployment", NS, "chat-cpu", {"status": {"readyReplicas": ready}}, subresource="status"
+        )
+    workloads.wrote(policy, "chat-cpu", written)
+
+    async def from_the_watch() -> bool:
+        before = reads(metrics, "list")
+        owned = await workloads.owned(policy)
+        ready = [d.ready_replicas for d in owned.deployments if d.name == "chat-cpu"]
+        return reads(metrics, "list") == before and ready == [2]
+
+    await wait_for(from_the_watch, "the watch to show the write and the changes after it", 10)
 
 
 async def test_after_a_delete_a_policy_lists_until_the_watch_shows_it_gone(

@@ -211,7 +211,6 @@ class DeploymentState:
     observed_generation: int
     labels: Mapping[str, str]
     annotations: Mapping[str, str]
-    resource_version: int | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,11 +276,11 @@ def _rfc3339(value: str | None) -> datetime.datetime | None:
     return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
 
 
-def resource_version(obj: Mapping[str, Any]) -> int | None:
-    """metadata.resourceVersion as a number, or None where it is not one. The API server's come from etcd's
-    revision and only grow, so the operator compares them to tell an older copy from a newer one."""
+def resource_version(obj: Mapping[str, Any]) -> str | None:
+    """metadata.resourceVersion, or None where there is none. Opaque: the API conventions let a client compare
+    two only for equality, never for order (an aggregated or non-etcd server need not count)."""
     value = (obj.get("metadata") or {}).get("resourceVersion")
-    return int(value) if isinstance(value, str) and value.isdigit() else None
+    return value if isinstance(value, str) and value else None
 
 
 def parse_pod(pod: Mapping[str, Any]) -> PodState:
@@ -329,7 +328,6 @@ def parse_deployment(deployment: Mapping[str, Any]) -> DeploymentState:
         observed_generation=int(status.get("observedGeneration") or 0),
         labels=labels,
         annotations=meta.get("annotations") or {},
-        resource_version=resource_version(deployment),
     )
 
 

@@ -296,10 +296,10 @@ class Controller:
         self._rng = random.Random()
         # Token Secrets the API server refused to let us read: when, and what the condition says.
         self._forbidden: dict[SecretLocation, tuple[float, TokenCheck]] = {}
-        # policy uid -> (the status last written, as JSON, and the resourceVersion the API server gave that write),
-        # until a body at least that new arrives. Text, not the model: it is read back only when kopf hands a cycle
+        # policy uid -> (the status last written, as JSON, and the resourceVersion of the body that cycle read),
+        # until a body with another version arrives. Text, not the model: it is read back only when kopf hands a cycle
         # an older body, and 1,000 policies' status models held for that would outweigh the rest of the state.
-        self._written: dict[str, tuple[str, int]] = {}
+        self._written: dict[str, tuple[str, str]] = {}
 
     # --- the cycle -----------------------------------------------------------------------
 
@@ -333,21 +333,21 @@ class Controller:
         return _Reconcile(ref, plain, self._freshest_status(ref.uid, plain), self.clock())
 
     def _freshest_status(self, uid: str, body: Mapping[str, Any]) -> KVOffloadPolicyStatus | None:
-        """The body's status, unless this operator wrote a newer one than the body shows.
+        """The body's status, unless this operator has since written a newer one.
 
         kopf hands a cycle the body of the last watch event it has seen; on a real API server the event
         of the status this operator has just written can come after the next cycle has started, and that
         cycle would then judge from a status already replaced: a policy seen with no status at all starts
         its ladder again (seen on kube-apiserver v1.37.2: "NewLadder" twice, the second one "adopted the
-        running gpu-only Deployment"). The API server's resourceVersions come from etcd's revision and only
-        grow, so a body older than the last write shows a smaller one."""
+        running gpu-only Deployment"). kopf's bodies only move forward, and a resourceVersion may be compared
+        only for equality: a body with the version the writing cycle read is that stale copy; any other is
+        the write or what came after it."""
         stored = _stored_status(body)
         written = self._written.get(uid)
-        version = resource_version(body)
-        if written is not None and version is not None:
-            if version < written[1]:
+        if written is not None:
+            if resource_version(body) == written[1]:
                 return KVOffloadPolicyStatus.model_validate_json(written[0])
-            del self._written[uid]  # kopf has caught up with that write: the body says as much, or more
+            del self._written[uid]  # kopf has caught up with that write
         return stored
 
     async def synced(self, namespace: str) -> None:
@@ -728,10 +728,10 @@ class Controller:
         old = _dump(ctx.status) if ctx.status is not None else None
         if new != old and (old is None or self._worth_writing(ctx.status, plan.status, old, new, ctx.now)):
             body = plan.status.model_dump(mode="json", by_alias=True)  # None removes a key (merge patch)
-            stored = await self._api("patch_status", self.gateway.patch_status(ctx.ref, body), ctx.ref)
-            version = resource_version(stored) if isinstance(stored, Mapping) else None
-            if version is not None:
-                self._written[ctx.ref.uid] = (plan.status.model_dump_json(by_alias=True), version)
+            await self._api("patch_status", self.gateway.patch_status(ctx.ref, body), ctx.ref)
+            read = resource_version(ctx.body)
+            if read is not None:
+                self._written[ctx.ref.uid] = (plan.status.model_dump_json(by_alias=True), read)
             self._notify(ctx, plan.status)
         before = ctx.status.history if ctx.status is not None else []
         self.metrics.count_decisions(e.decision for e in plan.status.history if e not in before)

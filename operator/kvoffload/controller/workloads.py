@@ -12,9 +12,10 @@ object through its per-object machinery before it calls any handler (``bench/ope
 
 - **Behind its own write.** A watch can trail the operator's own write by a moment, and a cycle that read the
   Deployment as it was before would write again. After the operator writes a policy's Deployment, that policy
-  is read by a list until the watch shows the write (the resourceVersion the write returned or a later one, or
-  the object gone after a delete), or for at most ``EXPECTATION_TTL`` seconds: the "expectations" of
-  Kubernetes' ReplicaSet controller.
+  is read by a list until the watch has delivered the write (an event with the resourceVersion the write
+  returned, or the object gone after a delete), or for at most ``EXPECTATION_TTL`` seconds: the "expectations"
+  of Kubernetes' ReplicaSet controller. A resourceVersion is opaque (equality only), so the Deployments' watch
+  remembers the last ``VERSIONS_KEPT`` versions it delivered of each object rather than comparing numbers.
 - **Before the first list** a read waits for it, for at most ``FIRST_LIST_WAIT`` seconds (client-go's
   ``WaitForCacheSync``): at a restart over 1,000 policies the reconciles that came first otherwise listed their
   engines by two calls each while the watch's own list was under way. **After a failed list**, and where the
@@ -27,6 +28,7 @@ object through its per-object machinery before it calls any handler (``bench/ope
 from __future__ import annotations
 
 import asyncio
+import collections
 import json
 import logging
 import random
@@ -37,7 +39,6 @@ from typing import Any, Generic, TypeVar
 
 import kubernetes.client
 from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
 
 from kvoffload.api.conventions import LABEL_POLICY
 from kvoffload.controller.gateway import (
@@ -64,6 +65,9 @@ PAGE = 500
 """Objects per page of a list."""
 FIRST_LIST_WAIT = 30.0
 """Seconds a read waits for the watch's first list before it lists for itself."""
+VERSIONS_KEPT = 16
+"""The resourceVersions of each Deployment the watch remembers delivering: its own write, then the Deployment
+controller's status updates that follow within a cycle."""
 
 V = TypeVar("V")
 Ident = tuple[str, str]
@@ -100,6 +104,7 @@ class Informer(Generic[V]):
         plural: str,
         namespace: str | None,
         index: Callable[[Mapping[str, Any]], Mapping[Hashable, V]],
+        versions_kept: int = 0,
     ) -> None:
         self._api = api
         self._path = resource_path(api_version, plural, namespace)
@@ -108,6 +113,8 @@ class Informer(Generic[V]):
         self._lock = threading.Lock()
         self._store: dict[Hashable, dict[Ident, V]] = {}
         self._placed: dict[Ident, list[Hashable]] = {}
+        self._versions_kept = versions_kept
+        self._versions: dict[Ident, collections.deque[str]] = {}
         self.synced = False
         """True from the end of a list until a list fails."""
         self.refused: str | None = None
@@ -127,6 +134,16 @@ class Informer(Generic[V]):
     def values(self, key: Hashable) -> list[V]:
         with self._lock:
             return list(self._store.get(key, {}).values())
+
+    def delivered(self, ident: Ident, version: str) -> bool:
+        """Whether a list or an event showed this version of the object, among the last ``versions_kept``."""
+        with self._lock:
+            return version in self._versions.get(ident, ())
+
+    def _remember(self, versions: dict[Ident, collections.deque[str]], obj: Mapping[str, Any]) -> None:
+        version = (obj.get("metadata") or {}).get("resourceVersion")
+        if self._versions_kept and version:
+            versions.setdefault(_ident(obj), collections.deque(maxlen=self._versions_kept)).append(str(version))
 
     # --- the thread -----------------------------------------------------------------------
 
@@ -156,17 +173,19 @@ class Informer(Generic[V]):
     def _list(self) -> str:
         store: dict[Hashable, dict[Ident, V]] = {}
         placed: dict[Ident, list[Hashable]] = {}
+        versions: dict[Ident, collections.deque[str]] = {}
         query = {"labelSelector": LABEL_POLICY, "limit": str(PAGE)}
         while True:
             page = json.loads(self._get(query).read())
             for item in page.get("items") or []:
                 _place(store, placed, item, self._index(item))
+                self._remember(versions, item)
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
                 break
             query = {**query, "continue": meta["continue"]}
         with self._lock:
-            self._store, self._placed = store, placed
+            self._store, self._placed, self._versions = store, placed, versions
         self.synced = True
         self.first_listed.set()
         return str(meta.get("resourceVersion") or "")
@@ -183,10 +202,11 @@ class Informer(Generic[V]):
         response = self._get(query)
         self.refused = None  # only a watch that the API server answers ends a refusal: the list alone is not enough
         try:
-            for line in iter_resp_lines(response.response):  # type: ignore[no-untyped-call]
+            # urllib3's response yields the body line by line (one event a line), however it was chunked.
+            for line in response.response:
                 if self._stopped.is_set():
                     return version
-                if not line:
+                if not line.strip():
                     continue
                 event = json.loads(line)
                 kind, obj = event.get("type"), event.get("object") or {}
@@ -199,8 +219,11 @@ class Informer(Generic[V]):
                     continue
                 with self._lock:
                     _remove(self._store, self._placed, _ident(obj))
-                    if kind != "DELETED":
+                    if kind == "DELETED":
+                        self._versions.pop(_ident(obj), None)
+                    else:
                         _place(self._store, self._placed, obj, self._index(obj))
+                        self._remember(self._versions, obj)
         finally:
             response.response.close()  # a new connection per watch (every few minutes), never a half-read one
         return version
@@ -261,7 +284,7 @@ class Workloads:
         # namespace (None: every namespace) -> its Deployments' and pods' informers
         self._watched: dict[str | None, tuple[Informer[DeploymentState], Informer[PodState]]] = {}
         # policy uid -> Deployment name -> (resourceVersion its write returned, None for a delete; when written)
-        self._expected: dict[str, dict[str, tuple[int | None, float]]] = {}
+        self._expected: dict[str, dict[str, tuple[str | None, float]]] = {}
         # namespace -> the one wait for its informers' first lists that every read of it shares
         self._first_lists: dict[str | None, asyncio.Future[None]] = {}
 
@@ -273,7 +296,7 @@ class Workloads:
             log.info("namespaces given as patterns: the engines are listed every cycle, not watched")
             return
         for scope in scopes:
-            deployments = Informer(api, "apps/v1", "deployments", scope, index_deployment)
+            deployments = Informer(api, "apps/v1", "deployments", scope, index_deployment, VERSIONS_KEPT)
             pods = Informer(api, "v1", "pods", scope, index_pod)
             self._watched[scope] = (deployments, pods)
             deployments.start()
@@ -298,7 +321,7 @@ class Workloads:
         if not (deployments.synced and pods.synced):
             return await self._listed(policy)
         found = deployments.values(policy.uid)
-        if not self._caught_up(policy.uid, found):
+        if not self._caught_up(policy, found, deployments):
             return await self._listed(policy)
         self._metrics.workload_reads.labels(source="watch").inc()
         return OwnedWorkloads(
@@ -324,7 +347,7 @@ class Workloads:
             waiting = self._first_lists[scope] = asyncio.ensure_future(asyncio.to_thread(wait))
         await asyncio.shield(waiting)
 
-    def wrote(self, policy: PolicyRef, name: str, resource_version: int | None) -> None:
+    def wrote(self, policy: PolicyRef, name: str, resource_version: str | None) -> None:
         """The operator wrote the policy's Deployment ``name`` and the API server answered with this version."""
         if resource_version is not None:
             self._expected.setdefault(policy.uid, {})[name] = (resource_version, self._monotonic())
@@ -339,18 +362,20 @@ class Workloads:
         self._metrics.workload_reads.labels(source="list").inc()
         return await self._gateway.list_owned(policy)
 
-    def _caught_up(self, uid: str, deployments: Iterable[DeploymentState]) -> bool:
-        """Whether the watch shows every write of this policy's Deployments that the operator made."""
-        expected = self._expected.get(uid)
+    def _caught_up(
+        self, policy: PolicyRef, deployments: Iterable[DeploymentState], informer: Informer[DeploymentState]
+    ) -> bool:
+        """Whether the watch has delivered every write of this policy's Deployments that the operator made."""
+        expected = self._expected.get(policy.uid)
         if not expected:
             return True
-        seen = {d.name: d.resource_version for d in deployments}
+        present = {d.name for d in deployments}
         now = self._monotonic()
         for name, (version, when) in list(expected.items()):
-            shown = name not in seen if version is None else (seen.get(name) or 0) >= version
+            shown = name not in present if version is None else informer.delivered((policy.namespace, name), version)
             if shown or now - when > EXPECTATION_TTL:
                 del expected[name]
         if not expected:
-            del self._expected[uid]
+            del self._expected[policy.uid]
             return True
         return False
