@@ -49,12 +49,15 @@ kube:
 	scripts/build-kube.sh $(KUBE_BIN)
 	scripts/build-prometheus-operator.sh $(KUBE_BIN)
 	tools/argocd-diff/build.sh $(KUBE_BIN)
+	tools/registry/build.sh $(KUBE_BIN)
 
-# Debian packages: Prometheus (with promtool) for the Prometheus tier, and venv support for a
-# Debian-packaged Python. Nothing to do when both are there.
+# Debian packages: Prometheus (with promtool) for the Prometheus tier, Alertmanager for the notification
+# tier (tests/notify/test_alertmanager.py), and venv support for a Debian-packaged Python. Nothing to do when
+# all are there.
 system-deps:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
+	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 		echo "apt-get install:$$missing"; \

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable, Sequence
 
 from kvoffload.api.notifications import NotificationsSpec
-from kvoffload.notify.config import NotificationsConfig
+from kvoffload.notify.config import NotificationsConfig, SinkFormat
 from kvoffload.notify.derive import Notice
-from kvoffload.notify.payload import payload
+from kvoffload.notify.payload import apprise_text, payload
 from kvoffload.notify.sink import Delivery, Result, WebhookSink
 
 log = logging.getLogger(__name__)
@@ -71,9 +71,12 @@ class Notifier:
                         name,
                     )
                     continue
-                body = json.dumps(payload(notice, sink.config.format, link)).encode()
                 what = f"{notice.event.value} of {notice.namespace}/{notice.name} ({notice.id})"
-                sink.put(Delivery(body, what, (notice.namespace, notice.name)))
+                policy = (notice.namespace, notice.name)
+                if sink.config.format is SinkFormat.APPRISE:
+                    sink.put(Delivery(b"", what, policy, apprise_text(notice, link)))
+                else:
+                    sink.put(Delivery(json.dumps(payload(notice, sink.config.format, link)).encode(), what, policy))
                 queued += 1
         return queued
 

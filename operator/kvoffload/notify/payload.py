@@ -1,6 +1,7 @@
-"""What a sink receives: the generic JSON payload, or a Slack message (``text`` and ``blocks``).
+"""What a sink receives: the generic JSON payload, a Slack message (``text`` and ``blocks``), an Alertmanager
+alert, or an Apprise title and text.
 
-Both are documented, with examples, in docs/notifications.md; a test holds the examples to this code.
+Each is documented, with examples, in docs/notifications.md; a test holds the examples to this code.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from typing import Any
 from kvoffload.api.notifications import NotificationEvent
 from kvoffload.notify.config import SinkFormat
 from kvoffload.notify.derive import Notice
+from kvoffload.notify.via_apprise import AppriseText, Severity
 
 PAYLOAD_VERSION = "kvoffload.io/notification/v1"
 """The generic payload's ``version``: a receiver can tell a later, changed layout."""
@@ -82,8 +84,103 @@ def slack(notice: Notice, link: str | None = None) -> dict[str, Any]:
     }
 
 
-def payload(notice: Notice, form: SinkFormat, link: str | None = None) -> dict[str, Any]:
-    return slack(notice, link) if form is SinkFormat.SLACK else generic(notice, link)
+ALERT_SEVERITY = {
+    NotificationEvent.PROMOTED: "info",
+    NotificationEvent.ROLLED_BACK: "warning",
+    NotificationEvent.PAUSED: "warning",
+    NotificationEvent.AWAITING_PROMOTION: "warning",
+    NotificationEvent.INVALID: "warning",
+}
+"""The ``severity`` label of each event's alert: as the chart's own alerts of the same states have it
+(``KVOffloadPolicyRolledBack``, ``KVOffloadPolicyAwaitingPromotion``: warning)."""
+
+
+def alertname(event: NotificationEvent) -> str:
+    """``KVOffload<Event>``: apart from the chart's Prometheus alerts (``KVOffloadPolicy...``), which are states
+    while these are transitions, so Alertmanager never merges the two."""
+    return f"KVOffload{event.value}"
+
+
+def alertmanager(notice: Notice, link: str | None = None) -> list[dict[str, Any]]:
+    """The body of a POST to Alertmanager's ``/api/v2/alerts``: one alert, labelled for routing.
+
+    No ``endsAt``: Alertmanager resolves it after its ``resolve_timeout`` (5m unless set), as a one-off
+    transition should be; a later same transition of the same policy within that time is the same alert to it.
+    Escaping is the receiver template's business: Alertmanager's templates escape for their own formats."""
+    summary = f"KVOffloadPolicy {notice.namespace}/{notice.name} {_HEADLINE[notice.event]} at {_where(notice)}"
+    annotations = {
+        "summary": summary + (f" {OBSERVE_ONLY}" if notice.observe_only else ""),
+        "description": notice.message or notice.reason,
+        "id": notice.id,
+        "decision": notice.decision,
+        "reason": notice.reason,
+        "phase": notice.phase,
+        "level": notice.level,
+        "step": "" if notice.step is None else str(notice.step),
+        "stable": notice.stable or "",
+        "canary": notice.canary or "",
+        "observeOnly": "true" if notice.observe_only else "false",
+    }
+    alert: dict[str, Any] = {
+        "labels": {
+            "alertname": alertname(notice.event),
+            "namespace": notice.namespace,
+            "policy": notice.name,
+            "severity": ALERT_SEVERITY[notice.event],
+        },
+        "annotations": annotations,
+        "startsAt": notice.time.isoformat().replace("+00:00", "Z"),
+    }
+    if link is not None:
+        alert["generatorURL"] = link
+    return [alert]
+
+
+APPRISE_SEVERITY = {
+    NotificationEvent.PROMOTED: Severity.SUCCESS,
+    NotificationEvent.ROLLED_BACK: Severity.FAILURE,
+    NotificationEvent.INVALID: Severity.FAILURE,
+    NotificationEvent.PAUSED: Severity.INFO,
+    NotificationEvent.AWAITING_PROMOTION: Severity.INFO,
+}
+"""Apprise's notify type per event: what each service shows as colour or icon."""
+
+
+def apprise_text(notice: Notice, link: str | None = None) -> AppriseText:
+    """A title and a plain-text body for Apprise, every field of the policy's defanged (:func:`defang`): Apprise
+    passes text as it is to the chat services, which read mentions and link markup in it. Only the admin's link
+    is left whole."""
+    title = f"KVOffloadPolicy {notice.namespace}/{notice.name} {_HEADLINE[notice.event]} at {_where(notice)}"
+    if notice.observe_only:
+        title += f" {OBSERVE_ONLY}"
+    context = f"{notice.reason} · phase {notice.phase} · stable {notice.stable or '-'} · canary {notice.canary or '-'}"
+    lines = [defang(notice.message or notice.reason), defang(context)]
+    if link is not None:
+        lines.append(link)
+    return AppriseText(defang(title), "\n".join(lines), APPRISE_SEVERITY[notice.event])
+
+
+_ZWSP = "\u200b"
+
+
+def defang(text: str) -> str:
+    """Text no chat service reads as a mention or a link in disguise: a zero-width space after each ``@``
+    (``@channel``, ``@here``, ``@everyone``) and ``<`` (Slack's ``<!channel>`` and ``<url|text>``, which
+    Mattermost and Rocket.Chat take too; HTML), and between ``]`` and ``(`` (a Markdown link). It reads the same."""
+    return text.replace("@", "@" + _ZWSP).replace("<", "<" + _ZWSP).replace("](", "]" + _ZWSP + "(")
+
+
+def payload(notice: Notice, form: SinkFormat, link: str | None = None) -> Any:
+    """The JSON body of a sink that is POSTed to (every format but apprise)."""
+    if form is SinkFormat.SLACK:
+        return slack(notice, link)
+    if form is SinkFormat.ALERTMANAGER:
+        return alertmanager(notice, link)
+    return generic(notice, link)
+
+
+def _where(notice: Notice) -> str:
+    return notice.level + (f" step {notice.step}" if notice.step else "")
 
 
 def _esc(text: str) -> str:
@@ -103,4 +200,16 @@ def _clip(text: str, limit: int = 2900) -> str:
     return cut + "…"
 
 
-__all__ = ["OBSERVE_ONLY", "PAYLOAD_VERSION", "generic", "payload", "slack"]
+__all__ = [
+    "ALERT_SEVERITY",
+    "APPRISE_SEVERITY",
+    "OBSERVE_ONLY",
+    "PAYLOAD_VERSION",
+    "alertmanager",
+    "alertname",
+    "apprise_text",
+    "defang",
+    "generic",
+    "payload",
+    "slack",
+]

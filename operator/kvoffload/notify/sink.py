@@ -1,4 +1,4 @@
-"""Delivery to one webhook: a bounded queue drained by a thread of its own, retried with capped backoff.
+"""Delivery to one sink: a bounded queue drained by a thread of its own, retried with capped backoff.
 
 Never in a reconcile's way: ``put`` only appends under a lock, and the POSTs, their timeouts and the waits
 between attempts happen in the sink's thread. One thread per sink, so a receiver that is down or slow delays
@@ -9,6 +9,10 @@ queue lets the oldest notification of the policy with the most waiting go (count
 sink (one that flaps, or a tenant's on purpose) delays and drops only its own notices, never another's
 RolledBack.
 The URL is a credential (a Slack webhook's is): it is never logged, only the sink's name.
+
+Only the "send one" step differs between formats: a POST of the JSON body to the URL (json, slack), to the
+URL's ``/api/v2/alerts`` (alertmanager), or one Apprise notify (apprise; ``via_apprise`` says how its retries
+and logs are kept honest).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import random
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -28,12 +33,16 @@ from enum import StrEnum
 from typing import Any
 
 from kvoffload import __version__
-from kvoffload.notify.config import SinkConfig
+from kvoffload.notify import via_apprise
+from kvoffload.notify.config import SinkConfig, SinkFormat
+from kvoffload.notify.via_apprise import AppriseText
 
 log = logging.getLogger(__name__)
 
 JOIN_SECONDS = 1.0
 """How long a stopping sink waits for its worker to notice, past the grace."""
+ALERTS_PATH = "/api/v2/alerts"
+"""Where an Alertmanager takes alerts, under its URL (which may carry a route prefix)."""
 ANSWER_BYTES = 65536
 """The most of an answer's body that is read: a 2xx is a delivery, its body is not needed."""
 _TRANSIENT_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -56,11 +65,13 @@ PolicyKey = tuple[str, str]
 
 @dataclass(frozen=True)
 class Delivery:
-    """One notification for one sink: the JSON body, what to call it in logs, and the policy it tells of."""
+    """One notification for one sink: the JSON body (or, for Apprise, ``text``), what to call it in logs, and the
+    policy it tells of."""
 
     body: bytes
     what: str
     policy: PolicyKey = ("", "")
+    text: AppriseText | None = None
 
 
 class _Transient(Exception):
@@ -189,7 +200,7 @@ class WebhookSink:
         """Attempts until delivered, refused for good, out of attempts, or stopped (then dropped)."""
         for attempt in range(1, self.config.max_attempts + 1):
             try:
-                self._post(delivery.body)
+                self._send(delivery)
                 return Result.DELIVERED
             except _Permanent as exc:
                 log.warning("notification sink %s: %s refused: %s", self.name, delivery.what, exc)
@@ -231,13 +242,26 @@ class WebhookSink:
             url = self.config.url_file.read_text().strip()
         except OSError as exc:
             raise _Transient(f"cannot read its urlFile: {exc.strerror or exc}") from None
-        if not url.startswith(("http://", "https://")):
+        if self.config.format.over_http and not url.startswith(("http://", "https://")):
             raise _Permanent("its urlFile holds no http(s) URL")
         return url
 
-    def _post(self, body: bytes) -> None:
+    def _send(self, delivery: Delivery) -> None:
+        """One attempt; _Transient or _Permanent when it did not deliver."""
+        if self.config.format is SinkFormat.APPRISE:
+            assert delivery.text is not None
+            try:
+                via_apprise.send(self._url(), delivery.text, self.config.timeout_seconds)
+            except via_apprise.AppriseFailed as exc:  # no status code to tell a refusal from an outage
+                raise _Transient(str(exc)) from None
+        elif self.config.format is SinkFormat.ALERTMANAGER:
+            self._post(_alerts_url(self._url()), delivery.body)
+        else:
+            self._post(self._url(), delivery.body)
+
+    def _post(self, url: str, body: bytes) -> None:
         request = urllib.request.Request(
-            self._url(),
+            url,
             data=body,
             method="POST",
             headers={"Content-Type": "application/json", "User-Agent": f"kvoffload/{__version__}"},
@@ -258,6 +282,15 @@ class WebhookSink:
             raise _Transient(str(reason) or type(reason).__name__) from None
         except http.client.HTTPException as exc:  # a receiver answering garbage: a bad status line, a cut body
             raise _Transient(f"a broken answer ({type(exc).__name__})") from None
+
+
+def _alerts_url(url: str) -> str:
+    """An Alertmanager's URL, with or without a route prefix, as the URL of its API v2 alerts."""
+    parts = urllib.parse.urlsplit(url)
+    path = parts.path.rstrip("/")
+    if not path.endswith(ALERTS_PATH):
+        path += ALERTS_PATH
+    return urllib.parse.urlunsplit(parts._replace(path=path))
 
 
 def _drain(response: http.client.HTTPResponse, deadline: float) -> None:
@@ -286,4 +319,4 @@ def _retry_after(value: str | None) -> float | None:
         return None
 
 
-__all__ = ["ANSWER_BYTES", "Delivery", "PolicyKey", "Result", "WebhookSink"]
+__all__ = ["ALERTS_PATH", "ANSWER_BYTES", "Delivery", "PolicyKey", "Result", "WebhookSink"]
