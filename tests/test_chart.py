@@ -164,6 +164,17 @@ INSTALLS: dict[str, Obj] = {
         "imagePullSecrets": [{"name": "registry"}],
         "serviceAccount": {"annotations": {"eks.amazonaws.com/role-arn": "arn:aws:iam::1:role/kvo"}},
         "podAnnotations": {"example.com/team": "inference"},
+        "podLabels": {"example.com/tier": "control"},
+        "commonLabels": {"team": "inference"},
+        "priorityClassName": "platform-critical",
+        "topologySpreadConstraints": [
+            {"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "ScheduleAnyway"}
+        ],
+        "pdb": {"maxUnavailable": "50%"},
+        "logFormat": "json",
+        "extraEnv": [{"name": "HTTPS_PROXY", "value": "http://proxy.internal:3128"}],
+        "extraVolumes": [{"name": "corp-ca", "configMap": {"name": "corp-ca"}}],
+        "extraVolumeMounts": [{"name": "corp-ca", "mountPath": "/etc/ssl/corp", "readOnly": True}],
         "nodeSelector": {"kubernetes.io/os": "linux"},
         "tolerations": [{"key": "dedicated", "operator": "Equal", "value": "ops", "effect": "NoSchedule"}],
         "affinity": {
@@ -258,7 +269,8 @@ def test_the_chart_lints_without_warnings() -> None:
         ({"replicas": -1}, "/replicas"),
         ({"leaderElection": {"enabled": True, "leaseDuration": 1}}, "/leaderElection/leaseDuration"),
         ({"replica": 1}, "'replica' not allowed"),
-        ({"image": {"digest": "sha256:0"}}, "'digest' not allowed"),
+        ({"image": {"digest": "sha256:0"}}, "/image/digest"),
+        ({"image": {"registry": "quay.io"}}, "'registry' not allowed"),
         ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
         # A Role is created per namespace: globs would need cluster-wide rights.
         ({"watchNamespaces": ["llm-*"]}, "/watchNamespaces/0"),
@@ -324,8 +336,11 @@ def test_the_chart_carries_the_generated_crd_verbatim_and_renders_it_as_a_kept_t
     # fromYaml/toYaml in the template writes 1.0 as 1: the same JSON number, so equal here as in the API server.
     assert crd["spec"] == generated_crd()["spec"]
     assert crd["metadata"]["name"] == generated_crd()["metadata"]["name"]
-    # Kept on `helm uninstall`: deleting the CRD would delete every policy in the cluster.
-    assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+    # Kept on `helm uninstall` and by Argo CD's prune: deleting the CRD would delete every policy in the cluster.
+    assert crd["metadata"]["annotations"] == {
+        "helm.sh/resource-policy": "keep",
+        "argocd.argoproj.io/sync-options": "Delete=false,Prune=false",
+    }
     assert crd["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "Helm"
 
 
@@ -568,6 +583,7 @@ def test_the_arguments_of_each_install_parse_as_kvoffload_run_options(chart: hel
     )
     assert params["prometheus_url"] == (values["prometheusUrl"] or None)
     assert params["verbose"] is values["verbose"]
+    assert params["log_format"] == values["logFormat"]
     assert params["webhook_port"] == (values["webhook"]["port"] if values["webhook"]["enabled"] else 0)
     tenancy = values["tenancy"]
     assert params["allowed_host_paths"] == tuple(tenancy["hostPathRoots"])

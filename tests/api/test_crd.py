@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import re
 import typing
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,7 @@ import yaml
 from click.testing import CliRunner
 from pydantic import BaseModel
 
+from kvoffload.api.conventions import CONDITION_TYPES, READY
 from kvoffload.api.crd import CRD_FILE, crd_manifest, crd_yaml
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus
 from kvoffload.cli.main import main
@@ -47,7 +49,8 @@ ALLOWED_KEYS = {
     "maxProperties",
     "anyOf",
     "x-kubernetes-int-or-string",
-    "x-kubernetes-list-type",  # set: the server refuses a repeated item (spec.notifications)
+    "x-kubernetes-list-type",  # set: the server refuses a repeated item (spec.notifications); map: conditions
+    "x-kubernetes-list-map-keys",
     "x-kubernetes-validations",
 }
 
@@ -106,16 +109,46 @@ def test_names_scope_version_and_status_subresource() -> None:
 def test_printer_columns_point_at_fields_the_schema_keeps() -> None:
     (version,) = crd_manifest()["spec"]["versions"]
     columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
-    assert list(columns)[:7] == ["Phase", "Stage", "Tiers", "Canary/Stable", "p99 TTFT", "External share", "Age"]
+    assert list(columns)[:9] == [
+        "Phase",
+        "Stage",
+        "Tiers",
+        "Canary/Stable",
+        "p99 TTFT",
+        "External share",
+        "Ready",
+        "Reason",
+        "Age",
+    ]
     schema = openapi_schema()
     for name, path in columns.items():
         if path == ".metadata.creationTimestamp":
             continue
         node = schema
-        for part in path.strip(".").split("."):
-            assert part in node.get("properties", {}), f"column {name}: {path} is not in the schema"
-            node = node["properties"][part]
+        # `conditions[?(@.type=="Ready")]` selects items of the conditions list: walk into its items schema.
+        for part in re.sub(r'\[\?\(@\.type=="\w+"\)\]', "[]", path).strip(".").split("."):
+            field = part.removesuffix("[]")
+            assert field in node.get("properties", {}), f"column {name}: {path} is not in the schema"
+            node = node["properties"][field]
+            if part.endswith("[]"):
+                node = node["items"]
         assert node["type"] == "string", f"column {name} shows {path}, which is not a display string"
+
+
+def test_ready_and_reason_columns_read_the_condition_the_operator_writes() -> None:
+    (version,) = crd_manifest()["spec"]["versions"]
+    columns = {c["name"]: c["jsonPath"] for c in version["additionalPrinterColumns"]}
+    assert columns["Ready"] == f'.status.conditions[?(@.type=="{READY}")].status'
+    assert columns["Reason"] == f'.status.conditions[?(@.type=="{READY}")].reason'
+    assert READY in CONDITION_TYPES
+
+
+def test_conditions_are_a_map_list_keyed_by_a_required_type() -> None:
+    """The API server refuses a map list whose key an item may lack; a duplicate type is then refused too."""
+    conditions = openapi_schema()["properties"]["status"]["properties"]["conditions"]
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert "type" in conditions["items"]["required"]
 
 
 @pytest.mark.parametrize("version", ["1.30", kubernetes_validate.latest_version()])

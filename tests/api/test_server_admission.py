@@ -250,7 +250,19 @@ def test_kubectl_get_kvop_shows_the_printer_columns(server: Kube) -> None:
     obj["metadata"]["namespace"] = ns
     server.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
     name = obj["metadata"]["name"]
-    status = {"phase": "Canary", "stage": {"index": 1, "name": "cpu"}, "tiersSummary": "cpu", "message": "step 1"}
+    ready = {
+        "type": "Ready",
+        "status": "False",
+        "reason": "RolloutInProgress",
+        "lastTransitionTime": "2026-12-07T00:00:00Z",
+    }
+    status = {
+        "phase": "Canary",
+        "stage": {"index": 1, "name": "cpu"},
+        "tiersSummary": "cpu",
+        "message": "step 1",
+        "conditions": [ready],
+    }
     server.kubectl(
         "patch", "kvop", name, "-n", ns, "--subresource=status", "--type=merge", "-p", json.dumps({"status": status})
     )
@@ -267,7 +279,33 @@ def test_kubectl_get_kvop_shows_the_printer_columns(server: Kube) -> None:
     row = re.split(r"\s{2,}", wide[1].strip())
     assert row[0] == name
     assert row[1:4] == ["Canary", "cpu", "cpu"]
+    # kubectl leaves an empty cell blank: read Ready and Reason at their header's offset.
+    starts, at = [], 0
+    for title in ["NAME"] + [c["name"].upper() for c in columns]:
+        at = wide[0].index(title, at)
+        starts.append(at)
+    cells = {wide[0][a:b].strip(): wide[1][a:b].strip() for a, b in zip(starts, [*starts[1:], None], strict=True)}
+    assert (cells["READY"], cells["REASON"]) == ("False", "RolloutInProgress")
     assert row[-1] == "step 1"
+
+
+def test_the_server_refuses_two_conditions_of_one_type(server: Kube) -> None:
+    """status.conditions is a map list keyed by type: a second Ready is a duplicate, not a second entry."""
+    ns = server.namespace("conditions")
+    obj = yaml.safe_load((paths.EXAMPLES / "qwen3-0.6b-cpu.yaml").read_text())
+    obj["metadata"]["namespace"] = ns
+    server.kubectl("apply", "-f", "-", stdin=json.dumps(obj))
+    ready = {
+        "type": "Ready",
+        "status": "False",
+        "reason": "RolloutInProgress",
+        "lastTransitionTime": "2026-12-07T00:00:00Z",
+    }
+    twice = json.dumps({"status": {"conditions": [ready, {**ready, "status": "True"}]}})
+    name = obj["metadata"]["name"]
+    refused = server.run("patch", "kvop", name, "-n", ns, "--subresource=status", "--type=merge", "-p", twice)
+    assert refused.returncode != 0
+    assert 'status.conditions[1]: Duplicate value: {"type":"Ready"}' in refused.stderr
 
 
 def test_kubectl_explain_prints_the_descriptions(server: Kube) -> None:

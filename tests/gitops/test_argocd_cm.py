@@ -32,15 +32,24 @@ argocd_cm = _load_script(ROOT / "scripts" / "argocd_cm.py")
 SOURCES: Path = argocd_cm.SOURCES
 
 
-@pytest.mark.parametrize("path", argocd_cm.OUTPUTS, ids=lambda p: str(p.relative_to(ROOT)))
+@pytest.mark.parametrize("path", list(argocd_cm.outputs()), ids=lambda p: str(p.relative_to(ROOT)))
 def test_the_committed_snippet_is_what_the_generator_writes(path: Path) -> None:
-    assert path.read_text() == argocd_cm.render(), f"{path.relative_to(ROOT)} is stale: run python scripts/argocd_cm.py"
+    expected = argocd_cm.outputs()[path]
+    assert path.read_text() == expected, f"{path.relative_to(ROOT)} is stale: run python scripts/argocd_cm.py"
+
+
+@pytest.mark.parametrize("path", argocd_cm.VALUES_OUTPUTS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_argo_cd_chart_values_hold_exactly_the_argocd_cm_keys(path: Path) -> None:
+    """Argo CD's chart (argo/argo-cd) writes configs.cm into argocd-cm: the same keys, byte for byte."""
+    values = yaml.safe_load(path.read_text())
+    assert values == {"configs": {"cm": snippet()["data"]}}
 
 
 def test_the_drift_check_notices_a_hand_edit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     edited = tmp_path / "argocd-cm.yaml"
     edited.write_text(argocd_cm.render().replace('hs.status = "Healthy"', 'hs.status = "Progressing"'))
     monkeypatch.setattr(argocd_cm, "OUTPUTS", (edited,))
+    monkeypatch.setattr(argocd_cm, "VALUES_OUTPUTS", ())
     monkeypatch.setattr(argocd_cm, "ROOT", tmp_path)
     assert argocd_cm.main(["--check"]) == 1
 

@@ -5,6 +5,10 @@ overlay that the Argo CD Application and the Flux Kustomization point at. Built-
 through kubernetes-validate (strict); the policy through the CRD's schema and CEL rules
 (``crd_admission.admit``), the pydantic models, and the renderer for every ladder level, whose
 manifests go through kubernetes-validate too.
+
+The Argo CD Application and ApplicationSet for the operator chart itself go through the openAPIV3Schema of
+Argo CD's own CRDs (v3.2.11, tools/argocd-diff's pin, from the Go module cache), made strict so a misspelt
+field fails; the chart values they carry go through the chart's values schema (helm-python-sdk).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import helm_python as helm
+import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
@@ -26,6 +32,7 @@ from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.lab.controlplane import ControlPlane
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import render
+from tests.support.controlplane import unavailable
 from tests.support.crd_admission import admit
 from tests.support.paths import EXAMPLES, ROOT
 
@@ -156,3 +163,108 @@ def test_argo_cd_leaves_spec_replicas_to_the_autoscaler_that_scales_through_the_
     assert (ignored["group"], ignored["kind"]) == (crd["spec"]["group"], crd["spec"]["names"]["kind"])
     assert ignored["jsonPointers"] == ["/" + scale_path.lstrip(".").replace(".", "/")]
     assert "RespectIgnoreDifferences=true" in application["spec"]["syncPolicy"]["syncOptions"]
+
+
+# --- the operator chart itself, through Argo CD --------------------------------------------------------------
+
+OPERATOR_APPLICATION = GITOPS / "argocd" / "operator-application.yaml"
+OPERATOR_APPLICATIONSET = GITOPS / "argocd" / "operator-applicationset.yaml"
+ARGO_CD = "github.com/argoproj/argo-cd/v3"
+ARGOCD_DIFF = ROOT / "tools" / "argocd-diff"
+
+
+def go_command() -> str:
+    found = shutil.which("go") or ("/usr/local/go/bin/go" if os.access("/usr/local/go/bin/go", os.X_OK) else None)
+    if found is None:
+        unavailable("no go command: Argo CD's CRDs come from its Go module (tools/argocd-diff's pin)")
+    assert found is not None
+    return found
+
+
+def argo_cd_crd(kind: str) -> dict[str, Any]:
+    """Argo CD's own CRD (manifests/crds/<kind>-crd.yaml) at the version tools/argocd-diff/go.mod pins."""
+    go = go_command()
+    pinned = json.loads(subprocess.check_output([go, "mod", "edit", "-json"], cwd=ARGOCD_DIFF, timeout=60))
+    (version,) = [r["Version"] for r in pinned["Require"] if r["Path"] == ARGO_CD]
+    found = subprocess.run(
+        [go, "mod", "download", "-json", f"{ARGO_CD}@{version}"],
+        cwd=ARGOCD_DIFF,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if found.returncode != 0:
+        unavailable(f"go mod download {ARGO_CD}@{version} failed (no module proxy?): {found.stdout}{found.stderr}")
+    path = Path(json.loads(found.stdout)["Dir"]) / "manifests" / "crds" / f"{kind}-crd.yaml"
+    crd: dict[str, Any] = yaml.safe_load(path.read_text())
+    return crd
+
+
+def strict(schema: dict[str, Any]) -> dict[str, Any]:
+    """The schema with unknown fields refused where the API server would prune them (as kubectl --strict warns)."""
+    out = dict(schema)
+    if "properties" in out:
+        out["properties"] = {name: strict(sub) for name, sub in out["properties"].items()}
+        if "additionalProperties" not in out and not out.get("x-kubernetes-preserve-unknown-fields"):
+            out["additionalProperties"] = False
+    for key in ("items", "additionalProperties"):
+        if isinstance(out.get(key), dict):
+            out[key] = strict(out[key])
+    return out
+
+
+def validate_against(crd: dict[str, Any], obj: dict[str, Any]) -> None:
+    (version,) = [v for v in crd["spec"]["versions"] if v["storage"]]
+    assert obj["apiVersion"] == f"{crd['spec']['group']}/{version['name']}"
+    assert obj["kind"] == crd["spec"]["names"]["kind"]
+    jsonschema.validate(obj, strict(version["schema"]["openAPIV3Schema"]))
+
+
+@pytest.mark.parametrize(
+    ("path", "kind"),
+    [(OPERATOR_APPLICATION, "application"), (OPERATOR_APPLICATIONSET, "applicationset")],
+    ids=["Application", "ApplicationSet"],
+)
+def test_the_operators_argo_cd_objects_pass_argo_cds_own_crd_schema(path: Path, kind: str) -> None:
+    validate_against(argo_cd_crd(kind), yaml.safe_load(path.read_text()))
+
+
+def test_argo_cds_schema_catches_a_misspelt_field() -> None:
+    application = yaml.safe_load(OPERATOR_APPLICATION.read_text())
+    application["spec"]["syncPolicy"]["syncOption"] = application["spec"]["syncPolicy"].pop("syncOptions")
+    with pytest.raises(jsonschema.ValidationError, match="syncOption"):
+        validate_against(argo_cd_crd("application"), application)
+
+
+def test_the_operators_application_installs_this_chart_with_values_it_accepts_and_deletes_in_cascade() -> None:
+    application = yaml.safe_load(OPERATOR_APPLICATION.read_text())
+    source = application["spec"]["source"]
+    chart_dir = ROOT / source["path"]
+    assert yaml.safe_load((chart_dir / "Chart.yaml").read_text())["name"] == "kvoffload"
+    with helm.Chart.load(chart_dir) as chart:
+        chart.validate_schema(source["helm"]["valuesObject"])
+    # The resources-finalizer makes a deletion cascade; tests/gitops/test_argocd_deletion.py shows what it keeps.
+    assert application["metadata"]["finalizers"] == ["resources-finalizer.argocd.argoproj.io"]
+    assert application["spec"]["syncPolicy"]["automated"]["prune"] is True
+
+
+def test_the_fleets_applicationset_stamps_the_same_application_on_every_labelled_cluster() -> None:
+    application = yaml.safe_load(OPERATOR_APPLICATION.read_text())
+    appset = yaml.safe_load(OPERATOR_APPLICATIONSET.read_text())
+    ((generator, selector),) = [(g, g["clusters"]["selector"]) for g in appset["spec"]["generators"]]
+    assert list(generator) == ["clusters"]
+    assert selector == {"matchLabels": {"kvoffload.io/operator": "enabled"}}
+    template = appset["spec"]["template"]
+    assert appset["spec"]["goTemplate"] is True
+    assert template["metadata"]["name"] == "kvoffload-{{.name}}"
+    assert template["metadata"]["finalizers"] == application["metadata"]["finalizers"]
+    assert template["spec"]["destination"] == {**application["spec"]["destination"], "server": "{{.server}}"}
+    rest = {k: v for k, v in template["spec"].items() if k != "destination"}
+    assert rest == {k: v for k, v in application["spec"].items() if k != "destination"}
+
+
+def test_the_argo_cd_values_beside_the_applications_are_deploy_argocds_argocd_cm_keys() -> None:
+    values = yaml.safe_load((GITOPS / "argocd" / "argo-cd-values.yaml").read_text())
+    deployed = yaml.safe_load((ROOT / "deploy" / "argocd" / "argocd-cm.yaml").read_text())
+    assert values["configs"]["cm"] == deployed["data"]

@@ -128,3 +128,17 @@ def test_no_sinks_means_no_flag_no_config_map_and_no_policy_may_ask_for_notifica
 def test_the_schema_refuses_a_sink_that_cannot_work(chart: helm.Chart, sink: Obj, complaint: str) -> None:
     with pytest.raises(helm.HelmValuesError, match=re.escape(complaint)):
         chart.validate_schema({"notifications": {"sinks": [sink]}})
+
+
+@pytest.mark.parametrize(
+    "sink",
+    [
+        {"name": "pager", "format": "apprise", "url": "pagerduty://integration@api-key"},
+        {"name": "am", "format": "alertmanager", "url": "http://alertmanager.monitoring.svc:9093"},
+    ],
+)
+def test_the_schema_takes_an_apprise_url_and_an_alertmanager(chart: helm.Chart, sink: Obj) -> None:
+    chart.validate_schema({"notifications": {"sinks": [sink]}})
+    if sink["format"] != "apprise":  # only Apprise's sinks take another scheme than http(s)
+        with pytest.raises(helm.HelmValuesError, match=re.escape("/notifications/sinks/0/url")):
+            chart.validate_schema({"notifications": {"sinks": [{**sink, "url": "pagerduty://a@b"}]}})

@@ -4,9 +4,10 @@
 # sources; nothing prebuilt is downloaded.
 #
 # Argo CD's controller package keeps normalizeTargetResources (the RespectIgnoreDifferences step of a
-# sync) unexported, and the go tool will not overlay files in the module cache, so the build copies
-# the verified argo-cd module into a scratch folder, adds _overlay/controller/export_kvoffload.go
-# (one exported wrapper, nothing of Argo CD's changed) and points a scratch copy of go.mod at it.
+# sync) and shouldBeDeleted (the Application deletion filter) unexported, gitops-engine's sync package
+# keeps pruneObject unexported, and the go tool will not overlay files in the module cache, so the build
+# copies the verified argo-cd and gitops-engine modules into a scratch folder, adds the files of
+# _overlay/ (exported wrappers, nothing of Argo CD's changed) and points a scratch copy of go.mod at them.
 #
 # A second run with the same pins is a no-op: OUTDIR/.argocd-diff-stamp holds a hash of the files
 # here, this script and the Go version.
@@ -37,8 +38,9 @@ binary="$out/argocd-diff"
 stamp_file="$out/.argocd-diff-stamp"
 stamp=$(
   cd "$repo"
-  sha256sum tools/argocd-diff/go.mod tools/argocd-diff/go.sum tools/argocd-diff/main.go \
-    tools/argocd-diff/_overlay/controller/export_kvoffload.go tools/argocd-diff/build.sh
+  sha256sum tools/argocd-diff/go.mod tools/argocd-diff/go.sum tools/argocd-diff/*.go \
+    tools/argocd-diff/_overlay/controller/*.go tools/argocd-diff/_overlay/gitops-engine/pkg/sync/*.go \
+    tools/argocd-diff/build.sh
   "$go" version
 )
 if [[ -x "$binary" && -f "$stamp_file" && "$(cat "$stamp_file")" == "$stamp" ]]; then
@@ -58,15 +60,21 @@ start=$SECONDS
 echo "build-argocd-diff: $module $version, $("$go" version | cut -d' ' -f3), -p $jobs, into $out"
 (cd "$here" && "$go" mod download && "$go" mod verify >/dev/null)
 src=$(cd "$here" && "$go" list -m -f '{{.Dir}}' "$module")
+engine=github.com/argoproj/gitops-engine
+engine_src=$(cd "$here" && "$go" list -m -f '{{.Dir}}' "$engine")
 
 scratch=$(mktemp -d)
 trap 'chmod -R u+w "$scratch" 2>/dev/null; rm -rf "$scratch"' EXIT
 cp -r "$src" "$scratch/argo-cd"
 chmod -R u+w "$scratch/argo-cd"
-cp "$here/_overlay/controller/export_kvoffload.go" "$scratch/argo-cd/controller/"
+cp "$here"/_overlay/controller/*.go "$scratch/argo-cd/controller/"
+cp -r "$engine_src" "$scratch/gitops-engine"
+chmod -R u+w "$scratch/gitops-engine"
+cp "$here"/_overlay/gitops-engine/pkg/sync/*.go "$scratch/gitops-engine/pkg/sync/"
 cp "$here/go.mod" "$scratch/build.mod"
 cp "$here/go.sum" "$scratch/build.sum"
-(cd "$here" && "$go" mod edit -modfile="$scratch/build.mod" -replace "$module=$scratch/argo-cd")
+(cd "$here" && "$go" mod edit -modfile="$scratch/build.mod" -replace "$module=$scratch/argo-cd" \
+  -replace "$engine=$scratch/gitops-engine")
 
 (cd "$here" && nice -n "$niceness" "$go" build -modfile="$scratch/build.mod" -trimpath -buildvcs=false \
   -p "$jobs" -ldflags="-s -w" -o "$binary" .)

@@ -1,5 +1,6 @@
 // Command argocd-diff answers, with Argo CD's own code, whether Argo CD reports one resource Synced
-// or OutOfSync, and what a sync with RespectIgnoreDifferences=true would apply.
+// or OutOfSync, and what a sync with RespectIgnoreDifferences=true would apply. `argocd-diff deletion`
+// answers which objects deleting an Application, or pruning, would delete (deletion.go).
 //
 //   - Settings: the resource overrides, instance label key, tracking method and compare options come
 //     from Argo CD's SettingsManager reading an argocd-cm ConfigMap (held by a fake clientset), as
@@ -79,7 +80,14 @@ type output struct {
 func main() {
 	// Argo CD logs through logrus, to stdout; the answer goes there, so its logs go to stderr.
 	log.SetOutput(os.Stderr)
-	if err := run(os.Stdin, os.Stdout); err != nil {
+	command := run
+	if len(os.Args) == 2 && os.Args[1] == "deletion" {
+		command = runDeletion // deletion.go
+	} else if len(os.Args) > 1 {
+		fmt.Fprintln(os.Stderr, "usage: argocd-diff [deletion] < request.json")
+		os.Exit(2)
+	}
+	if err := command(os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "argocd-diff:", err)
 		os.Exit(1)
 	}

@@ -21,13 +21,30 @@
 {{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
 {{- end }}
 
-{{/* Labels every object carries. */}}
-{{- define "kvoffload.labels" -}}
+{{/* The chart's own labels; the schema keeps commonLabels and podLabels off these names. */}}
+{{- define "kvoffload.chartLabels" -}}
 helm.sh/chart: {{ include "kvoffload.chart" . }}
 {{ include "kvoffload.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: operator
+{{- end }}
+
+{{/* Labels every object carries: the chart's own and commonLabels (a policy engine may demand team labels). */}}
+{{- define "kvoffload.labels" -}}
+{{- include "kvoffload.labelsWith" (dict "root" . "extra" dict) }}
+{{- end }}
+
+{{/*
+The labels of an object with labels of its own (a ServiceMonitor's, the dashboard's, the pods'): the chart's
+first, then the object's, then commonLabels, as one map so no key is written twice.
+Call with (dict "root" . "extra" MAP).
+*/}}
+{{- define "kvoffload.labelsWith" -}}
+{{- $root := .root }}
+{{- $labels := include "kvoffload.chartLabels" $root | fromYaml }}
+{{- $labels = merge $labels (deepCopy (.extra | default dict)) (deepCopy ($root.Values.commonLabels | default dict)) }}
+{{- toYaml $labels }}
 {{- end }}
 
 {{/* The labels that select the operator's pod: they never change after install. */}}
@@ -44,8 +61,13 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end }}
 {{- end }}
 
+{{/* repository@digest when image.digest is set (the tag is then ignored), else repository:tag. */}}
 {{- define "kvoffload.image" -}}
+{{- if .Values.image.digest }}
+{{- printf "%s@%s" .Values.image.repository .Values.image.digest }}
+{{- else }}
 {{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
 {{- end }}
 
 {{/* The leader-election Lease (--lease). */}}
