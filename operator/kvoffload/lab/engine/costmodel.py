@@ -128,7 +128,7 @@ LAPTOP_HBM_BYTES_PER_S: Final = 256e9
 """The laptop GPU's memory bandwidth. The seed names only "a laptop Ada GPU"; its 12.6 GB/s host link is a PCIe
 Gen4 x8 one, which the RTX 4050, 4060 and 4070 Laptop GPUs have (192, 256 and 256 GB/s of GDDR6); the x16 parts
 (4080 and 4090 Laptop: 432 and 576 GB/s) would reach about twice that rate. Chosen on that reading alone, before
-the held-out hit was priced; docs/design.md gives the hit at both ends of the range."""
+the held-out hit was priced; docs/lab.md gives the hit at both ends of the range."""
 
 
 def _reference_hash_s_per_block() -> float:
