@@ -29,7 +29,7 @@ endif
 export KVOFFLOAD_TEST_DEADLINE
 
 .DEFAULT_GOAL := help
-.PHONY: help setup system-deps kube test lint demo lock image
+.PHONY: help setup system-deps kube test lint demo lock image release
 
 help:
 	@echo "make demo    set up, then run 'kvoffload demo' (the whole loop on this machine)"
@@ -37,6 +37,7 @@ help:
 	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .vllm-033, .vllm-034, .sglang-05, .tiny-model, .kube-bin with the Prometheus Operator)"
 	@echo "make lock    regenerate requirements/*.lock with uv"
 	@echo "make image   build the operator image (needs a Docker engine)"
+	@echo "make release write the release into dist/: wheel, sdist, chart, SBOMs, krew archive, SHA256SUMS, notes"
 
 setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(VLLM_033)/.kvoffload-setup \
 	$(VLLM_034)/.kvoffload-setup $(SGLANG_05)/.kvoffload-setup $(TINY_MODEL)/config.json kube
@@ -132,5 +133,13 @@ lock: $(UV)
 		--overrides requirements/vllm-overrides.txt $(addprefix --no-emit-package ,$(VLLM_NOT_LOCKED)) \
 		-o requirements/vllm.lock
 
+# The operator image, by buildah (no daemon): `make image BASE=debian` builds on a local base made from Debian's
+# packages (mmdebstrap) where the pinned python image cannot be pulled; ARCHES="amd64 arm64" builds both into a
+# manifest list (arm64 through qemu-user-static). Prints each image's size.
 image:
-	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
+	scripts/build-image.sh IMAGE=$(IMAGE) VERSION=$(VERSION) $(if $(BASE),BASE=$(BASE)) $(if $(ARCHES),ARCHES="$(ARCHES)")
+
+# Every artifact of a release, reproducibly (SOURCE_DATE_EPOCH: the last commit's time), into dist/; the version
+# is pyproject.toml's, and the release stops if charts/kvoffload/Chart.yaml disagrees (scripts/release.py).
+release: $(VENV)/.kvoffload-setup
+	$(VENV)/bin/python scripts/release.py --out dist

@@ -1,29 +1,27 @@
 """`kubectl kvoffload`: the same commands as a kubectl plugin, run through the real kubectl, and its krew manifest.
 
 kubectl runs the first ``kubectl-kvoffload`` on $PATH with the arguments after ``kubectl kvoffload``. The
-executable here is the one a krew install would link: the launcher unpacked from the archive that
-``scripts/krew.py`` builds (byte for byte the one whose sha256 the committed manifest names), run with this
-test's Python. The commands list and watch policies on the real kube-apiserver.
+executable here is the launcher a krew install links (``deploy/krew/kubectl-kvoffload``), run with this test's
+Python through ``$KVOFFLOAD_PYTHON``. The commands list and watch policies on the real kube-apiserver. The krew
+archive and manifest are release artifacts: tests/release/test_release.py builds them with the release's wheel, checks
+the manifest, and has the launcher install that wheel into a venv of its own.
 """
 
 from __future__ import annotations
 
-import hashlib
 import importlib.util
-import io
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
-import tarfile
 import tomllib
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 import pytest
-import yaml
 from click.testing import CliRunner
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND
@@ -47,66 +45,20 @@ def _load_script(path: Path) -> ModuleType:
 krew = _load_script(ROOT / "scripts" / "krew.py")
 
 
-def manifest() -> dict[str, Any]:
-    data: dict[str, Any] = yaml.safe_load(krew.MANIFEST.read_text())
-    return data
-
-
 def pyproject() -> dict[str, Any]:
     with (ROOT / "pyproject.toml").open("rb") as f:
         return tomllib.load(f)
 
 
-# --- the krew manifest ------------------------------------------------------------------------------------------
-
-
-def test_the_committed_manifest_is_what_the_script_writes() -> None:
-    assert krew.MANIFEST.read_text() == krew.render(), "deploy/krew/kvoffload.yaml is stale: run python scripts/krew.py"
-
-
-def test_the_manifest_passes_the_checks_krew_makes_before_it_installs() -> None:
-    # The rules of krew's internal/index/validation (ValidatePlugin, validatePlatform, validateSelector).
-    doc = manifest()
-    assert doc["apiVersion"] == "krew.googlecontainertools.github.com/v1alpha2"
-    assert doc["kind"] == "Plugin"
-    assert doc["metadata"]["name"] == krew.MANIFEST.stem == "kvoffload"  # the file is named after the plugin
-    assert re.fullmatch(r"[\w-]+", doc["metadata"]["name"])
-    spec = doc["spec"]
-    assert spec["shortDescription"]
-    assert "\n" not in spec["shortDescription"]
-    assert spec["version"] == f"v{pyproject()['project']['version']}"
-    assert re.fullmatch(r"v\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?", spec["version"])  # semver, with krew's v
-    assert spec["platforms"]
-    for platform in spec["platforms"]:
-        assert platform["uri"].startswith("https://")
-        assert platform["uri"].endswith((".tar.gz", ".zip"))
-        assert re.fullmatch(r"[a-f0-9]{64}", platform["sha256"])
-        assert platform["bin"]
-        assert platform["files"]
-        assert all(op["from"] and op["to"] for op in platform["files"])
-        selector = platform["selector"]
-        keys = [*selector.get("matchLabels", {}), *(e["key"] for e in selector.get("matchExpressions", []))]
-        assert keys
-        assert set(keys) <= {"os", "arch"}
-
-
-def test_the_archive_is_reproducible_and_is_the_one_the_manifest_names() -> None:
-    first, again = krew.archive_bytes(), krew.archive_bytes()
-    assert first == again
-    (platform,) = manifest()["spec"]["platforms"]
-    assert hashlib.sha256(first).hexdigest() == platform["sha256"]
-    assert platform["uri"].endswith(f"/v{krew.version()}/{krew.archive_name(krew.version())}")
-    with tarfile.open(fileobj=io.BytesIO(first)) as tar:
-        members = {m.name: m for m in tar.getmembers()}
-    assert set(members) == {op["from"] for op in platform["files"]}
-    assert members[platform["bin"]].mode == 0o755
+# --- the launcher's entry point -------------------------------------------------------------------------------
 
 
 def test_the_bin_krew_links_is_the_kubectl_kvoffload_entry_point() -> None:
-    (platform,) = manifest()["spec"]["platforms"]
     scripts = pyproject()["project"]["scripts"]
     # krew links `bin` as kubectl-kvoffload; pip installs the console script of the same name.
-    assert platform["bin"] == "kubectl-kvoffload"
+    assert krew.manifest("0" * 64, "0.1.0", "kvoffload-0.1.0-py3-none-any.whl")["spec"]["platforms"][0]["bin"] == (
+        "kubectl-kvoffload"
+    )
     assert scripts["kubectl-kvoffload"] == "kvoffload.cli.main:kubectl_plugin"
     # and the launcher runs exactly that function
     module, function = scripts["kubectl-kvoffload"].split(":")
@@ -114,22 +66,15 @@ def test_the_bin_krew_links_is_the_kubectl_kvoffload_entry_point() -> None:
     assert f"\n{function}()\n" in krew.LAUNCHER.read_text()
 
 
-def test_the_drift_check_notices_a_changed_launcher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    launcher = tmp_path / "kubectl-kvoffload"
-    launcher.write_text(krew.LAUNCHER.read_text().replace("python3", "python"))
-    monkeypatch.setattr(krew, "LAUNCHER", launcher)
-    assert krew.main(["--check"]) == 1
-
-
 # --- the plugin, through the real kubectl ---------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
 def plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The release's archive unpacked as krew unpacks it: kubectl-kvoffload and the LICENSE."""
+    """The launcher as krew installs it (executable, named kubectl-kvoffload), alone in a folder for $PATH."""
     where = tmp_path_factory.mktemp("krew-plugin")
-    with tarfile.open(fileobj=io.BytesIO(krew.archive_bytes())) as tar:
-        tar.extractall(where, filter="data")
+    shutil.copy(krew.LAUNCHER, where / "kubectl-kvoffload")
+    (where / "kubectl-kvoffload").chmod(0o755)
     return where
 
 
@@ -283,7 +228,9 @@ def launcher(plugin_dir: Path, *args: str, **env: str) -> subprocess.CompletedPr
 def test_the_launcher_says_what_to_install_when_there_is_no_python(plugin_dir: Path) -> None:
     done = launcher(plugin_dir, "list", KVOFFLOAD_PYTHON="no-such-python3")
     assert done.returncode == EXIT_BAD_INPUT
-    assert "no no-such-python3 found: install Python 3.11 or newer, then pip install kvoffload" in done.stderr
+    assert "no no-such-python3 found (KVOFFLOAD_PYTHON): set it to the python of an environment that has kvoffload" in (
+        done.stderr
+    )
 
 
 def test_the_launcher_says_what_to_install_when_python_lacks_the_package(plugin_dir: Path, tmp_path: Path) -> None:
@@ -294,7 +241,7 @@ def test_the_launcher_says_what_to_install_when_python_lacks_the_package(plugin_
     done = launcher(plugin_dir, "list", KVOFFLOAD_PYTHON=str(bare))
     assert done.returncode == EXIT_BAD_INPUT
     assert "cannot import the kvoffload package" in done.stderr
-    assert "pip install kvoffload, or set KVOFFLOAD_PYTHON" in done.stderr
+    assert "install the kvoffload wheel there, or unset KVOFFLOAD_PYTHON" in done.stderr
 
 
 def test_the_kubectl_kvoffload_entry_point_runs_the_same_commands(
