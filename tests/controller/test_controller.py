@@ -645,7 +645,12 @@ async def test_a_deployment_someone_else_owns_is_not_taken_over(kube: EmulatedCl
     assert theirs["spec"]["replicas"] == 1
     assert "ownerReferences" not in theirs["metadata"]
     assert "NotOwned" in [e.reason for e in await events(kube)]
-    assert controller.metrics.registry.get_sample_value("kvoffload_api_errors_total", {"operation": "apply"}) == 1
+    assert (
+        controller.metrics.registry.get_sample_value(
+            "kvoffload_api_errors_total", {"operation": "apply", "code": "refused"}
+        )
+        == 1
+    )
 
 
 async def list_deployments(kube: EmulatedCluster) -> list[str]:
@@ -1338,7 +1343,7 @@ async def test_a_template_the_operator_may_not_read_leaves_the_cycle_to_decide_a
     (row,) = [m for m in analysis["metrics"] if m["name"] == "template/platform-gates"]
     assert "could not be read" in row["message"]
     assert "403 forbidden" in row["message"]
-    errors = {"operation": "read_analysis_template"}
+    errors = {"operation": "read_analysis_template", "code": "403"}
     assert controller.metrics.registry.get_sample_value("kvoffload_api_errors_total", errors) == 1
 
     oom = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}

@@ -304,7 +304,9 @@ async def test_api_errors_are_retried_until_the_deployment_is_written(kube: Emul
         await kube.emulator.create_object(policy_manifest("chat", NS, spec=quick_spec()))
 
         await wait_for(lambda: read(kube, "apps/v1", "Deployment", "chat-gpu-only"), "the stable Deployment", 15)
-        failed = controller.metrics.registry.get_sample_value("kvoffload_api_errors_total", {"operation": "apply"})
+        failed = controller.metrics.registry.get_sample_value(
+            "kvoffload_api_errors_total", {"operation": "apply", "code": "403"}
+        )
         assert failed == 2
         core = kubernetes.client.CoreV1Api(kube.api_client)
         warnings = [e for e in (await kube.call(core.list_namespaced_event, NS)).items if e.type == "Warning"]

@@ -7,25 +7,50 @@ The tier capacity it publishes is compared with what ``kvoffload plan`` prints f
 
 from __future__ import annotations
 
+import importlib.metadata
 import inspect
 import json
+import platform
 import re
+import socket
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import kubernetes.client
 import pytest
+import urllib3.exceptions
 import yaml
 from click.testing import CliRunner
+from kubernetes.client.exceptions import ApiException
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kvoffload import __version__
+from kvoffload.analysis.hub import MeasurementHub
 from kvoffload.api.conventions import PAUSE, Decision
 from kvoffload.api.quantity import GIB
 from kvoffload.api.types import Phase
 from kvoffload.cli.main import main
 from kvoffload.controller import reconcile
-from kvoffload.controller.metrics import API_OPERATIONS, TARGET_LABELS, OperatorMetrics, PolicySeries, VariantSeries
+from kvoffload.controller.gateway import (
+    ApiRejectedError,
+    ApiUnavailableError,
+    GatewayError,
+    KubernetesGateway,
+    MissingObjectError,
+    NotOwnedError,
+    RetryPolicy,
+)
+from kvoffload.controller.metrics import (
+    API_OPERATIONS,
+    TARGET_LABELS,
+    OperatorMetrics,
+    PolicySeries,
+    VariantSeries,
+    api_error_code,
+    build_info,
+)
 from kvoffload.controller.reconcile import Controller
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import parse_policy
@@ -33,6 +58,7 @@ from kvoffload.policy.sizing import progress_deadline_seconds
 from tests.controller.test_controller import (  # the fixtures, and how those tests play the cluster
     NS,
     Clock,
+    CraftedProvider,
     chat_spec,
     clock,  # noqa: F401
     controller,  # noqa: F401
@@ -312,13 +338,13 @@ def test_no_series_carries_a_label_prometheus_sets_on_the_target() -> None:
         ),
     )
     metrics.count_decisions(["Promoted"])
-    metrics.api_errors.labels(operation="patch_status").inc()
+    metrics.count_api_error("patch_status", ApiRejectedError("patch the status: 422 invalid", 422))
     metrics.workload_reads.labels(source="watch").inc()
     metrics.cycle_seconds.observe(0.1)
     text = generate_latest(metrics.registry).decode()
     families = list(text_string_to_metric_families(text))
     labels = {label for family in families for sample in family.samples for label in sample.labels}
-    assert {"policy_namespace", "policy", "variant", "tier", "operation"} <= labels  # every family had samples
+    assert {"policy_namespace", "policy", "variant", "tier", "operation", "code"} <= labels  # every family had samples
     assert labels.isdisjoint(TARGET_LABELS), labels & TARGET_LABELS
     (deadline,) = [f for f in families if f.name == "kvoffload_policy_stage_deadline_timestamp_seconds"]
     assert [s.labels for s in deadline.samples] == [{"policy_namespace": NS, "policy": "chat"}]
@@ -328,10 +354,125 @@ def test_every_api_operation_and_every_decision_has_its_count_from_the_start() -
     # A dashboard's rate of API errors then reads 0 on a healthy operator instead of "no data", and increase()
     # counts a process's first Rollback (a counter first seen at 1 would count from there).
     source = inspect.getsource(reconcile)
-    named = set(re.findall(r'_api\(\s*"(\w+)"', source)) | set(re.findall(r'operation="(\w+)"', source))
+    named = set(re.findall(r'_api\(\s*"(\w+)"', source)) | set(re.findall(r'count_api_error[(,]\s*"(\w+)"', source))
     assert named == set(API_OPERATIONS)
     registry = OperatorMetrics().registry
-    for operation in API_OPERATIONS:
-        assert registry.get_sample_value("kvoffload_api_errors_total", {"operation": operation}) == 0.0
+    for operation in API_OPERATIONS:  # under code "none", so that a sum by operation has every one
+        assert registry.get_sample_value("kvoffload_api_errors_total", {"operation": operation, "code": "none"}) == 0.0
     for decision in Decision:
         assert registry.get_sample_value("kvoffload_decisions_total", {"decision": decision.value}) == 0.0
+
+
+# --- the code of an API error, and what the build says ----------------------------------------------------------
+
+
+def _raised(error: GatewayError, cause: BaseException | None) -> GatewayError:
+    """``error`` as the gateway raises it: ``raise error from cause``."""
+    try:
+        raise error from cause
+    except GatewayError as exc:
+        return exc
+
+
+@pytest.mark.parametrize(
+    ("error", "code"),
+    [
+        pytest.param(ApiRejectedError("apply Deployment llm/chat-cpu: 403 forbidden", 403), "403", id="rejected"),
+        pytest.param(
+            _raised(ApiUnavailableError("gave up after 6 attempts"), ApiException(status=503)), "503", id="5xx"
+        ),
+        pytest.param(
+            _raised(ApiUnavailableError("gave up after 6 attempts"), ApiException(status=409)), "409", id="conflict"
+        ),
+        pytest.param(
+            _raised(
+                ApiUnavailableError("gave up after 6 attempts"),
+                urllib3.exceptions.MaxRetryError(None, "/apis", urllib3.exceptions.NewConnectionError(None, "refused")),
+            ),
+            "none",
+            id="no-connection",
+        ),
+        pytest.param(
+            _raised(
+                ApiUnavailableError("gave up"), urllib3.exceptions.ReadTimeoutError(None, "/apis", "read timed out")
+            ),
+            "none",
+            id="timeout",
+        ),
+        pytest.param(MissingObjectError("ConfigMap llm/model-config not found"), "404", id="missing"),
+        pytest.param(MissingObjectError("ConfigMap llm/model-config has no key 'config.json'"), "404", id="no-key"),
+        pytest.param(NotOwnedError("Deployment llm/chat-cpu already exists and is owned by X"), "refused", id="theirs"),
+    ],
+)
+def test_an_api_error_is_counted_under_the_status_the_api_server_answered(error: GatewayError, code: str) -> None:
+    assert api_error_code(error) == code
+
+
+async def test_a_refusal_of_the_real_gateway_is_counted_with_its_status(
+    kube: EmulatedCluster, controller: Controller
+) -> None:
+    kube.emulator.fail_next(403, method="PATCH", plural="deployments", times=10, message="denied by a test webhook")
+    await create_policy(kube)
+    with pytest.raises(reconcile.ReconcileError):
+        await controller.reconcile(policy_body(kube))
+    errors = samples(controller.metrics, "kvoffload_api_errors_total", operation="apply")
+    assert errors == {(("code", "403"), ("operation", "apply")): 1.0, (("code", "none"), ("operation", "apply")): 0.0}
+
+
+async def test_an_api_server_that_does_not_answer_is_counted_as_none(kube: EmulatedCluster, clock: Clock) -> None:
+    await create_policy(kube)
+    body = policy_body(kube)
+    with socket.socket() as held:  # a port bound and never listened on: every connection is refused
+        held.bind(("127.0.0.1", 0))
+        configuration = kubernetes.client.Configuration()
+        configuration.host = f"http://127.0.0.1:{held.getsockname()[1]}"
+        with kubernetes.client.ApiClient(configuration) as client:
+            gateway = KubernetesGateway(client, retry=RetryPolicy(attempts=2, base_delay=0.01))
+            offline = Controller(gateway, MeasurementHub(CraftedProvider(), gather_window=0.0), clock=clock)
+            with pytest.raises(reconcile.ReconcileError, match="gave up after 2 attempts"):
+                await offline.reconcile(body)
+    failed = {dict(k)["operation"]: v for k, v in samples(offline.metrics, "kvoffload_api_errors_total").items() if v}
+    assert failed, "no API error was counted"
+    assert set(samples(offline.metrics, "kvoffload_api_errors_total")) == {
+        (("code", "none"), ("operation", operation)) for operation in API_OPERATIONS
+    }  # every failure counted under "none", no other code
+
+
+def test_build_info_names_the_version_python_and_kopf_at_1() -> None:
+    metrics = OperatorMetrics()
+    (family,) = [f for f in text_string_to_metric_families(generate_latest(metrics.registry).decode())
+                 if f.name == "kvoffload_build_info"]  # fmt: skip
+    (sample,) = family.samples
+    assert sample.value == 1
+    assert sample.labels == {
+        "version": __version__,
+        "commit": "unknown",  # an editable install from a directory records no commit
+        "python": platform.python_version(),
+        "kopf": importlib.metadata.version("kopf"),
+    }
+    assert sample.labels["version"] == main_version()
+
+
+def main_version() -> str:
+    """What ``kvoffload --version`` prints, for build_info to agree with."""
+    result = CliRunner().invoke(main, ["--version"])
+    assert result.exit_code == 0, result.output
+    return result.output.split()[-1]
+
+
+def test_build_info_reads_the_commit_pip_recorded_for_a_vcs_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A dist-info as pip writes it for `pip install git+https://...@<commit>` (PEP 610).
+    commit = "1223a47c0ffee00000000000000000000000beef"
+    info = tmp_path / "kvoffload_vcs-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: kvoffload-vcs\nVersion: 0.1.0\n")
+    direct_url = {"url": "https://example.com/kvoffload.git", "vcs_info": {"vcs": "git", "commit_id": commit}}
+    (info / "direct_url.json").write_text(json.dumps(direct_url))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert build_info("kvoffload-vcs")["commit"] == commit
+    (info / "direct_url.json").write_text(json.dumps({"url": "file:///src", "dir_info": {}}))
+    assert build_info("kvoffload-vcs")["commit"] == "unknown"
+    (info / "direct_url.json").write_text("not json")
+    assert build_info("kvoffload-vcs")["commit"] == "unknown"

@@ -232,4 +232,56 @@ MONITOR_LABELS = click.option(
 
 
 POLICY_FILE = click.argument("file", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-OUTPUT = click.option("-o", "--output", type=click.Choice(["table", "json"]), default="table", show_default=True)
+OUTPUTS = ("table", "wide", "json", "yaml", "name")
+"""The -o formats, as kubectl names them: ``wide`` is the table with the columns a command has more to show (the
+table where it has none), ``yaml`` the same document as ``json``, ``name`` one ``kvoffloadpolicy.kvoffload.io/NAME``
+line per policy the output is about."""
+
+
+def output_option(*formats: str) -> Callable[[F], F]:
+    """The ``-o/--output`` option over ``formats`` (of :data:`OUTPUTS`), table first and the default."""
+    unknown = set(formats) - set(OUTPUTS)
+    if unknown or not formats or formats[0] != "table":
+        raise ValueError(f"-o formats {formats}: table first, then some of {OUTPUTS}")
+    described = {
+        "table": "table",
+        "wide": "wide (more columns where there are more to show)",
+        "json": "json",
+        "yaml": "yaml (the same document as json)",
+        "name": "name (kvoffloadpolicy.kvoffload.io/NAME, as kubectl prints it)",
+    }
+    option = click.option(
+        "-o",
+        "--output",
+        type=click.Choice(formats),
+        default="table",
+        show_default=True,
+        help=", ".join(described[f] for f in formats) + ".",
+    )
+    return option
+
+
+OUTPUT = output_option(*OUTPUTS)
+STRUCTURED = frozenset({"json", "yaml"})
+"""The -o formats that print the command's document rather than a table."""
+
+
+def resource_name(name: str) -> str:
+    """A policy as ``kubectl get -o name`` prints it: ``kvoffloadpolicy.kvoffload.io/NAME``."""
+    from kvoffload.api.conventions import API_GROUP, KIND
+
+    return f"{KIND.lower()}.{API_GROUP}/{name}"
+
+
+def dump(document: Any, output: str) -> str:
+    """``document`` as -o json or -o yaml prints it (the same content; YAML keeps the keys' order and non-ASCII
+    text as it is, as JSON does with ``ensure_ascii=False``)."""
+    import json
+
+    if output == "json":
+        return json.dumps(document, indent=2, ensure_ascii=False)
+    if output == "yaml":
+        import yaml
+
+        return yaml.safe_dump(document, sort_keys=False, allow_unicode=True, default_flow_style=False).rstrip("\n")
+    raise ValueError(f"-o {output} is not a document format")

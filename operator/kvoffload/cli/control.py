@@ -175,6 +175,41 @@ def list_policies(
     return sorted(items, key=lambda o: ((o.get("metadata") or {}).get("namespace", ""), o["metadata"].get("name", "")))
 
 
+LISTS: dict[str, tuple[Callable[[kubernetes.client.ApiClient], Any], str]] = {
+    "Deployment": (kubernetes.client.AppsV1Api, "list_namespaced_deployment"),
+    "ReplicaSet": (kubernetes.client.AppsV1Api, "list_namespaced_replica_set"),
+    "Pod": (kubernetes.client.CoreV1Api, "list_namespaced_pod"),
+}
+"""The kinds :func:`list_objects` lists: (the client's API class, its list method)."""
+
+
+def list_objects(
+    api: kubernetes.client.ApiClient,
+    kind: str,
+    namespace: str,
+    label_selector: str | None = None,
+    *,
+    field_selector: str | None = None,
+) -> list[dict[str, Any]]:
+    """The objects of one kind in ``namespace`` that match the selectors, as the API server serves them (camelCase
+    keys, as ``kubectl get -o json`` prints them, not the client's models)."""
+    make, method = LISTS[kind]
+    options: dict[str, Any] = {"_preload_content": False, "_request_timeout": READ_TIMEOUT}
+    if label_selector:
+        options["label_selector"] = label_selector
+    if field_selector:
+        options["field_selector"] = field_selector
+    where = f"list {kind}s in namespace {namespace}"
+    try:
+        response = getattr(make(api), method)(namespace, **options)
+        found = json.loads(response.data)
+    except (ApiException, urllib3.exceptions.HTTPError) as exc:
+        raise _describe(exc, where) from None
+    except ValueError as exc:
+        raise ControlError(f"{where}: the API server answered with something not JSON: {exc}") from None
+    return [_as_object(item) for item in _as_object(found).get("items") or []]
+
+
 WATCH_WINDOW_S = 300
 """The longest one watch request lasts (the API server ends it then, and the next one resumes from the last
 resourceVersion): a connection that died silently is found within this plus :data:`READ_GRACE_S`."""

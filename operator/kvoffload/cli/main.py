@@ -19,11 +19,15 @@ from kvoffload.cli.common import (
     MONITOR_LABELS,
     OUTPUT,
     POLICY_FILE,
+    STRUCTURED,
     Duration,
+    dump,
     judged_as_the_cluster,
     reports_bad_input,
+    resource_name,
 )
 from kvoffload.cli.connection import prometheus_connection
+from kvoffload.cli.logs import LOG_FORMATS
 from kvoffload.cli.simulate import simulate
 from kvoffload.engines import engine_for
 from kvoffload.policy.tenancy import Tenancy
@@ -129,8 +133,6 @@ def plan(
     spec.workloadRef needs --workload, the Deployment it takes over: its engine is recognised there and its flags
     checked against the spec; what the levels would replace in it is printed as warnings on stderr.
     """
-    import json
-
     from kvoffload.economics.breakeven import plan_economics
     from kvoffload.economics.enginecost import plan_forecast
     from kvoffload.policy.loading import iter_documents, load_policy
@@ -147,14 +149,16 @@ def plan(
             f"the restore is priced as vLLM moves the KV; {engine_for(policy.spec).title}'s own path is not modelled"
         )
     forecast = plan_forecast(gpu_class or result.gpu_class, policy.spec, prompt_tokens)
-    if output == "json":
+    if output in STRUCTURED:
         document = result.model_dump(mode="json", by_alias=True)
         for level in document["levels"]:
             if level["cpuBytes"] is not None:
                 level["economics"] = economics
         document["forecast"] = forecast
-        click.echo(json.dumps(document, indent=2))
-    else:
+        click.echo(dump(document, output))
+    elif output == "name":
+        click.echo(resource_name(policy.metadata.name))
+    else:  # table; wide has nothing more to show
         click.echo(format_plan(result))
         click.echo(_economics_line(economics))
         click.echo(_forecast_line(forecast))
@@ -397,7 +401,6 @@ def analyze(
     Exit status: 0 Pass, 1 Fail, 3 Inconclusive (too few requests, no data, Prometheus unreachable),
     2 bad input.
     """
-    import json
     import time
     from dataclasses import replace
 
@@ -467,7 +470,7 @@ def analyze(
     measurements = provider.measure([target])[target.key]
     result = assess(spec, chosen, measurements, warmed_up=not warming_up)
 
-    if output == "json":
+    if output in STRUCTURED:
         doc = {
             "policy": policy.metadata.name,
             "namespace": namespace,
@@ -479,8 +482,10 @@ def analyze(
             "message": result.message,
             "metrics": [m.model_dump(mode="json", by_alias=True) for m in result.metrics],
         }
-        click.echo(json.dumps(doc, indent=2))
-    else:
+        click.echo(dump(doc, output))
+    elif output == "name":
+        click.echo(resource_name(policy.metadata.name))
+    else:  # table; wide has nothing more to show
         who = "stable only (guard)" if guard else "canary vs stable"
         click.echo(
             f"{namespace}/{policy.metadata.name}: level {chosen.index} ({chosen.name}), {who}, "
@@ -670,8 +675,6 @@ def status(
     breaks. Without --watch the status is printed once, and the exit status is 0 when it could be read,
     1 otherwise.
     """
-    import json
-
     from pydantic import ValidationError
 
     from kvoffload.cli import control, statusview
@@ -690,7 +693,12 @@ def status(
         click.echo(f"{_me()} status: {exc}", err=True)
         sys.exit(EXIT_FAIL)
     try:
-        text = json.dumps(statusview.to_json(policy), indent=2) if output == "json" else statusview.render(policy)
+        if output in STRUCTURED:
+            text = dump(statusview.to_json(policy), output)
+        elif output == "name":
+            text = resource_name(name)
+        else:  # table; wide has nothing more to show: the view is whole
+            text = statusview.render(policy)
     except ValidationError as exc:
         _unreadable(exc, f"{ns}/{name}")
     click.echo(text)
@@ -715,8 +723,7 @@ def _watch(api: Any, namespace: str, name: str, output: str, timeout: float | No
         except ValidationError as exc:
             _unreadable(exc, f"{namespace}/{name}")
         if state.key() != last:
-            now = datetime.now(UTC)
-            click.echo(state.json_line(now) if output == "json" else state.line(now))
+            click.echo(watch.change(state, output, datetime.now(UTC)))
             last = state.key()
         if (code := watch.outcome(state)) is not None:
             click.echo(watch.final_line(state, code, _me()), err=True)
@@ -729,6 +736,92 @@ def _watch(api: Any, namespace: str, name: str, output: str, timeout: float | No
         err=True,
     )
     return EXIT_INCONCLUSIVE
+
+
+@main.command("get")
+@POLICY_NAME
+@NAMESPACE
+@KUBECONFIG
+@CONTEXT
+@OUTPUT
+@click.option(
+    "-w",
+    "--watch",
+    is_flag=True,
+    help="Read the tree again every --interval and print it again when something in it changed, until Ctrl-C "
+    "or --timeout.",
+)
+@click.option(
+    "--interval",
+    type=Duration(),
+    default="2s",
+    show_default=True,
+    metavar="DURATION",
+    help="With --watch: how often to read.",
+)
+@click.option(
+    "--timeout",
+    type=Duration(),
+    default=None,
+    metavar="DURATION",
+    help="With --watch: stop after this long (exit 0). Default: until Ctrl-C.",
+)
+def get(
+    name: str,
+    namespace: str | None,
+    kubeconfig: Path | None,
+    context: str | None,
+    output: str,
+    watch: bool,
+    interval: float,
+    timeout: float | None,
+) -> None:
+    """A policy and what runs for it, as a tree (as `kubectl argo rollouts get rollout` shows one): the policy's
+    phase, level, Ready and reason and last verdict; its Deployments with their role (stable, canary, retiring,
+    taken-over), level and replicas ready of desired; their ReplicaSets; and their pods with readiness, restarts
+    and age. -o wide adds each pod's node and IP and each object's config hash.
+
+    Exit status 0 when the policy could be read, 1 otherwise.
+    """
+    import time
+    from datetime import UTC, datetime
+
+    from kvoffload.cli import control, tree
+
+    if timeout is not None and not watch:
+        click.echo(f"{_me()} get: --timeout needs --watch", err=True)
+        sys.exit(EXIT_BAD_INPUT)
+
+    def shown(found: tree.Tree, now: datetime) -> str:
+        if output in STRUCTURED:
+            return dump(tree.document(found, now), output)
+        if output == "name":
+            return resource_name(name)
+        return "\n".join(tree.render(found, now, wide=output == "wide"))
+
+    deadline = None if timeout is None else time.monotonic() + timeout
+    last = None
+    try:
+        api = control.connect(kubeconfig, context)
+        ns = namespace or control.default_namespace(kubeconfig, context)
+        with api:
+            while True:
+                found = tree.read(api, ns, name)
+                # The same objects print the same at a fixed instant: ages alone do not make a new tree.
+                key = shown(found, datetime.fromtimestamp(0, UTC))
+                if key != last:
+                    click.echo(("---\n" if watch and output == "yaml" else "") + shown(found, datetime.now(UTC)))
+                    if watch and output in ("table", "wide"):
+                        click.echo()
+                    last = key
+                if not watch or (deadline is not None and time.monotonic() + interval > deadline):
+                    return
+                time.sleep(interval)
+    except control.ControlError as exc:
+        click.echo(f"{_me()} get: {exc}", err=True)
+        sys.exit(EXIT_FAIL)
+    except KeyboardInterrupt:
+        return
 
 
 @main.command("list")
@@ -752,11 +845,11 @@ def list_policies(
     context: str | None,
     output: str,
 ) -> None:
-    """List the policies of a namespace, or of all (-A): phase, ladder level, step, tiers and age.
+    """List the policies of a namespace, or of all (-A): phase, ladder level, step, tiers and age; -o wide adds
+    Ready, its reason, the generation acted on, and the status message.
 
     Exit status 0 when the list could be read (even empty), 1 otherwise.
     """
-    import json
     from datetime import UTC, datetime
 
     from kvoffload.cli import control, statusview
@@ -770,12 +863,15 @@ def list_policies(
         click.echo(f"{_me()} list: {exc}", err=True)
         sys.exit(EXIT_FAIL)
     now = datetime.now(UTC)
-    if output == "json":
-        click.echo(json.dumps([statusview.list_entry(p, now) for p in policies], indent=2, ensure_ascii=False))
+    if output in STRUCTURED:
+        click.echo(dump([statusview.list_entry(p, now) for p in policies], output))
     elif not policies:
         click.echo(f"No KVOffloadPolicies found{'' if ns is None else f' in {ns} namespace'}.", err=True)
+    elif output == "name":
+        click.echo("\n".join(resource_name(p["metadata"]["name"]) for p in policies))
     else:
-        click.echo("\n".join(statusview.list_table(policies, now, namespaces=ns is None)))
+        table = statusview.list_table(policies, now, namespaces=ns is None, wide=output == "wide")
+        click.echo("\n".join(table))
 
 
 @main.command(short_help="Run the operator (kopf inside).")
@@ -887,6 +983,14 @@ def list_policies(
 @MONITOR_LABELS
 @prometheus_connection()
 @click.option("-v", "--verbose", is_flag=True, help="Log at DEBUG level (kopf's and the operator's).")
+@click.option(
+    "--log-format",
+    type=click.Choice(LOG_FORMATS),
+    default="text",
+    show_default=True,
+    help="text: kopf's lines. json: one object per line (time, level, logger, message; object for a policy's "
+    "records; exc_info with a traceback), for kopf's loggers and the operator's alike.",
+)
 @judged_as_the_cluster
 def run(
     namespaces: tuple[str, ...],
@@ -910,6 +1014,7 @@ def run(
     monitor_labels: dict[str, str],
     connection: Connection,
     verbose: bool,
+    log_format: str,
     tenancy: Tenancy,
 ) -> None:
     """Run the operator: watch KVOffloadPolicies and roll each one up its ladder, stage by measured stage.
@@ -924,8 +1029,7 @@ def run(
     import asyncio
     from dataclasses import replace
 
-    import kopf
-
+    from kvoffload.cli.logs import configure_logging
     from kvoffload.controller.handlers import WebhookSettings, run_operator
     from kvoffload.controller.leadership import LEASE_NAME, LeaseSettings, own_namespace, quiet_library_logs
     from kvoffload.controller.reconcile import ControllerSettings, SecretLocation
@@ -991,7 +1095,7 @@ def run(
         for problem in problems:
             click.echo(f"kvoffload run: {problem}", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    kopf.configure(verbose=verbose)
+    configure_logging(log_format, verbose=verbose)
     try:
         asyncio.run(
             run_operator(

@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import click
 
-from kvoffload.cli.common import EXIT_BAD_INPUT, OUTPUT, judged_as_the_cluster, reports_bad_input
+from kvoffload.cli.common import (
+    EXIT_BAD_INPUT,
+    OUTPUT,
+    STRUCTURED,
+    dump,
+    judged_as_the_cluster,
+    reports_bad_input,
+    resource_name,
+)
 from kvoffload.policy.tenancy import Tenancy
 
 
@@ -68,6 +75,9 @@ def simulate(
     fleet taken as replicas × one pod's capacity behind a prefix-aware router, and the smallest CPU
     tier within 5% of the best hit share.
     """
+    if output == "name" and policy_path is None:  # before the replay: there is no object to name
+        click.echo("-o name prints the policy simulated: give --policy FILE", err=True)
+        sys.exit(EXIT_BAD_INPUT)
     from kvoffload.economics.simulate import default_sizes, simulate_plan, smallest_within
     from kvoffload.economics.stackdist import reuse_profile
     from kvoffload.economics.traces import TraceError, read_trace
@@ -123,9 +133,11 @@ def simulate(
             ],
             "recommendedCpuBlocks": smallest_within(profile, sizes, floor=gpu),
         }
-    if output == "json":
-        click.echo(json.dumps(result, indent=2))
-    else:
+    if output in STRUCTURED:
+        click.echo(dump(result, output))
+    elif output == "name":
+        click.echo(resource_name(result["policy"]["name"].rpartition("/")[2]))  # planned as NAMESPACE/NAME
+    else:  # table; wide has nothing more to show
         click.echo(_table(result))
 
 

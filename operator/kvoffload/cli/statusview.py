@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from kvoffload.analysis.assess import format_metric_value, format_threshold
 from kvoffload.analysis.confidence import format_evidence, format_needed
-from kvoffload.api.conventions import PROGRESSING, ROLLBACK_DECISIONS, Reason
+from kvoffload.api.conventions import PROGRESSING, READY, ROLLBACK_DECISIONS, Reason
 from kvoffload.api.quantity import format_duration
 from kvoffload.api.types import (
     AnalysisStatus,
@@ -59,7 +59,8 @@ def age(then: datetime | None, now: datetime) -> str:
     return format_duration(max(0.0, (now - then).total_seconds()))
 
 
-def _parse_time(value: Any) -> datetime | None:
+def parse_time(value: Any) -> datetime | None:
+    """An RFC 3339 time as the API server writes it (``...Z``); None when absent or malformed."""
     if not isinstance(value, str) or not value:
         return None
     try:
@@ -282,7 +283,7 @@ def render(policy_obj: Mapping[str, Any], now: datetime | None = None) -> str:
     meta = policy_obj.get("metadata") or {}
     spec = policy_obj.get("spec") or {}
     name = f"{meta.get('namespace', 'default')}/{meta.get('name', '?')}"
-    created = _parse_time(meta.get("creationTimestamp"))
+    created = parse_time(meta.get("creationTimestamp"))
     raw = policy_obj.get("status")
     if not raw or "phase" not in raw:
         return (
@@ -356,6 +357,9 @@ def short_age(then: datetime | None, now: datetime) -> str:
 
 
 LIST_COLUMNS = ("NAMESPACE", "NAME", "PHASE", "LEVEL", "STEP", "TIERS", "CANARY/STABLE", "P99 TTFT", "AGE")
+WIDE_COLUMNS = ("READY", "REASON", "GENERATION", "MESSAGE")
+"""What ``kvoffload list -o wide`` adds: the Ready condition and its reason, the generation the status is for
+(``observed/stored``), and the status message."""
 
 
 def list_entry(policy_obj: Mapping[str, Any], now: datetime) -> dict[str, Any]:
@@ -372,16 +376,20 @@ def list_entry(policy_obj: Mapping[str, Any], now: datetime) -> dict[str, Any]:
         "tiers": "",
         "canaryStable": "",
         "ttftP99": "",
-        "age": short_age(_parse_time(meta.get("creationTimestamp")), now),
+        "age": short_age(parse_time(meta.get("creationTimestamp")), now),
         "generation": meta.get("generation"),
         "observedGeneration": raw.get("observedGeneration"),
         "message": str(raw.get("message") or ""),
+        "ready": "",
+        "reason": "",
     }
     try:
         status = KVOffloadPolicyStatus.model_validate(raw)
     except ValidationError:
         entry["step"] = "?"  # written by another version of the operator
         return entry
+    if (ready := cond.find(status.conditions, READY)) is not None:
+        entry["ready"], entry["reason"] = ready.status, ready.reason
     if "phase" in raw and status.stage is not None:
         entry["level"], entry["levelName"] = status.stage.index, status.stage.name
         entry["step"] = step_text(status, promotion_steps(policy_obj.get("spec") or {}))
@@ -389,14 +397,22 @@ def list_entry(policy_obj: Mapping[str, Any], now: datetime) -> dict[str, Any]:
     return entry
 
 
-def list_table(policies: Sequence[Mapping[str, Any]], now: datetime, *, namespaces: bool) -> list[str]:
-    """``kvoffload list``'s table: kubectl's layout, the NAMESPACE column only across namespaces."""
-    rows: list[list[str]] = [list(LIST_COLUMNS if namespaces else LIST_COLUMNS[1:])]
+def list_table(
+    policies: Sequence[Mapping[str, Any]], now: datetime, *, namespaces: bool, wide: bool = False
+) -> list[str]:
+    """``kvoffload list``'s table: kubectl's layout, the NAMESPACE column only across namespaces, and
+    :data:`WIDE_COLUMNS` after AGE with ``wide``."""
+    header = list(LIST_COLUMNS if namespaces else LIST_COLUMNS[1:])
+    rows: list[list[str]] = [header + list(WIDE_COLUMNS) if wide else header]
     for obj in policies:
         e = list_entry(obj, now)
         level = "-" if e["level"] is None else f"{e['level']} {e['levelName']}"
         cells = [e["name"], e["phase"], level, e["step"], e["tiers"] or "-", e["canaryStable"] or "-"]
         cells += [e["ttftP99"] or "-", e["age"]]
+        if wide:
+            seen, stored = e["observedGeneration"], e["generation"]
+            generation = f"{'-' if seen is None else seen}/{'-' if stored is None else stored}"
+            cells += [e["ready"] or "-", e["reason"] or "-", generation, e["message"] or "-"]
         rows.append([e["namespace"], *cells] if namespaces else cells)
     return table(rows, indent="")
 

@@ -25,7 +25,7 @@ from kvoffload.api.conventions import (
     READY,
 )
 from kvoffload.api.types import KVOffloadPolicyStatus, Phase
-from kvoffload.cli.common import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK
+from kvoffload.cli.common import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, dump, resource_name
 from kvoffload.cli.statusview import promotion_steps, step_text
 from kvoffload.rollout import conditions as cond
 
@@ -113,10 +113,27 @@ class Progress:
             )
         return f"{text}: {self.message}" if self.message else text
 
-    def json_line(self, now: datetime) -> str:
+    def document(self, now: datetime) -> dict[str, Any]:
+        """The line's fields as -o json and -o yaml print them."""
         doc = {"time": now.strftime("%Y-%m-%dT%H:%M:%SZ"), **asdict(self), "lagging": self.lagging}
         keys = {"level_name": "levelName", "observed_generation": "observedGeneration", "observe_only": "observeOnly"}
-        return json.dumps({keys.get(k, k): v for k, v in doc.items()}, ensure_ascii=False)
+        return {keys.get(k, k): v for k, v in doc.items()}
+
+    def json_line(self, now: datetime) -> str:
+        return json.dumps(self.document(now), ensure_ascii=False)
+
+
+def change(state: Progress, output: str, now: datetime) -> str:
+    """What a watch prints for one change in each -o format: a line (table, wide), a JSON object on one line
+    (json), a YAML document after ``---`` (yaml, as ``kubectl get -w -o yaml`` separates them), or the policy's
+    name (name)."""
+    if output == "json":
+        return state.json_line(now)
+    if output == "yaml":
+        return "---\n" + dump(state.document(now), "yaml")
+    if output == "name":
+        return resource_name(state.name)
+    return state.line(now)
 
 
 def progress(policy_obj: Mapping[str, Any]) -> Progress:

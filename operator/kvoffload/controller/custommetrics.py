@@ -41,7 +41,7 @@ TEMPLATE_RESULT_PREFIX = "template/"
 
 
 async def read_templates(
-    gateway: KubernetesGateway, names: Sequence[str], on_read_error: Callable[[], None] | None = None
+    gateway: KubernetesGateway, names: Sequence[str], on_read_error: Callable[[GatewayError], None] | None = None
 ) -> tuple[list[KVOffloadAnalysisTemplate], list[CustomResult]]:
     """The templates named, in order, and a not-judged result for each one missing, unreadable or invalid, and
     for each bad metric of a template otherwise valid (gated unless that metric is a dry run).
@@ -59,7 +59,7 @@ async def read_templates(
         except GatewayError as exc:
             log.warning("KVOffloadAnalysisTemplate %s could not be read: %s", name, exc)
             if on_read_error is not None:
-                on_read_error()
+                on_read_error(exc)
             problem = f"KVOffloadAnalysisTemplate {name} could not be read: {exc}: analysis waits for it"
         else:
             if obj is None:
@@ -136,7 +136,7 @@ async def judged_with_custom(
     assessment: Assessment,
     previous: AnalysisStatus | None,
     now: datetime,
-    on_read_error: Callable[[], None] | None = None,
+    on_read_error: Callable[[GatewayError], None] | None = None,
 ) -> Assessment:
     """``assessment`` with the policy's custom metrics judged beside it (see the module and ``analysis/custom``).
 

@@ -9,7 +9,11 @@ operator decided and how it is doing, not what the engines do (those come from v
 - ``kvoffload_sweep_seconds``: how long one sweep took: from the start of a reconcile when no sweep runs
   until every policy the operator watches has finished a reconcile since (:class:`SweepTimer`).
 - ``kvoffload_sweep_policies``: how many policies the last sweep covered.
-- ``kvoffload_api_errors_total{operation}``: Kubernetes API operations that failed.
+- ``kvoffload_api_errors_total{operation,code}``: Kubernetes API operations that failed, by the HTTP status the
+  API server answered (``403``, ``409``, ``503``...; ``404`` also for a key missing in an object that is there),
+  ``none`` when no answer came (a connection refused, reset or timed out), ``refused`` when the operator itself
+  would not do it (an object of that name that another owner holds). :func:`api_error_code` reads it.
+- ``kvoffload_build_info{version,commit,python,kopf}``: 1, naming what runs (:func:`build_info`).
 - ``kvoffload_prometheus_queries_total``: PromQL queries sent (per cycle, constant in the policies).
 - ``kvoffload_workload_reads_total{source}``: reads of a policy's Deployments and pods: ``watch`` from the
   operator's watch of them, ``list`` by two API calls (no watch yet, or one behind the operator's own write).
@@ -62,6 +66,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
+import urllib3.exceptions
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -71,6 +76,7 @@ from kvoffload.analysis.payoff import PAYOFF
 from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PAUSED, PROGRESSING, Decision, Reason
 from kvoffload.api.quantity import parse_duration
 from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase
+from kvoffload.controller.gateway import ApiUnavailableError, MissingObjectError
 from kvoffload.controller.health import Health, serve
 from kvoffload.notify.sink import Result
 from kvoffload.policy.ladder import Level
@@ -98,6 +104,64 @@ API_OPERATIONS = (
     "hand_back",
 )
 """The ``operation`` values of ``kvoffload_api_errors_total``: the Kubernetes API calls the reconcile makes."""
+NO_ANSWER = "none"
+"""The ``code`` of an API error for which no HTTP answer came: the connection failed or timed out."""
+REFUSED = "refused"
+"""The ``code`` of an operation the operator would not make (the object belongs to another owner)."""
+UNKNOWN_COMMIT = "unknown"
+
+
+def api_error_code(exc: BaseException) -> str:
+    """The ``code`` label of a failed API operation: the HTTP status of the answer that failed it, read along the
+    exception's causes (the gateway raises its own errors from the client's), :data:`NO_ANSWER` for a transport
+    failure, :data:`REFUSED` for the operator's own refusal."""
+    seen: set[int] = set()
+    cause: BaseException | None = exc
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        status = getattr(cause, "status", None)  # ApiRejectedError's, and the client's ApiException's
+        if isinstance(status, int) and status > 0:
+            return str(status)
+        if isinstance(cause, urllib3.exceptions.HTTPError | OSError):
+            return NO_ANSWER
+        cause = cause.__cause__ or cause.__context__
+    if isinstance(exc, MissingObjectError):
+        return "404"  # the object (or its key) is not there: the gateway turns a 404 into None, then into this
+    if isinstance(exc, ApiUnavailableError):
+        return NO_ANSWER  # retried to the end without an answer that said why
+    return REFUSED
+
+
+def build_info(distribution: str = "kvoffload") -> dict[str, str]:
+    """The labels of ``kvoffload_build_info``: this package's version, the commit it was built from, and the
+    Python and kopf that run it.
+
+    The commit is the one pip recorded when it installed from a VCS URL (PEP 610 ``direct_url.json``,
+    ``vcs_info.commit_id``), else :data:`UNKNOWN_COMMIT`; git is never run, as an image has none.
+    """
+    import importlib.metadata
+    import json
+    import platform
+
+    from kvoffload import __version__
+
+    commit = UNKNOWN_COMMIT
+    try:
+        recorded = importlib.metadata.distribution(distribution).read_text("direct_url.json")
+    except importlib.metadata.PackageNotFoundError:
+        recorded = None
+    if recorded:
+        try:
+            vcs = json.loads(recorded).get("vcs_info") or {}
+        except (ValueError, AttributeError):
+            vcs = {}
+        if isinstance(vcs, dict) and isinstance(vcs.get("commit_id"), str) and vcs["commit_id"]:
+            commit = vcs["commit_id"]
+    try:
+        kopf_version = importlib.metadata.version("kopf")
+    except importlib.metadata.PackageNotFoundError:
+        kopf_version = "unknown"
+    return {"version": __version__, "commit": commit, "python": platform.python_version(), "kopf": kopf_version}
 
 
 @dataclass(frozen=True)
@@ -407,8 +471,19 @@ class OperatorMetrics:
             registry=r,
         )
         self.api_errors = Counter(
-            "kvoffload_api_errors", "Kubernetes API operations that failed, by operation.", ["operation"], registry=r
+            "kvoffload_api_errors",
+            "Kubernetes API operations that failed, by operation and HTTP status (none: no answer; refused: the "
+            "operator's own refusal).",
+            ["operation", "code"],
+            registry=r,
         )
+        self.build_info = Gauge(
+            "kvoffload_build_info",
+            "1, naming the operator's version, the commit it was built from, and the Python and kopf it runs on.",
+            ["version", "commit", "python", "kopf"],
+            registry=r,
+        )
+        self.build_info.labels(**build_info()).set(1)
         self.prometheus_queries = Counter(
             "kvoffload_prometheus_queries", "PromQL queries sent to Prometheus.", registry=r
         )
@@ -457,7 +532,7 @@ class OperatorMetrics:
         for decision in Decision:  # from 0, so that increase() counts the first Rollback of a process too
             self.decisions.labels(decision=decision.value)
         for operation in API_OPERATIONS:  # at 0 from the start: a rate of errors reads 0, not "no data"
-            self.api_errors.labels(operation=operation)
+            self.api_errors.labels(operation=operation, code=NO_ANSWER)
 
     def watch_sinks(self, sinks: Iterable[str]) -> None:
         """Start each sink's series at 0, so that a rate of failures reads 0 rather than "no data"."""
@@ -465,6 +540,10 @@ class OperatorMetrics:
             for result in Result:
                 self.notifications.labels(sink=sink, result=result.value)
             self.notification_retries.labels(sink=sink)
+
+    def count_api_error(self, operation: str, exc: BaseException) -> None:
+        """Count a failed API operation under its ``code`` (:func:`api_error_code`)."""
+        self.api_errors.labels(operation=operation, code=api_error_code(exc)).inc()
 
     def count_notification(self, sink: str, result: str) -> None:
         self.notifications.labels(sink=sink, result=result).inc()

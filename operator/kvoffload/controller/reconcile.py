@@ -433,7 +433,7 @@ class Controller:
             )
             if source is not None and (spec.analysis.metrics or spec.analysis.templates):
                 # A template that cannot be read is a not-judged row (counted here), never the end of the cycle.
-                unread = self.metrics.api_errors.labels(operation="read_analysis_template").inc
+                unread = functools.partial(self.metrics.count_api_error, "read_analysis_template")
                 assessment = await judged_with_custom(
                     gateway=self.gateway,
                     provider=self.hub.provider_for(source),
@@ -806,7 +806,7 @@ class Controller:
             except ApiRejectedError as exc:
                 if exc.status != 403:
                     raise
-                self.metrics.api_errors.labels(operation="read_secret").inc()
+                self.metrics.count_api_error("read_secret", exc)
                 hint = (
                     f"grant it get on secrets in namespace {where.namespace} (chart value prometheusAuth.policySecrets)"
                     if own is not None
@@ -846,11 +846,11 @@ class Controller:
         """Await a gateway call; a failure is counted, told in an Event when a person can act, and re-raised typed."""
         try:
             return await call
-        except MissingObjectError:
-            self.metrics.api_errors.labels(operation=operation).inc()
+        except MissingObjectError as exc:
+            self.metrics.count_api_error(operation, exc)
             raise
         except GatewayError as exc:
-            self.metrics.api_errors.labels(operation=operation).inc()
+            self.metrics.count_api_error(operation, exc)
             if isinstance(exc, NotOwnedError | ApiRejectedError) and not _is_404(exc):
                 await self.gateway.emit_event(ref, "Warning", exc.reason, str(exc))
             log.warning("%s: %s failed: %s", ref, operation, exc)

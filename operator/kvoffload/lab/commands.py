@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from kvoffload.cli.common import EXIT_BAD_INPUT, EXIT_FAIL, OUTPUT, reports_bad_input
+from kvoffload.cli.common import EXIT_BAD_INPUT, EXIT_FAIL, STRUCTURED, dump, output_option, reports_bad_input
 from kvoffload.lab.engine.flags import engine_options
 
 REQUIRES: dict[str, tuple[str, ...]] = {
@@ -89,7 +89,7 @@ def _duration_option(_ctx: click.Context, _param: click.Parameter, value: str | 
     help="promote: climb to the top and stay. regression: the newest tier's canary slows down ×4 and is rolled back.",
 )
 @click.option("--fast", is_flag=True, help="Shrink every duration: each scenario ends in about 2-3 minutes.")
-@OUTPUT
+@output_option("table", "json", "yaml")
 @click.option(
     "--out",
     "out_dir",
@@ -145,16 +145,15 @@ def demo(
     operator, and a replay of the Mooncake conversation trace.
 
     Shows the rollout live, writes a report (PNG plot and summary) into --out, and exits 0 when the
-    scenario ended as expected, 1 otherwise. With -o json only the final status and timeline go to
+    scenario ended as expected, 1 otherwise. With -o json or yaml only the final status and timeline go to
     stdout (the progress view goes to stderr).
     """
     import asyncio
-    import json
 
     from kvoffload.lab import demo as demo_mod
     from kvoffload.lab.controlplane import ControlPlaneError
 
-    stream = sys.stderr if output == "json" else sys.stdout
+    stream = sys.stderr if output in STRUCTURED else sys.stdout
     progress = demo_mod.Progress(stream)
     try:
         result = asyncio.run(
@@ -176,8 +175,8 @@ def demo(
         progress.close()
         click.echo("kvoffload demo: interrupted; every process it started has been stopped", err=True)
         sys.exit(130)
-    if output == "json":
-        click.echo(json.dumps(result.to_json(), indent=2))
+    if output in STRUCTURED:
+        click.echo(dump(result.to_json(), output))
     else:
         click.echo(demo_mod.final_summary(result))
     sys.exit(0 if result.ok else EXIT_FAIL)
