@@ -73,8 +73,12 @@ def reduced_edges(allowed: Mapping[str, Set[str]]) -> list[tuple[str, str]]:
 
 
 def engine_packages(package: Path) -> list[str]:
-    """The engines: each folder under engines/ that is a package."""
-    return sorted(p.parent.name for p in (package / "engines").glob("*/__init__.py"))
+    """The engines the operator serves: the folders under engines/ that the registry (``ENGINES``) names; a folder
+    on its way in (tables, no registration yet) is not drawn."""
+    from kvoffload.engines import ENGINES
+
+    folders = {p.parent.name for p in (package / "engines").glob("*/__init__.py")}
+    return sorted(folders & {str(name) for name in ENGINES})
 
 
 def closure(edges: list[tuple[str, str]], start: str) -> set[str]:
