@@ -28,7 +28,7 @@ from cryptography import x509
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, KIND, PEERING_NAME
 from kvoffload.api.crd import template_crd_manifest
-from kvoffload.cli.main import run
+from kvoffload.cli.run import run
 from kvoffload.controller import admission
 from kvoffload.controller.gateway import PLURALS, PolicyRef
 from kvoffload.controller.health import Health

@@ -23,7 +23,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kvoffload.cli.main import run
+from kvoffload.cli.run import run
 from tests.support import paths
 from tests.support.controlplane import Kube, wait_for
 

@@ -12,7 +12,7 @@ import helm_python as helm
 import kubernetes_validate
 import pytest
 
-from kvoffload.cli.main import run
+from kvoffload.cli.run import run
 from tests.test_chart import CHART, K8S_VERSION, NAMESPACE, RELEASE, container, only, render
 
 Obj = dict[str, Any]

@@ -17,12 +17,14 @@ import pytest
 import yaml
 from pydantic import ValidationError
 
-from kvoffload.analysis.assess import Measurements, VariantSample, assess
+from kvoffload.analysis.assess import assess
+from kvoffload.analysis.measurements import Measurements, VariantSample
 from kvoffload.api.crd import crd_manifest
-from kvoffload.api.types import KVOffloadPolicy, Phase, Verdict
-from kvoffload.controller import reconcile
+from kvoffload.api.status import Phase, Verdict
+from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.controller import children
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.render import check_renderable
+from kvoffload.policy.renderable import check_renderable
 from kvoffload.policy.sizing import WarningCode, plan_spec
 from tests.rollout.test_rollout import HEALTHY, Traffic, World, at_stage, in_phase, make_spec
 from tests.support.paths import EXAMPLES, ROOT
@@ -113,7 +115,7 @@ def lmcache_messages() -> list[str]:
 def real_messages() -> list[str]:
     share, share_rollback = no_reuse()
     paused, not_scraped, on_canary = no_labelled_series()
-    pod_monitor = re.search(r'"(the PodMonitor kind is not served[^"]*)"', inspect.getsource(reconcile))
+    pod_monitor = re.search(r'"(the PodMonitor kind is not served[^"]*)"', inspect.getsource(children))
     assert pod_monitor is not None
     return [
         canary_failure(oom_killed=True),

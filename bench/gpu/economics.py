@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoffload.economics.breakeven import vllm_page_bytes
-from kvoffload.economics.profile import shipped_profile
+from kvoffload.economics.profileload import shipped_profile
 from kvoffload.lab.engine.costmodel import class_cost, price
 
 HERE = Path(__file__).resolve().parent

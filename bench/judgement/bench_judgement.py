@@ -2,7 +2,7 @@
 
 Issue 37 ("Verdicts you can trust"). Synthetic engines fill vLLM's own TTFT and ITL histogram buckets; each analysis
 cycle the bench evaluates, in-process, what the operator's Prometheus queries would answer
-(``analysis/prometheus.py``: ``increase(..._count[w])``, ``increase(..._bucket[w])`` by ``le``,
+(``analysis/queries.py``: ``increase(..._count[w])``, ``increase(..._bucket[w])`` by ``le``,
 ``histogram_quantile(0.99, sum by (le) (rate(..._bucket[w])))``, ``increase(vllm:request_success_total[w])`` by
 ``finished_reason``), builds the same ``Measurements``/``VariantSample`` the provider builds, and hands them to the
 operator's real ``assess()``, ``record_verdict()`` and ``breach_sustained()`` (which calls ``sustained()``), cycle
@@ -66,27 +66,25 @@ checkout's operator is then not put first on the path, so the child judges with 
 if not os.environ.get(FOREIGN_OPERATOR):
     sys.path.insert(0, str(ROOT / "operator"))
 
-from kvoffload.analysis.assess import (  # noqa: E402
-    ITL_P99,
-    ITL_RATIO,
-    TTFT_P99,
-    TTFT_RATIO,
-    Measurements,
-    VariantSample,
-    assess,
-    record_verdict,
-)
+from kvoffload.analysis.assess import ITL_P99, ITL_RATIO, TTFT_P99, TTFT_RATIO, assess, record_verdict  # noqa: E402
 from kvoffload.analysis.custom import breach_sustained  # noqa: E402
 from kvoffload.analysis.dialects import FINISHED_ERROR, FINISHED_STOP  # noqa: E402
 from kvoffload.analysis.errorgate import ERROR_SHARE, ERROR_SHARE_INCREASE  # noqa: E402
+
+try:
+    from kvoffload.analysis.measurements import Measurements, VariantSample
+except ImportError:  # an --as-judge child on a revision before issue 34 (TODAY_REVISION): they lived in assess
+    from kvoffload.analysis.assess import Measurements, VariantSample
+
 from kvoffload.api.quantity import GIB, parse_duration  # noqa: E402
-from kvoffload.api.types import (  # noqa: E402
-    AnalysisSpec,
-    AnalysisStatus,
-    KVOffloadPolicySpec,
-    RolloutSpec,
-    Verdict,
-)
+
+try:
+    from kvoffload.api.rollout import AnalysisSpec, RolloutSpec
+    from kvoffload.api.status import AnalysisStatus, Verdict
+except ImportError:  # an --as-judge child on a revision before issue 34 (TODAY_REVISION): they lived in api.types
+    from kvoffload.api.types import AnalysisSpec, AnalysisStatus, RolloutSpec, Verdict
+
+from kvoffload.api.types import KVOffloadPolicySpec  # noqa: E402
 
 # vLLM's bucket bounds, as the project records them (vLLM 0.32's /metrics: tests/data/vllm-0.32.0-cpu-metrics.txt,
 # the same lists as the 0.26 GPU captures in tests/data/ and bench/gpu/).

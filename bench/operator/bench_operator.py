@@ -62,12 +62,12 @@ from tests.support.prometheus import SyntheticEngine, SyntheticFleet  # noqa: E4
 
 from kvoffload.analysis.dialects import Dialect  # noqa: E402
 from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL  # noqa: E402
-from kvoffload.controller.reconcile import judge_resolved  # noqa: E402
+from kvoffload.controller.judging import judge_resolved  # noqa: E402
 from kvoffload.lab.controlplane import ControlPlane  # noqa: E402
 from kvoffload.lab.promserver import PrometheusServer, free_port  # noqa: E402
+from kvoffload.policy.engine_config import config_hash  # noqa: E402
 from kvoffload.policy.ladder import build_ladder  # noqa: E402
 from kvoffload.policy.loading import parse_policy  # noqa: E402
-from kvoffload.policy.render import config_hash  # noqa: E402
 
 T = TypeVar("T")
 

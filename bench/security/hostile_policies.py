@@ -46,9 +46,10 @@ sys.path.insert(0, str(ROOT / "operator"))
 from tests.support.hostile import HostileServer, vm_hwm_kib, vm_rss_kib  # noqa: E402
 
 from kvoffload.analysis import hub as hub_module  # noqa: E402
-from kvoffload.analysis import prometheus  # noqa: E402
+from kvoffload.analysis import promhttp  # noqa: E402
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource  # noqa: E402
-from kvoffload.analysis.prometheus import PrometheusProvider, Target  # noqa: E402
+from kvoffload.analysis.prometheus import PrometheusProvider  # noqa: E402
+from kvoffload.analysis.queries import Target  # noqa: E402
 from kvoffload.controller.heap import fix_mmap_threshold, malloc_trim  # noqa: E402
 
 KINDS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -174,10 +175,10 @@ async def run(cycles: int, deadline: float, urls: dict[str, str], default_thresh
         "deadline_seconds": deadline,
         "fixed_mmap_threshold": not default_threshold,
         "caps": {
-            "answer_bytes": prometheus.MAX_ANSWER_BYTES,
-            "answer_series": prometheus.MAX_ANSWER_SERIES,
-            "error_bytes": prometheus.MAX_ERROR_BYTES,
-            "query_threads": prometheus.QUERY_THREADS,
+            "answer_bytes": promhttp.MAX_ANSWER_BYTES,
+            "answer_series": promhttp.MAX_ANSWER_SERIES,
+            "error_bytes": promhttp.MAX_ERROR_BYTES,
+            "query_threads": promhttp.QUERY_THREADS,
             "analysis_threads": hub_module.ANALYSIS_THREADS,
             "max_providers": hub_module.MAX_PROVIDERS,
         },

@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.analysis.assess import LIVE_CONFIG, Measurements, assess
+from kvoffload.analysis.assess import LIVE_CONFIG, assess
 from kvoffload.analysis.dialects import dialect_for
+from kvoffload.analysis.measurements import Measurements
 from kvoffload.analysis.prometheus import PrometheusProvider
 from kvoffload.api.quantity import GIB
-from kvoffload.api.types import AnalysisSpec
+from kvoffload.api.rollout import AnalysisSpec
 from kvoffload.policy.ladder import Level
 from tests.support.engines import start_engines, stop_engines
 from tests.support.prometheus import PrometheusServer, require_prometheus, synthetic_target

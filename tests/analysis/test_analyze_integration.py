@@ -22,13 +22,15 @@ import pytest
 from click.testing import CliRunner
 
 from kvoffload.analysis.assess import EXTERNAL_SHARE, TTFT_RATIO, Assessment, assess, record_verdict, sustained
-from kvoffload.analysis.prometheus import PrometheusProvider, Target
-from kvoffload.api.types import AnalysisStatus, KVOffloadPolicy, Verdict
+from kvoffload.analysis.prometheus import PrometheusProvider
+from kvoffload.analysis.queries import Target
+from kvoffload.api.status import AnalysisStatus, Verdict
+from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.main import main
 from kvoffload.lab.cluster.localcluster import LAB_TENANCY
+from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
-from kvoffload.policy.render import config_hash
 from tests.support.engines import Engine, start_engines, stop_engines
 from tests.support.prometheus import PrometheusServer, require_prometheus, synthetic_target, wait_until
 

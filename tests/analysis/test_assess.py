@@ -19,14 +19,15 @@ from kvoffload.analysis.assess import (
     TTFT_RATIO,
     TTFT_VS_BASELINE,
     Assessment,
-    Measurements,
-    VariantSample,
     assess,
     record_verdict,
     sustained,
 )
+from kvoffload.analysis.measurements import Measurements, VariantSample
 from kvoffload.api.quantity import GIB
-from kvoffload.api.types import AnalysisSpec, BaselineStatus, SecondaryTier, Verdict
+from kvoffload.api.rollout import AnalysisSpec
+from kvoffload.api.serving import SecondaryTier
+from kvoffload.api.status import BaselineStatus, Verdict
 from kvoffload.policy.ladder import Level
 
 SPEC = AnalysisSpec()  # ttftP99 1500ms, itlP99 80ms, maxRegression 1.2, minExternalShare 0.02, minRequests 50

@@ -7,14 +7,8 @@ from datetime import UTC, datetime, timedelta
 from kvoffload.analysis.assess import REQUESTS, Assessment, record_verdict
 from kvoffload.analysis.custom import CustomReading, breach_sustained, judge_custom, with_custom
 from kvoffload.api.analysistemplate import CustomMetric, MetricSource
-from kvoffload.api.types import (
-    AnalysisSpec,
-    AnalysisStatus,
-    KVOffloadPolicyStatus,
-    MetricResult,
-    StageStatus,
-    Verdict,
-)
+from kvoffload.api.rollout import AnalysisSpec
+from kvoffload.api.status import AnalysisStatus, KVOffloadPolicyStatus, MetricResult, StageStatus, Verdict
 from kvoffload.rollout.record import evidence_of
 
 T0 = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)

@@ -13,9 +13,9 @@ import pytest
 from kvoffload.analysis.custom import CustomReading, judge_custom
 from kvoffload.analysis.customquery import one_number, read_custom
 from kvoffload.analysis.dialects import NEWEST
-from kvoffload.analysis.prometheus import LabelNames, Target, build_queries, fleet_matcher
+from kvoffload.analysis.queries import LabelNames, Target, build_queries, fleet_matcher
 from kvoffload.api.analysistemplate import CustomMetric, MetricSource
-from kvoffload.api.types import AnalysisSpec
+from kvoffload.api.rollout import AnalysisSpec
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 

@@ -16,8 +16,6 @@ from pydantic import ValidationError
 
 from kvoffload.analysis.assess import (
     Assessment,
-    Measurements,
-    VariantSample,
     assess,
     format_metric_value,
     format_threshold,
@@ -25,9 +23,11 @@ from kvoffload.analysis.assess import (
     sustained,
 )
 from kvoffload.analysis.errorgate import ERROR_SHARE, ERROR_SHARE_INCREASE, failed_share
+from kvoffload.analysis.measurements import Measurements, VariantSample
 from kvoffload.api.errors import PolicyError
 from kvoffload.api.quantity import GIB
-from kvoffload.api.types import AnalysisSpec, ErrorsSpec, MetricResult, Verdict
+from kvoffload.api.rollout import AnalysisSpec, ErrorsSpec
+from kvoffload.api.status import MetricResult, Verdict
 from kvoffload.policy.ladder import Level
 from kvoffload.policy.loading import parse_policy
 from tests.support import paths

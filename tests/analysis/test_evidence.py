@@ -14,15 +14,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from kvoffload.analysis.assess import (
-    ITL_RATIO,
-    TTFT_P99,
-    TTFT_RATIO,
-    Measurements,
-    VariantSample,
-    assess,
-    look_alpha_of,
-)
+from kvoffload.analysis.assess import ITL_RATIO, TTFT_P99, TTFT_RATIO, assess, look_alpha_of
 from kvoffload.analysis.evidence import (
     Histogram,
     binomial_upper,
@@ -33,8 +25,11 @@ from kvoffload.analysis.evidence import (
     look_alpha,
     rank_z,
 )
+from kvoffload.analysis.measurements import Measurements, VariantSample
 from kvoffload.api.quantity import GIB
-from kvoffload.api.types import AnalysisSpec, KVOffloadPolicySpec, Verdict
+from kvoffload.api.rollout import AnalysisSpec
+from kvoffload.api.status import Verdict
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.lab.engine.families import TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
 from kvoffload.policy.ladder import Level
 

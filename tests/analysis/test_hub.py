@@ -7,9 +7,9 @@ import threading
 import time
 from collections.abc import Sequence
 
-from kvoffload.analysis.assess import Measurements, VariantSample
 from kvoffload.analysis.hub import FULL_BATCH, NAMES_MAX_AGE, MeasurementHub, PrometheusSource
-from kvoffload.analysis.prometheus import PolicyKey, Target
+from kvoffload.analysis.measurements import Measurements, VariantSample
+from kvoffload.analysis.queries import PolicyKey, Target
 from kvoffload.controller.metrics import OperatorMetrics
 
 

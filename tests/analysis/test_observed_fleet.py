@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from kvoffload.analysis.dialects import NEWEST
-from kvoffload.analysis.prometheus import PrometheusProvider, Target, build_queries, fleet_matcher
+from kvoffload.analysis.prometheus import PrometheusProvider
+from kvoffload.analysis.queries import Target, build_queries, fleet_matcher
 from tests.analysis.test_prometheus_provider import WINDOW, scraped_fleet  # noqa: F401  (the module's fixture)
 from tests.support.prometheus import TTFT_BUCKETS, PrometheusServer, expected_p99, synthetic_target
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.analysis.assess import Measurements, VariantSample, assess, look_alpha_of
+from kvoffload.analysis.assess import assess, look_alpha_of
+from kvoffload.analysis.measurements import Measurements, VariantSample
 from kvoffload.analysis.payoff import (
     PAYOFF,
     PayoffFit,
@@ -24,7 +25,9 @@ from kvoffload.analysis.payoff import (
     t_upper,
 )
 from kvoffload.analysis.prometheus import PrometheusProvider
-from kvoffload.api.types import AnalysisSpec, PayoffGate, SecondaryTier, Verdict
+from kvoffload.api.rollout import AnalysisSpec, PayoffGate
+from kvoffload.api.serving import SecondaryTier
+from kvoffload.api.status import Verdict
 from kvoffload.policy.ladder import Level
 from tests.support.prometheus import SyntheticEngine, scraping, synthetic_target
 

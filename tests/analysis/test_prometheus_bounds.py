@@ -16,10 +16,12 @@ from collections.abc import Iterator, Sequence
 import pytest
 
 from kvoffload.analysis import hub as hub_module
-from kvoffload.analysis import prometheus
-from kvoffload.analysis.assess import Measurements
+from kvoffload.analysis import promhttp
 from kvoffload.analysis.hub import MAX_PROVIDERS, MeasurementHub, PrometheusSource
-from kvoffload.analysis.prometheus import MAX_ERROR_BYTES, PrometheusProvider, Target
+from kvoffload.analysis.measurements import Measurements
+from kvoffload.analysis.prometheus import PrometheusProvider
+from kvoffload.analysis.promhttp import MAX_ERROR_BYTES
+from kvoffload.analysis.queries import Target
 from kvoffload.api.errors import MAX_ERROR_CHARS
 from tests.support.hostile import EMPTY_ANSWER, HostileServer, wait_until
 
@@ -84,8 +86,8 @@ def test_the_default_cap_stops_a_100_mib_answer() -> None:
         error = bounded_error(measure(PrometheusProvider(server.url, retries=0)))
     assert "too large" in error  # at the cap, or at the budget all answers share when four reach it at once
     # Every byte of the shared budget comes back once the batch's queries end (those still reading end at the cap).
-    assert wait_until(lambda: prometheus._BODIES.used == 0, timeout=15)
-    assert server.sent < server.connections * (prometheus.MAX_ANSWER_BYTES + (8 << 20))
+    assert wait_until(lambda: promhttp._BODIES.used == 0, timeout=15)
+    assert server.sent < server.connections * (promhttp.MAX_ANSWER_BYTES + (8 << 20))
 
 
 def test_a_gzip_bomb_is_cut_at_the_cap_as_decoded() -> None:
@@ -191,7 +193,7 @@ async def test_fifty_url_edits_of_one_policy_leave_one_provider_and_no_new_threa
         new = _thread_names() - before
         assert all(name.startswith(("prometheus query", "prometheus batch", "prometheus deadlines")) for name in new)
         names = _thread_names()
-        assert sum(name.startswith("prometheus query") for name in names) <= prometheus.QUERY_THREADS
+        assert sum(name.startswith("prometheus query") for name in names) <= promhttp.QUERY_THREADS
         assert sum(name.startswith("prometheus batch") for name in names) <= hub_module.ANALYSIS_THREADS
         hub.forget("uid-1")
         assert hub.provider_count == 0
@@ -250,7 +252,7 @@ async def test_a_single_given_provider_is_never_closed_by_the_hub() -> None:
 
 
 def test_the_process_pools_are_bounded() -> None:
-    assert prometheus.query_pool()._max_workers == prometheus.QUERY_THREADS
+    assert promhttp.query_pool()._max_workers == promhttp.QUERY_THREADS
     assert hub_module.analysis_pool()._max_workers == hub_module.ANALYSIS_THREADS
     assert EMPTY_ANSWER  # the honest server's answer is what the provider reads as no series
 

@@ -22,8 +22,9 @@ import requests
 import yaml
 from click.testing import CliRunner
 
-from kvoffload.analysis.assess import Measurements
-from kvoffload.analysis.prometheus import Connection, PrometheusProvider
+from kvoffload.analysis.measurements import Measurements
+from kvoffload.analysis.prometheus import PrometheusProvider
+from kvoffload.analysis.promhttp import Connection
 from kvoffload.cli.main import main
 from tests.support.certificates import serving_certificate
 from tests.support.prometheus import PROMETHEUS_BIN, free_port, require_prometheus, synthetic_target, wait_until

@@ -19,17 +19,17 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.analysis import prometheus
-from kvoffload.analysis.assess import Measurements
+from kvoffload.analysis import queries as queries_module
 from kvoffload.analysis.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
 from kvoffload.analysis.evidence import count_above, total
-from kvoffload.analysis.prometheus import (
+from kvoffload.analysis.measurements import Measurements
+from kvoffload.analysis.prometheus import PrometheusProvider
+from kvoffload.analysis.promhttp import QUERY_CONCURRENCY
+from kvoffload.analysis.queries import (
     HISTOGRAM_FIELDS,
-    QUERY_CONCURRENCY,
     SCOPE_MAX_CHARS,
     WORKLOAD_QUERIES,
     LabelNames,
-    PrometheusProvider,
     build_queries,
     promql_duration,
     scope_matcher,
@@ -686,7 +686,7 @@ def test_a_scoped_batch_reads_only_its_policies_series_and_measures_what_a_fleet
     batch = [synthetic_target("llm", "chat", WINDOW), synthetic_target("other", "warm", WINDOW, workload=True)]
     scoped = PrometheusProvider(scraped_fleet.url, clock=lambda: at)
     got = scoped.measure(batch)
-    monkeypatch.setattr(prometheus, "SCOPE_MAX_CHARS", 0)
+    monkeypatch.setattr(queries_module, "SCOPE_MAX_CHARS", 0)
     fleet_wide = PrometheusProvider(scraped_fleet.url, clock=lambda: at)
     assert fleet_wide.measure(batch) == got
     assert got[("llm", "chat")].canary is not None

@@ -13,7 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from kvoffload.analysis.dialects import NEWEST, SGLANG, policy_dialect
-from kvoffload.analysis.prometheus import PrometheusProvider, build_queries
+from kvoffload.analysis.prometheus import PrometheusProvider
+from kvoffload.analysis.queries import build_queries
 from tests.policy.render_policies import make_policy, sglang_policy
 from tests.support.prometheus import (
     ITL_BUCKETS,

@@ -19,7 +19,8 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from kvoffload.api.quantity import parse_quantity
-from kvoffload.api.types import RESERVED_LEVEL_NAMES, KVOffloadPolicySpec
+from kvoffload.api.serving import RESERVED_LEVEL_NAMES
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.api.vllmflags import managed_flags
 from tests.support.cel_k8s import compile_rule, evaluate, every_rule, rule_failures
 from tests.support.crd_admission import apply_defaults, openapi_schema

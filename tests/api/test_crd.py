@@ -17,7 +17,8 @@ from pydantic import BaseModel
 
 from kvoffload.api.conventions import CONDITION_TYPES, READY
 from kvoffload.api.crd import CRD_FILE, crd_manifest, crd_yaml
-from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec, KVOffloadPolicyStatus
+from kvoffload.api.status import KVOffloadPolicyStatus
+from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.cli.main import main
 from tests.support import paths
 from tests.support.crd_admission import apply_defaults, openapi_schema

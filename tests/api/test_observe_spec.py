@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from kvoffload.api.errors import PolicyError
-from kvoffload.api.types import ObserveSelector
+from kvoffload.api.rollout import ObserveSelector
 from kvoffload.policy.loading import parse_policy
 
 POLICY: dict[str, Any] = {

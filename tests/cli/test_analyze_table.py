@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from kvoffload.analysis import assess as assess_module
 from kvoffload.analysis import prometheus
 from kvoffload.analysis.assess import Assessment
-from kvoffload.api.types import MetricResult, Verdict
+from kvoffload.api.status import MetricResult, Verdict
 from kvoffload.cli.main import main
 
 POLICY = """\

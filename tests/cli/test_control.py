@@ -17,11 +17,12 @@ import yaml
 from click.testing import CliRunner, Result
 
 from kvoffload.api.conventions import PROMOTE, RELEASE
-from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicyStatus, Phase
+from kvoffload.api.status import KVOffloadPolicyStatus, Phase
+from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.control import VERBS, new_annotation_value
 from kvoffload.cli.main import main
+from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.render import config_hash
 from kvoffload.rollout.decide import decide
 from kvoffload.rollout.observations import Observations, VariantObservation
 from tests.support import paths

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from kvoffload.api.types import KVOffloadPolicyStatus
+from kvoffload.api.status import KVOffloadPolicyStatus
 from kvoffload.cli.statusview import ladder_line, render, to_json
 
 NOW = datetime(2025, 6, 1, 12, 10, tzinfo=UTC)

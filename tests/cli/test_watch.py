@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND
-from kvoffload.api.types import Phase
+from kvoffload.api.status import Phase
 from kvoffload.cli import watch
 from kvoffload.cli.common import EXIT_BAD_INPUT, EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK
 from kvoffload.cli.control import PolicyWatch

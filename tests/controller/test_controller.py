@@ -18,9 +18,9 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from kvoffload.analysis.assess import Measurements, Percentiles, VariantSample, WorkloadSample
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
-from kvoffload.analysis.prometheus import PolicyKey, Target
+from kvoffload.analysis.measurements import Measurements, Percentiles, VariantSample, WorkloadSample
+from kvoffload.analysis.queries import PolicyKey, Target
 from kvoffload.api.conventions import (
     ANNOTATION_RENDER_INPUT,
     API_GROUP,
@@ -34,8 +34,10 @@ from kvoffload.api.conventions import (
     RETRY,
 )
 from kvoffload.api.quantity import parse_duration
-from kvoffload.controller.gateway import ApiRejectedError
-from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError, SecretLocation
+from kvoffload.controller.apierrors import ApiRejectedError
+from kvoffload.controller.cycle import ReconcileError
+from kvoffload.controller.reconcile import Controller
+from kvoffload.controller.settings import ControllerSettings, SecretLocation
 from kvoffload.policy.tenancy import Tenancy
 from tests.support.kube import EmulatedCluster, policy_manifest
 
@@ -483,16 +485,16 @@ async def test_a_restarted_controller_resumes_the_step_without_a_second_canary(
 async def test_a_cycle_whose_input_was_rendered_before_renders_nothing(
     kube: EmulatedCluster, controller: Controller, clock: Clock, in_canary: dict[str, Any], monkeypatch: Any
 ) -> None:
-    import kvoffload.controller.reconcile as reconcile_module
+    import kvoffload.controller.children as children_module
 
     rendered: list[str] = []
-    real = reconcile_module.render_deployment
+    real = children_module.render_deployment
 
     def counting(policy: Any, level: Any, replicas: int) -> dict[str, Any]:
         rendered.append(level.name)
         return real(policy, level, replicas)
 
-    monkeypatch.setattr(reconcile_module, "render_deployment", counting)
+    monkeypatch.setattr(children_module, "render_deployment", counting)
     await run_pods(kube, "chat-cpu", 1)
     for _ in range(3):
         clock.advance(1)

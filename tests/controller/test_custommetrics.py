@@ -7,9 +7,10 @@ from typing import Any, cast
 
 from kvoffload.analysis.assess import REQUESTS, Assessment
 from kvoffload.analysis.custom import with_custom
-from kvoffload.api.types import MetricResult, Verdict
+from kvoffload.api.status import MetricResult, Verdict
+from kvoffload.controller.apierrors import ApiRejectedError, GatewayError
 from kvoffload.controller.custommetrics import read_templates
-from kvoffload.controller.gateway import ApiRejectedError, GatewayError, KubernetesGateway
+from kvoffload.controller.gateway import KubernetesGateway
 
 QUERY = "sum(rate(vllm:request_success_total{ {{ selector }} }[{{ window }}]))"
 BAD_QUERY = "sum(rate(vllm:request_success_total[5m]))"  # no {{ selector }}: refused

@@ -1,11 +1,11 @@
-"""The forecast the controller hands the live payoff's row (controller/reconcile.py, ``forecast_saving``)."""
+"""The forecast the controller hands the live payoff's row (controller/measuring.py, ``forecast_saving``)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from kvoffload.api.types import KVOffloadPolicySpec
-from kvoffload.controller.reconcile import forecast_saving
+from kvoffload.controller.measuring import forecast_saving
 from kvoffload.economics.enginecost import plan_forecast, split
 
 

@@ -10,16 +10,9 @@ import kubernetes.client
 import pytest
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, LABEL_POLICY, LABEL_VARIANT
-from kvoffload.controller.gateway import (
-    ApiRejectedError,
-    ApiUnavailableError,
-    KubernetesGateway,
-    MissingObjectError,
-    NotOwnedError,
-    PolicyRef,
-    RetryPolicy,
-    parse_pod,
-)
+from kvoffload.controller.apierrors import ApiRejectedError, ApiUnavailableError, MissingObjectError, NotOwnedError
+from kvoffload.controller.gateway import KubernetesGateway, PolicyRef, RetryPolicy
+from kvoffload.controller.kubestate import parse_pod
 from tests.support.kube import EmulatedCluster, policy_manifest
 
 NS = "llm"

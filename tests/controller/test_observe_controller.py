@@ -15,8 +15,8 @@ from typing import Any
 import kubernetes.client
 import pytest
 
-from kvoffload.analysis.assess import Measurements, VariantSample
-from kvoffload.analysis.prometheus import PolicyKey, Target
+from kvoffload.analysis.measurements import Measurements, VariantSample
+from kvoffload.analysis.queries import PolicyKey, Target
 from kvoffload.api.conventions import OBSERVING, PLURAL, Reason
 from kvoffload.controller.reconcile import Controller
 from tests.controller.test_controller import (

@@ -19,13 +19,14 @@ import kopf
 import kubernetes.client
 import pytest
 
-from kvoffload.analysis.assess import Measurements, VariantSample
 from kvoffload.analysis.hub import MeasurementHub
-from kvoffload.analysis.prometheus import PolicyKey, Target
+from kvoffload.analysis.measurements import Measurements, VariantSample
+from kvoffload.analysis.queries import PolicyKey, Target
 from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, KIND, PAUSE, PLURAL
 from kvoffload.controller.bodies import unpacked_body
 from kvoffload.controller.handlers import NOTICED, LoopSettings, configure_settings, register
-from kvoffload.controller.reconcile import Controller, ControllerSettings
+from kvoffload.controller.reconcile import Controller
+from kvoffload.controller.settings import ControllerSettings
 from kvoffload.rollout.plan import Plan
 from tests.support.kube import EmulatedCluster, kvoffload_run, policy_manifest, running_kopf, wait_for
 

@@ -8,7 +8,6 @@ The tier capacity it publishes is compared with what ``kvoffload plan`` prints f
 from __future__ import annotations
 
 import importlib.metadata
-import inspect
 import json
 import platform
 import re
@@ -30,18 +29,17 @@ from kvoffload import __version__
 from kvoffload.analysis.hub import MeasurementHub
 from kvoffload.api.conventions import PAUSE, Decision
 from kvoffload.api.quantity import GIB
-from kvoffload.api.types import Phase
+from kvoffload.api.status import Phase
 from kvoffload.cli.main import main
-from kvoffload.controller import reconcile
-from kvoffload.controller.gateway import (
+from kvoffload.controller.apierrors import (
     ApiRejectedError,
     ApiUnavailableError,
     GatewayError,
-    KubernetesGateway,
     MissingObjectError,
     NotOwnedError,
-    RetryPolicy,
 )
+from kvoffload.controller.cycle import ReconcileError
+from kvoffload.controller.gateway import KubernetesGateway, RetryPolicy
 from kvoffload.controller.metrics import (
     API_OPERATIONS,
     TARGET_LABELS,
@@ -54,7 +52,7 @@ from kvoffload.controller.metrics import (
 from kvoffload.controller.reconcile import Controller
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import parse_policy
-from kvoffload.policy.sizing import progress_deadline_seconds
+from kvoffload.policy.startup import progress_deadline_seconds
 from tests.controller.test_controller import (  # the fixtures, and how those tests play the cluster
     NS,
     Clock,
@@ -71,6 +69,7 @@ from tests.controller.test_controller import (  # the fixtures, and how those te
     run_pods,
     status_of,
 )
+from tests.support import paths
 from tests.support.kube import EmulatedCluster, policy_manifest
 
 pytestmark = pytest.mark.e2e
@@ -353,7 +352,11 @@ def test_no_series_carries_a_label_prometheus_sets_on_the_target() -> None:
 def test_every_api_operation_and_every_decision_has_its_count_from_the_start() -> None:
     # A dashboard's rate of API errors then reads 0 on a healthy operator instead of "no data", and increase()
     # counts a process's first Rollback (a counter first seen at 1 would count from there).
-    source = inspect.getsource(reconcile)
+    # Every module of the controller: the cycle's API calls live in several (reconcile, children, statuswrite, ...).
+    modules = sorted((paths.PACKAGE / "controller").glob("*.py"))
+    calling = [path.name for path in modules if "self._api(" in path.read_text()]
+    assert {"reconcile.py", "children.py"} <= set(calling)  # the search reaches the modules that call the gateway
+    source = "\n".join(path.read_text() for path in modules)
     named = set(re.findall(r'_api\(\s*"(\w+)"', source)) | set(re.findall(r'count_api_error[(,]\s*"(\w+)"', source))
     assert named == set(API_OPERATIONS)
     registry = OperatorMetrics().registry
@@ -413,7 +416,7 @@ async def test_a_refusal_of_the_real_gateway_is_counted_with_its_status(
 ) -> None:
     kube.emulator.fail_next(403, method="PATCH", plural="deployments", times=10, message="denied by a test webhook")
     await create_policy(kube)
-    with pytest.raises(reconcile.ReconcileError):
+    with pytest.raises(ReconcileError):
         await controller.reconcile(policy_body(kube))
     errors = samples(controller.metrics, "kvoffload_api_errors_total", operation="apply")
     assert errors == {(("code", "403"), ("operation", "apply")): 1.0, (("code", "none"), ("operation", "apply")): 0.0}
@@ -429,7 +432,7 @@ async def test_an_api_server_that_does_not_answer_is_counted_as_none(kube: Emula
         with kubernetes.client.ApiClient(configuration) as client:
             gateway = KubernetesGateway(client, retry=RetryPolicy(attempts=2, base_delay=0.01))
             offline = Controller(gateway, MeasurementHub(CraftedProvider(), gather_window=0.0), clock=clock)
-            with pytest.raises(reconcile.ReconcileError, match="gave up after 2 attempts"):
+            with pytest.raises(ReconcileError, match="gave up after 2 attempts"):
                 await offline.reconcile(body)
     failed = {dict(k)["operation"]: v for k, v in samples(offline.metrics, "kvoffload_api_errors_total").items() if v}
     assert failed, "no API error was counted"

@@ -16,9 +16,11 @@ import pytest
 from click.testing import CliRunner
 
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
-from kvoffload.analysis.prometheus import Connection, PrometheusProvider
+from kvoffload.analysis.prometheus import PrometheusProvider
+from kvoffload.analysis.promhttp import Connection
 from kvoffload.cli.main import main
-from kvoffload.controller.reconcile import Controller, ControllerSettings
+from kvoffload.controller.reconcile import Controller
+from kvoffload.controller.settings import ControllerSettings
 from kvoffload.policy.tenancy import Tenancy
 from tests.controller.test_controller import Clock, chat_spec, create_policy, policy_body, status_of
 from tests.support.kube import EmulatedCluster

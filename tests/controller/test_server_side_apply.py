@@ -17,13 +17,8 @@ import pytest
 
 from kvoffload.analysis.hub import MeasurementHub
 from kvoffload.api.conventions import ANNOTATION_APPLIED, API_GROUP, API_VERSION, COMPONENT, KIND, PLURAL
-from kvoffload.controller.gateway import (
-    FieldConflictError,
-    KubernetesGateway,
-    NotOwnedError,
-    PolicyRef,
-    RetryPolicy,
-)
+from kvoffload.controller.apierrors import FieldConflictError, NotOwnedError
+from kvoffload.controller.gateway import KubernetesGateway, PolicyRef, RetryPolicy
 from kvoffload.controller.reconcile import Controller
 from tests.controller.test_controller import Clock, CraftedProvider, chat_spec
 from tests.controller.test_gateway import engine

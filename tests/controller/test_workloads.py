@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 from kvoffload.api.conventions import LABEL_POLICY
-from kvoffload.controller.gateway import ApiRejectedError, PolicyRef
+from kvoffload.controller.apierrors import ApiRejectedError
+from kvoffload.controller.gateway import PolicyRef
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.workloads import EXPECTATION_TTL, Workloads, index_deployment, index_pod
 from tests.support.kube import EmulatedCluster, policy_manifest, wait_for

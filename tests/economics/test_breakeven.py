@@ -14,7 +14,8 @@ from kvoffload.economics.breakeven import (
     breakeven_for_model,
     vllm_page_bytes,
 )
-from kvoffload.economics.profile import Profile, ProfileError, shipped_profile
+from kvoffload.economics.profile import Profile, ProfileError
+from kvoffload.economics.profileload import shipped_profile
 from tests.economics.test_profile import synthetic
 
 QWEN3 = ("Qwen/Qwen3-0.6B", "Qwen/Qwen3-8B", "Qwen/Qwen3-32B")

@@ -14,9 +14,10 @@ from typing import Any
 import pytest
 
 from kvoffload.economics import calibrate
-from kvoffload.economics.profile import ProfileError, load_profile, shipped_profile
+from kvoffload.economics.profile import ProfileError
+from kvoffload.economics.profileload import load_profile, shipped_profile
 from kvoffload.policy.catalog import find_model
-from kvoffload.policy.sizing import bytes_per_token
+from kvoffload.policy.kvshape import bytes_per_token
 from tests.support import paths
 
 ROOT = paths.ROOT

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
+from kvoffload.economics.estimated import derive_estimated
+from kvoffload.economics.gpuspec import PUBLISHED_SPECS
 from kvoffload.economics.profile import (
     GIB,
-    PUBLISHED_SPECS,
     CurvePoint,
     DecodeCurve,
     ModelShape,
@@ -23,8 +24,9 @@ from kvoffload.economics.profile import (
     RestoreCost,
     Source,
     TransferPoint,
-    derive_estimated,
     held_out_errors,
+)
+from kvoffload.economics.profileload import (
     load_profile,
     loads_profile,
     profile_from_json,

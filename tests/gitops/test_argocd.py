@@ -17,10 +17,11 @@ from typing import Any
 import pytest
 
 from kvoffload.api.conventions import Reason
-from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicyStatus
+from kvoffload.api.status import KVOffloadPolicyStatus
+from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.control import VERBS, new_annotation_value
+from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.render import config_hash
 from kvoffload.rollout.decide import decide
 from kvoffload.rollout.observations import Observations, VariantObservation
 from tests.support import lua

@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from kvoffload.api.conventions import ANNOTATION_ORIGINAL_REPLICAS, ANNOTATION_TAKEN_BY
-from kvoffload.api.types import WorkloadStatus
+from kvoffload.api.status import WorkloadStatus
 from kvoffload.controller.gateway import FIELD_MANAGER, PolicyRef
 from kvoffload.controller.takeover import RELEASED, holding
 from kvoffload.lab.controlplane import default_bin_dir

@@ -7,7 +7,7 @@ from typing import Any
 import jsonschema
 import pytest
 
-from kvoffload.api.types import KVOffloadPolicyStatus, Mode, Phase
+from kvoffload.api.status import KVOffloadPolicyStatus, Mode, Phase
 from tests.support.crd_admission import drop_nulls, openapi_schema, strict
 from tests.support.status_fixtures import CAPTURES, NAMES, STATUS_DIR, load
 

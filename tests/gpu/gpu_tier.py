@@ -1040,7 +1040,7 @@ def big_eager() -> dict:
 
 @step("boundary")
 def boundary() -> dict:
-    """Held-out check of the per-layer rule (operator/kvoffload/policy/sizing.py): tiers of 3.5 GiB
+    """Held-out check of the per-layer rule (operator/kvoffload/policy/hostmemory.py): tiers of 3.5 GiB
     (28 x 128 MiB, a power of two a layer: predicted 3.5 GiB pinned) and 3.6 GiB (131.7 MiB a layer:
     predicted 28 x 256 MiB = 7 GiB), eager to start faster; memory only."""
     for name, size in (("tier3p5", "3.5"), ("tier3p6", "3.6")):

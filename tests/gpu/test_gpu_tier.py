@@ -29,8 +29,8 @@ from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.lab.engine.flags import parse_argv
 from kvoffload.lab.engine.kvengine import KVEngine
 from kvoffload.lab.engine.metrics import EngineMetrics
+from kvoffload.policy.hostmemory import engine_pinned_bytes, per_layer_pinned_bytes
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.sizing import engine_pinned_bytes, per_layer_pinned_bytes
 from tests.lab.test_emulator_conformance import Shape, shapes
 from tests.support import paths
 
@@ -150,7 +150,7 @@ OWN_PINNED_MAX = 128 * MIB
     ],
 )
 def test_the_sizing_rule_predicts_the_pinned_tier_held_out(name: str, level_cpu: str | None) -> None:
-    """The per-layer rule (operator/kvoffload/policy/sizing.py) was written from vLLM's source before these
+    """The per-layer rule (operator/kvoffload/policy/hostmemory.py) was written from vLLM's source before these
     runs: each tier's pinned bytes are the rule's to the byte, plus the engine's own pinned buffers."""
     run = json.loads(MEMORY.read_text())["runs"][name]
     policy = _policy(run["level"])

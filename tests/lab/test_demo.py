@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
-from kvoffload.analysis.assess import Measurements, VariantSample
-from kvoffload.api.types import HistoryEntry, KVOffloadPolicy, KVOffloadPolicyStatus, Phase
+from kvoffload.analysis.measurements import Measurements, VariantSample
+from kvoffload.api.status import HistoryEntry, KVOffloadPolicyStatus, Phase
+from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.lab.demo import (
     SCENARIOS,
     Progress,

@@ -6,9 +6,10 @@ import pytest
 
 from kvoffload.lab.cluster.localcluster import LAB_TENANCY
 from kvoffload.lab.demo import DemoError, default_policy_path, load_policy_doc, on_engine
+from kvoffload.policy.engine_config import engine_args
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import parse_policy
-from kvoffload.policy.render import check_renderable, engine_args
+from kvoffload.policy.renderable import check_renderable
 
 
 def test_the_demo_policy_on_sglang_takes_whole_gigabytes_and_renders() -> None:

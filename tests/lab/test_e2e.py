@@ -28,8 +28,8 @@ from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_LEVEL, LABEL_POLI
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.lab.cluster.localcluster import stop_operator
 from kvoffload.lab.promserver import free_port
+from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.render import config_hash
 from tests.support.cluster import (
     APIS,
     POLICY_API_VERSION,

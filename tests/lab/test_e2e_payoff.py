@@ -36,7 +36,7 @@ from kvoffload.analysis.dialects import (
     SOURCE_LOCAL_COMPUTE,
 )
 from kvoffload.analysis.payoff import SubWindow, payoff_row
-from kvoffload.api.types import AnalysisSpec
+from kvoffload.api.rollout import AnalysisSpec
 from tests.lab.test_e2e import level_index, policy_doc
 from tests.support.cluster import Cluster, OperatorProcess, either_cluster, load_on, status_of
 from tests.support.engines import Engine, EngineFactory

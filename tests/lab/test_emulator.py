@@ -128,9 +128,9 @@ def test_bad_flags_name_the_flag(argv: list[str], flag: str) -> None:
 
 def test_a_rendered_deployment_command_line_parses() -> None:
     """The container args `kvoffload render` writes, plus extraArgs the emulator does not model."""
+    from kvoffload.policy.engine_config import engine_args
     from kvoffload.policy.ladder import build_ladder, find_level
     from kvoffload.policy.loading import load_policy
-    from kvoffload.policy.render import engine_args
 
     policy = load_policy(ROOT / "tests" / "data" / "render-qwen3-small.yaml")
     top = find_level(build_ladder(policy.spec), index=None, name=None)
@@ -307,9 +307,9 @@ def test_metrics_keep_their_colons_when_the_scraper_asks_for_openmetrics(engine_
 
 
 def test_rendered_args_start_an_engine_that_reports_its_offload_config(engine_factory: EngineFactory) -> None:
+    from kvoffload.policy.engine_config import engine_args
     from kvoffload.policy.ladder import build_ladder, find_level
     from kvoffload.policy.loading import load_policy
-    from kvoffload.policy.render import engine_args
 
     policy = load_policy(ROOT / "tests" / "data" / "render-qwen3-small.yaml")
     top = find_level(build_ladder(policy.spec), index=None, name=None)

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from kvoffload.economics.profile import shipped_profile
+from kvoffload.economics.profileload import shipped_profile
 from kvoffload.lab.engine.config import ConfigError
 from kvoffload.lab.engine.costmodel import SEED_FIT, SEED_HELD_OUT, fit_laptop
 from kvoffload.lab.engine.flags import parse_argv

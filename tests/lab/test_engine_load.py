@@ -10,7 +10,8 @@ from collections.abc import Sequence
 
 import pytest
 
-from kvoffload.economics.profile import GIB, shipped_profile
+from kvoffload.economics.profile import GIB
+from kvoffload.economics.profileload import shipped_profile
 from kvoffload.lab.engine.config import ConfigError
 from kvoffload.lab.engine.costmodel import both_ways_factor
 from kvoffload.lab.engine.flags import parse_argv

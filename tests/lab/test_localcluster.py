@@ -11,13 +11,14 @@ import pytest
 
 from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_LEVEL
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.controller.gateway import parse_deployment, parse_pod
+from kvoffload.controller.kubestate import parse_deployment, parse_pod
 from kvoffload.lab.cluster.deployments import rolling_limits
 from kvoffload.lab.cluster.localcluster import LAB_TENANCY, LocalCluster
 from kvoffload.lab.cluster.podengine import ANNOTATION_PORT, vllm_serve_args
+from kvoffload.policy.engine_config import engine_args
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
-from kvoffload.policy.render import engine_args, render_deployment
+from kvoffload.policy.render import render_deployment
 from tests.support import paths
 from tests.support.cluster import eventually
 

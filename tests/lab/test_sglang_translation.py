@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvoffload.api.quantity import GIB
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.controller.gateway import parse_pod
+from kvoffload.controller.kubestate import parse_pod
 from kvoffload.engines.sglang.command import option_table
 from kvoffload.lab.cluster import sglangargs
 from kvoffload.lab.cluster.localcluster import LocalCluster

@@ -14,7 +14,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kvoffload.cli.main import run
+from kvoffload.cli.run import run
 from kvoffload.notify.config import SinkFormat, load_config
 from tests.support import paths
 

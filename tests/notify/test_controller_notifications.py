@@ -11,9 +11,11 @@ import pytest
 
 from kvoffload.analysis.hub import MeasurementHub
 from kvoffload.api.conventions import KIND, PAUSE, PROMOTE
-from kvoffload.controller.gateway import ApiRejectedError
+from kvoffload.controller.apierrors import ApiRejectedError
+from kvoffload.controller.cycle import ReconcileError
 from kvoffload.controller.metrics import OperatorMetrics
-from kvoffload.controller.reconcile import Controller, ControllerSettings, ReconcileError
+from kvoffload.controller.reconcile import Controller
+from kvoffload.controller.settings import ControllerSettings
 from kvoffload.notify.config import NotificationsConfig
 from kvoffload.notify.notifier import Notifier
 from kvoffload.policy.tenancy import SinkGrant, Tenancy

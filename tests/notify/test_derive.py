@@ -8,7 +8,7 @@ from datetime import timedelta
 
 from kvoffload.api.conventions import PAUSE, PROMOTE
 from kvoffload.api.notifications import NotificationEvent
-from kvoffload.api.types import Phase, Verdict
+from kvoffload.api.status import Phase, Verdict
 from kvoffload.notify.derive import EVENT_OF_DECISION, Notice, notices
 from kvoffload.rollout.decide import invalid
 from tests.rollout.test_rollout import SLOW, Traffic, World, at_stage, in_phase, make_spec

@@ -14,7 +14,8 @@ from pydantic import ValidationError
 
 from kvoffload.api.errors import errors_from
 from kvoffload.api.notifications import NotificationEvent
-from kvoffload.api.types import KVOffloadPolicySpec, Phase
+from kvoffload.api.status import Phase
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.notify.derive import Notice, notices
 from kvoffload.notify.payload import OBSERVE_ONLY, generic, slack
 from kvoffload.rollout.decide import invalid

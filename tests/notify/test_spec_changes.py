@@ -8,8 +8,9 @@ import hashlib
 import json
 
 from kvoffload.api.notifications import NotificationsSpec
-from kvoffload.api.types import KVOffloadPolicy, Phase
-from kvoffload.policy.render import render_input, renderer_version
+from kvoffload.api.status import Phase
+from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.policy.templating import render_input, renderer_version
 from kvoffload.rollout.context import spec_digest
 from tests.rollout.test_rollout import World, at_stage, in_phase, make_spec
 from tests.support.kube import policy_manifest

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.api.types import AnalysisStatus, KVOffloadPolicyStatus, MetricResult, Phase, Verdict
+from kvoffload.api.status import AnalysisStatus, KVOffloadPolicyStatus, MetricResult, Phase, Verdict
 from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
 
 FAMILIES = (

@@ -14,7 +14,7 @@ import helm_python as helm
 import pytest
 import yaml
 
-from kvoffload.cli.main import run
+from kvoffload.cli.run import run
 from kvoffload.policy.loading import load_policy
 from kvoffload.policy.render import render_pod_monitor
 from tests.support import paths

@@ -16,7 +16,7 @@ import pytest
 import requests
 import yaml
 
-from kvoffload.api.types import Phase
+from kvoffload.api.status import Phase
 from kvoffload.controller.metrics import API_OPERATIONS, OperatorMetrics, PolicySeries
 from kvoffload.lab.promserver import free_port
 from tests.support import paths

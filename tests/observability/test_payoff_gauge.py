@@ -9,15 +9,8 @@ import yaml
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.api.types import (
-    AnalysisStatus,
-    KVOffloadPolicy,
-    KVOffloadPolicyStatus,
-    MetricResult,
-    Phase,
-    VariantStatus,
-    Verdict,
-)
+from kvoffload.api.status import AnalysisStatus, KVOffloadPolicyStatus, MetricResult, Phase, VariantStatus, Verdict
+from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
 from kvoffload.policy.ladder import build_ladder
 from tests.support import paths

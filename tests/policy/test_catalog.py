@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from kvoffload.api.quantity import GIB
-from kvoffload.api.types import Architecture
+from kvoffload.api.serving import Architecture
 from kvoffload.policy.catalog import (
     GPU_CLASSES,
     MODELS,
@@ -21,7 +21,7 @@ from kvoffload.policy.catalog import (
     load_config_file,
     model_names,
 )
-from kvoffload.policy.sizing import bytes_per_token
+from kvoffload.policy.kvshape import bytes_per_token
 from tests.support import paths
 
 CONFIGS = paths.DATA / "configs"

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from kvoffload.api.types import EngineName
+from kvoffload.api.serving import EngineName
 from kvoffload.api.vllmflags import (
     CODE_LOADING_DESTS,
     MANAGED_DESTS,

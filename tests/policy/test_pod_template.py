@@ -10,8 +10,10 @@ from pydantic import ValidationError
 
 from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_POLICY
 from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.render import check_renderable, config_hash, render_deployment, render_pod_monitor
+from kvoffload.policy.render import render_deployment, render_pod_monitor
+from kvoffload.policy.renderable import check_renderable
 from kvoffload.policy.tenancy import Tenancy, check_tenancy
 from tests.policy.render_policies import sglang_policy
 

@@ -21,18 +21,11 @@ from kvoffload.api.quantity import GIB, quantity_bytes
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.main import main
 from kvoffload.engines.vllm.command import gib, kv_transfer_config
+from kvoffload.policy.engine_config import config_hash, engine_args, engine_env
+from kvoffload.policy.hostmemory import host_memory
 from kvoffload.policy.ladder import Level, build_ladder, find_level
-from kvoffload.policy.render import (
-    SAMPLE_LIMIT,
-    config_hash,
-    dump_yaml,
-    engine_args,
-    engine_env,
-    render,
-    render_level,
-    render_pod_monitor,
-)
-from kvoffload.policy.sizing import host_memory, startup_seconds
+from kvoffload.policy.render import SAMPLE_LIMIT, dump_yaml, render, render_level, render_pod_monitor
+from kvoffload.policy.startup import startup_seconds
 from tests.policy.render_policies import (
     BASE,
     DATA,

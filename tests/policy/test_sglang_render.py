@@ -12,10 +12,12 @@ import pytest
 from kvoffload.api.errors import PolicyError
 from kvoffload.api.quantity import GIB, quantity_bytes
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.controller.reconcile import judge_resolved
+from kvoffload.controller.judging import judge_resolved
+from kvoffload.policy.engine_config import engine_env
+from kvoffload.policy.hostmemory import SHM_EXTRA_BYTES, host_memory, pinned_pool_bytes
 from kvoffload.policy.ladder import Level, build_ladder, find_level
-from kvoffload.policy.render import check_renderable, engine_env, render_deployment
-from kvoffload.policy.sizing import SHM_EXTRA_BYTES, host_memory, pinned_pool_bytes
+from kvoffload.policy.render import render_deployment
+from kvoffload.policy.renderable import check_renderable
 from tests.policy.render_policies import make_policy, sglang_policies, sglang_policy
 
 

@@ -11,25 +11,26 @@ from hypothesis import strategies as st
 
 from kvoffload.api.errors import PolicyError
 from kvoffload.api.quantity import GIB, MIB
-from kvoffload.api.types import Architecture, KVOffloadPolicy, KVOffloadPolicySpec
+from kvoffload.api.serving import Architecture
+from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.policy.catalog import GPU_CLASSES, MODELS, find_gpu_class
-from kvoffload.policy.ladder import build_ladder, find_level
-from kvoffload.policy.loading import parse_policy
-from kvoffload.policy.sizing import (
-    MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS,
-    PIN_SECONDS_PER_GIB,
-    PROGRESS_DEADLINE_MARGIN_SECONDS,
+from kvoffload.policy.hostmemory import host_memory
+from kvoffload.policy.kvshape import (
     SizingError,
-    WarningCode,
-    check_policy,
-    host_memory,
     kv_bytes_per_token,
-    plan_spec,
-    progress_deadline_seconds,
-    startup_seconds,
     stored_bytes_per_token,
     tokens_held,
     with_architecture,
+)
+from kvoffload.policy.ladder import build_ladder, find_level
+from kvoffload.policy.loading import parse_policy
+from kvoffload.policy.sizing import WarningCode, check_policy, plan_spec
+from kvoffload.policy.startup import (
+    MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS,
+    PIN_SECONDS_PER_GIB,
+    PROGRESS_DEADLINE_MARGIN_SECONDS,
+    progress_deadline_seconds,
+    startup_seconds,
 )
 
 BASE: dict[str, Any] = {

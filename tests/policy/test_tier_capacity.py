@@ -15,9 +15,9 @@ from kvoffload.api.conventions import ANNOTATION_TIER_CAPACITY
 from kvoffload.api.quantity import GIB, MIB
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.main import main
+from kvoffload.policy.kvshape import stored_bytes_per_token
 from kvoffload.policy.ladder import build_ladder, find_level
 from kvoffload.policy.render import render
-from kvoffload.policy.sizing import stored_bytes_per_token
 from tests.policy.render_policies import BASE, EXAMPLES, LAB, case_id, merge, policy_files
 from tests.support import paths
 

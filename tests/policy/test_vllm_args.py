@@ -21,9 +21,10 @@ import pytest
 
 from kvoffload.api.errors import PolicyError
 from kvoffload.api.quantity import GIB
-from kvoffload.api.types import Backend, EngineName, KVOffloadPolicy
+from kvoffload.api.serving import Backend, EngineName
+from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.policy.engine_config import engine_args
 from kvoffload.policy.ladder import Level, build_ladder
-from kvoffload.policy.render import engine_args
 from tests.policy.render_policies import ROOT, level_cases, make_policy
 
 pytestmark = pytest.mark.realvllm

@@ -10,11 +10,15 @@ from typing import Any
 import pytest
 
 from kvoffload.api.errors import PolicyError
-from kvoffload.api.types import EngineName, KVOffloadPolicy
+from kvoffload.api.serving import EngineName
+from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.engines import ENGINES
 from kvoffload.engines.engine import Setting
+from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder, find_level
-from kvoffload.policy.render import check_renderable, config_hash, render_deployment, render_input
+from kvoffload.policy.render import render_deployment
+from kvoffload.policy.renderable import check_renderable
+from kvoffload.policy.templating import render_input
 from kvoffload.policy.tenancy import Tenancy, check_tenancy
 from kvoffload.policy.workload import adopt, workload_warnings
 from tests.policy.workload_cases import (

@@ -22,9 +22,9 @@ from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_LEVEL, LABEL_POLI
 from kvoffload.api.quantity import quantity_bytes
 from kvoffload.cli.main import main
 from kvoffload.engines import engine_for
+from kvoffload.policy.hostmemory import host_memory
 from kvoffload.policy.ladder import build_ladder, find_level
 from kvoffload.policy.render import dump_yaml, render, render_deployment, render_level
-from kvoffload.policy.sizing import host_memory
 from tests.policy.workload_cases import (
     GOLDEN,
     LAB,

@@ -17,9 +17,9 @@ import yaml
 from click.testing import CliRunner
 
 from kvoffload.cli.main import main
+from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import parse_policy
-from kvoffload.policy.render import config_hash
 from tests.support.prometheus import PrometheusServer
 from tests.support.vllm import TINY_MODEL_NAME, http_post_json
 

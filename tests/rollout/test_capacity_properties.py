@@ -20,8 +20,9 @@ from itertools import count
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kvoffload.analysis.assess import Measurements, VariantSample
-from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase, Verdict
+from kvoffload.analysis.measurements import Measurements, VariantSample
+from kvoffload.api.status import KVOffloadPolicyStatus, Mode, Phase, Verdict
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout.decide import decide
 from kvoffload.rollout.observations import Observations, PodObservation, VariantObservation

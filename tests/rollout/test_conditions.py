@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from kvoffload.api.conventions import DEGRADED, PAUSED, PROGRESSING, READY, Reason
-from kvoffload.api.types import Condition, Mode, Phase, StageStatus
+from kvoffload.api.status import Condition, Mode, Phase, StageStatus
 from kvoffload.rollout import conditions as cond
 
 T0 = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)

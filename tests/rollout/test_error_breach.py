@@ -6,10 +6,10 @@ from __future__ import annotations
 from dataclasses import replace
 from datetime import timedelta
 
-from kvoffload.analysis.assess import VariantSample
 from kvoffload.analysis.errorgate import ERROR_SHARE
+from kvoffload.analysis.measurements import VariantSample
 from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, DEGRADED
-from kvoffload.api.types import Phase, Verdict
+from kvoffload.api.status import Phase, Verdict
 from kvoffload.rollout import conditions as cond
 from tests.rollout.test_rollout import HEALTHY, Traffic, World, at_stage, in_phase, make_spec
 

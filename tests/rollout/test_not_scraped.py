@@ -10,9 +10,10 @@ from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
-from kvoffload.analysis.assess import Measurements, VariantSample, WorkloadSample, assess, has_series, not_scraped
+from kvoffload.analysis.assess import assess
+from kvoffload.analysis.measurements import Measurements, VariantSample, WorkloadSample, has_series, not_scraped
 from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PODS_NOT_SCRAPED, Reason
-from kvoffload.api.types import Phase
+from kvoffload.api.status import Phase
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.decide import decide

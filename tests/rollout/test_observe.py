@@ -15,19 +15,11 @@ from typing import Any
 
 import pytest
 
-from kvoffload.analysis.assess import (
-    EXTERNAL_SHARE,
-    ITL_RATIO,
-    LIVE_CONFIG,
-    TTFT_P99,
-    TTFT_RATIO,
-    Measurements,
-    VariantSample,
-    WorkloadSample,
-    assess,
-)
+from kvoffload.analysis.assess import EXTERNAL_SHARE, ITL_RATIO, LIVE_CONFIG, TTFT_P99, TTFT_RATIO, assess
+from kvoffload.analysis.measurements import Measurements, VariantSample, WorkloadSample
 from kvoffload.api.conventions import OBSERVING, OFFLOAD_WILL_NOT_PAY, Decision, Reason
-from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase, Verdict
+from kvoffload.api.status import KVOffloadPolicyStatus, Mode, Phase, Verdict
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.decide import decide

@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from kvoffload.analysis.assess import Percentiles, VariantSample, WorkloadSample
+from kvoffload.analysis.measurements import Percentiles, VariantSample, WorkloadSample
 from kvoffload.api.conventions import (
     OFFLOAD_WILL_NOT_PAY,
     PAUSE,
@@ -26,7 +26,8 @@ from kvoffload.api.conventions import (
     Decision,
     Reason,
 )
-from kvoffload.api.types import BaselineStatus, Mode, Phase, PreflightSpec
+from kvoffload.api.rollout import PreflightSpec
+from kvoffload.api.status import BaselineStatus, Mode, Phase
 from kvoffload.economics.breakeven import DEFAULT_PROMPT_TOKENS as ECONOMICS_DEFAULT_PROMPT
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.preflight import (

@@ -9,7 +9,7 @@ from datetime import timedelta
 import pytest
 
 from kvoffload.api.conventions import PAUSE, RESUME
-from kvoffload.api.types import Phase, Verdict
+from kvoffload.api.status import Phase, Verdict
 from tests.rollout.test_rollout import World, at_stage, in_phase, make_spec
 
 SUSTAINED = 4.0

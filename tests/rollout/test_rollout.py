@@ -17,7 +17,8 @@ from typing import Any
 import jsonschema
 import pytest
 
-from kvoffload.analysis.assess import Assessment, Measurements, VariantSample, assess
+from kvoffload.analysis.assess import Assessment, assess
+from kvoffload.analysis.measurements import Measurements, VariantSample
 from kvoffload.api.conventions import (
     ABORT,
     ANALYSIS_INCONCLUSIVE,
@@ -34,9 +35,10 @@ from kvoffload.api.conventions import (
     Reason,
 )
 from kvoffload.api.quantity import GIB, parse_duration
-from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, MetricResult, Mode, Phase, Verdict
+from kvoffload.api.status import KVOffloadPolicyStatus, MetricResult, Mode, Phase, Verdict
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.sizing import progress_deadline_seconds
+from kvoffload.policy.startup import progress_deadline_seconds
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.decide import decide, invalid
 from kvoffload.rollout.observations import Observations, PodObservation, VariantObservation

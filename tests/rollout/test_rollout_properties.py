@@ -16,7 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from kvoffload.analysis.assess import VariantSample
+from kvoffload.analysis.measurements import VariantSample
 from kvoffload.api.conventions import (
     MANUAL_ANNOTATIONS,
     OFFLOAD_WILL_NOT_PAY,
@@ -27,7 +27,9 @@ from kvoffload.api.conventions import (
     Reason,
 )
 from kvoffload.api.quantity import parse_duration
-from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Phase, PreflightSpec, Verdict
+from kvoffload.api.rollout import PreflightSpec
+from kvoffload.api.status import KVOffloadPolicyStatus, Phase, Verdict
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.preflight import RestorePrice

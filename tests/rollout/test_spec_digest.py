@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvoffload.api.types import ErrorsSpec
+from kvoffload.api.rollout import ErrorsSpec
 from kvoffload.rollout.context import spec_digest
 from tests.rollout.test_rollout import make_spec
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvoffload.api.conventions import Decision, Reason
-from kvoffload.api.types import Mode, Phase
+from kvoffload.api.status import Mode, Phase
 from kvoffload.rollout.decide import decide
 from kvoffload.rollout.observations import Observations, WorkloadObservation
 from kvoffload.rollout.release import is_released, released, taking_over_again

@@ -16,18 +16,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from datetime import timedelta
 
-from kvoffload.analysis.assess import Measurements, VariantSample, assess
+from kvoffload.analysis.assess import assess
+from kvoffload.analysis.measurements import Measurements, VariantSample
 from kvoffload.api.conventions import Reason
-from kvoffload.api.types import (
-    AnalysisStatus,
-    KVOffloadPolicySpec,
-    KVOffloadPolicyStatus,
-    MetricResult,
-    Mode,
-    Phase,
-    Verdict,
-    WarmupStatus,
-)
+from kvoffload.api.status import AnalysisStatus, KVOffloadPolicyStatus, MetricResult, Mode, Phase, Verdict, WarmupStatus
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.rollout.decide import decide
 from kvoffload.rollout.record import evidence_of
 from kvoffload.rollout.warmup import analysis_subject

@@ -25,7 +25,7 @@ from typing import Any, TypeVar
 import pytest
 
 from kvoffload.analysis.dialects import NEWEST, Dialect
-from kvoffload.analysis.prometheus import Target
+from kvoffload.analysis.queries import Target
 from kvoffload.lab import promserver
 from kvoffload.lab.engine import families
 from kvoffload.lab.promserver import PROMETHEUS_BIN, SCRAPE_INTERVAL_S, PrometheusError, free_port  # noqa: F401  (re-exported)

@@ -13,34 +13,26 @@ absolute budgets only.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 
-from kvoffload.analysis.dialects import (
-    CACHED_SOURCE_DISK,
-    CACHED_SOURCE_HOST,
-    LABEL_CPU_NUM_CHUNKS,
-    LABEL_CPU_SIZE_BYTES,
-    LABEL_TIER,
-    TIER_PRIMARY,
-    secondary_tier_label,
-)
+from kvoffload.analysis.dialects import CACHED_SOURCE_DISK, CACHED_SOURCE_HOST
 from kvoffload.analysis.errorgate import ERROR_SHARE, ERROR_SHARE_INCREASE, error_rows
-from kvoffload.analysis.evidence import Histogram, look_alpha
+from kvoffload.analysis.evidence import look_alpha
 from kvoffload.analysis.latencygate import Gate, Side, budget_row, ratio_row
-from kvoffload.analysis.payoff import PAYOFF, SubWindow, payoff_row
-from kvoffload.api.quantity import GIB, parse_duration
-from kvoffload.api.types import (
-    AnalysisSpec,
-    AnalysisStatus,
-    BaselineStatus,
-    KVOffloadPolicySpec,
-    MetricResult,
-    PayoffGate,
-    RolloutSpec,
-    Verdict,
+from kvoffload.analysis.measurements import Measurements, VariantSample, _num, _ratio
+from kvoffload.analysis.offloadgate import (
+    TIER_HIT_SHARE,
+    _allocated_bytes,
+    _allocated_check,
+    _live_config_message,
+    _tier_hit_shares,
 )
+from kvoffload.analysis.payoff import PAYOFF, payoff_row
+from kvoffload.api.quantity import parse_duration
+from kvoffload.api.rollout import AnalysisSpec, PayoffGate, RolloutSpec
+from kvoffload.api.status import AnalysisStatus, BaselineStatus, MetricResult, Verdict
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.policy.ladder import Level
 
 # Metric names, as they appear in status.lastAnalysis.metrics and the CLI table.
@@ -54,8 +46,6 @@ ITL_VS_BASELINE = "itlP99VsBaseline"
 EXTERNAL_SHARE = "externalShare"
 TIER_HITS = "tierHits"
 """Prefix ``tierHits.<source>``: prompt tokens served from that cache source (``host``, ``disk``)."""
-TIER_HIT_SHARE = "tierHitShare"
-"""Prefix ``tierHitShare.<tier>``: chunk lookups that hit that tier under tiering (``0:primary``, ``1:fs``)."""
 KV_USAGE = "kvUsage"
 LOAD_THROUGHPUT = "offloadLoadThroughput"
 LIVE_CONFIG = "liveConfig"
@@ -67,152 +57,6 @@ OBSERVE_NOT_JUDGED = frozenset(
     {TTFT_RATIO, ITL_RATIO, EXTERNAL_SHARE, TIER_HITS, TIER_HIT_SHARE, LOAD_THROUGHPUT, LIVE_CONFIG, PAYOFF}
 )
 """Rows an observe-only policy cannot judge: its fleet runs no offload tier, and its canary is its stable side."""
-
-
-@dataclass(frozen=True)
-class Percentiles:
-    """p50, p95 and p99 of one histogram over the window; None where it had no observations."""
-
-    p50: float | None = None
-    p95: float | None = None
-    p99: float | None = None
-
-
-WORKLOAD_QUANTILES = (0.50, 0.95, 0.99)
-"""The quantiles a ``Percentiles`` holds, in its field order."""
-
-
-@dataclass(frozen=True)
-class WorkloadSample:
-    """What a careful operator records of a fleet before offloading (issue 11, part 5).
-
-    Read only while a ladder is in its baseline (``Target.workload``); the preflight
-    judges whether offload can pay from these figures.
-    """
-
-    prompt_tokens: Percentiles = field(default_factory=Percentiles)
-    """Prompt length per finished request, tokens (``vllm:request_prompt_tokens``)."""
-    ttft: Percentiles = field(default_factory=Percentiles)
-    """Time to first token, seconds."""
-    itl: Percentiles = field(default_factory=Percentiles)
-    """Inter-token latency, seconds."""
-    e2e: Percentiles = field(default_factory=Percentiles)
-    """End-to-end request latency, seconds."""
-    running_requests: float | None = None
-    """Concurrency: requests in an engine's running batch, averaged over the window and the engines."""
-    prefix_cache_hit_rate: float | None = None
-    """Prompt tokens found in the GPU prefix cache / prompt tokens looked up, 0..1."""
-    kv_usage_max: float | None = None
-    """Highest GPU KV cache usage any engine showed in the window, 0..1."""
-    preemptions_per_second: float | None = None
-    """Requests preempted per second for lack of GPU KV blocks, summed over the engines."""
-
-
-@dataclass(frozen=True)
-class VariantSample:
-    """What Prometheus shows for one variant of one policy over the analysis window."""
-
-    requests: float | None = None
-    """Requests finished in the window (increase of the TTFT histogram count)."""
-    request_rate: float | None = None
-    """Requests per second over the window."""
-    ttft_p99: float | None = None
-    """p99 time to first token, seconds."""
-    itl_p99: float | None = None
-    """p99 inter-token latency, seconds."""
-    ttft_histogram: Histogram = ()
-    """TTFT bucket counts over the window (``increase`` by ``le``): (upper bound in seconds, cumulative count),
-    ascending, ``inf`` last. Empty where Prometheus returned none."""
-    itl_histogram: Histogram = ()
-    """Inter-token latency bucket counts over the window, as ``ttft_histogram``."""
-    prefix_cache_hit_rate: float | None = None
-    """GPU prefix-cache hits / lookups over the window, 0..1: the warm-up's cache parity."""
-    external_share: float | None = None
-    """Share of prompt tokens loaded from the offload tiers, 0..1."""
-    tier_hits: Mapping[str, float] = field(default_factory=dict)
-    """Prompt tokens served per cache source over the window (``host``, ``disk``...).
-
-    Empty when the engine does not export per-source counters at all."""
-    tier_chunk_queries: Mapping[str, float] = field(default_factory=dict)
-    """Chunk lookups per tier over the window under tiering, by tier label (``0:primary``, ``1:fs``).
-
-    Empty when no tiering runs or the engine lacks ``vllm:kv_offload_tiering_chunk_queries``."""
-    tier_chunk_hits: Mapping[str, float] = field(default_factory=dict)
-    """Chunk lookups that hit, per tier, over the window (``vllm:kv_offload_tiering_chunk_hits``)."""
-    offload_allocated: tuple[Mapping[str, str], ...] = ()
-    """One label set per series of ``vllm:kv_offload_config_info`` now (vLLM 0.33 on): ``pod``, ``tier``,
-    ``cpu_kv_cache_size_bytes``, ``cpu_num_chunks``. Empty where the engine does not export it."""
-    finished: Mapping[str, float] = field(default_factory=dict)
-    """Requests finished in the window per ``finished_reason`` (``vllm:request_success_total``): stop, length,
-    abort, error... Empty when the engine exports no such series."""
-    http_responses: Mapping[str, float] = field(default_factory=dict)
-    """Answers of vLLM's API server in the window per status class (``http_requests_total``: 2xx, 4xx, 5xx).
-    Empty where it is not exported."""
-    kv_usage: float | None = None
-    """GPU KV cache usage, 0..1."""
-    load_bytes_per_second: float | None = None
-    """Offload load throughput (bytes / transfer seconds)."""
-    config: Mapping[str, str] | None = None
-    """Labels of vllm:cache_config_info, e.g. kv_offloading_size."""
-    workload: WorkloadSample | None = None
-    """The baseline's workload figures; None unless the target asked for them (``Target.workload``)."""
-    payoff_rows: tuple[SubWindow, ...] = ()
-    """Increments over the step's sub-windows, oldest first (``Target.payoff_since``): what the live payoff is
-    fitted to. Empty unless the target asked for them."""
-
-
-@dataclass(frozen=True)
-class Measurements:
-    """One cycle's evidence for one policy: both variants over the same window.
-
-    ``canary is None`` means no canary runs (guard or baseline); a canary that
-    runs but shows no series is an empty ``VariantSample()``.
-    """
-
-    canary: VariantSample | None
-    stable: VariantSample | None
-    error: str | None = None
-    """Set when Prometheus could not answer; the verdict is then Inconclusive."""
-
-
-def has_series(sample: VariantSample | None) -> bool:
-    """Whether Prometheus showed anything at all for this variant in the window (a count of 0 is something)."""
-    if sample is None:
-        return False
-    figures = (
-        sample.requests,
-        sample.request_rate,
-        sample.ttft_p99,
-        sample.itl_p99,
-        sample.prefix_cache_hit_rate,
-        sample.external_share,
-        sample.kv_usage,
-        sample.load_bytes_per_second,
-    )
-    return (
-        any(value is not None for value in figures)
-        or bool(
-            sample.ttft_histogram
-            or sample.itl_histogram
-            or sample.tier_hits
-            or sample.tier_chunk_queries
-            or sample.tier_chunk_hits
-            or sample.offload_allocated
-            or sample.finished
-            or sample.http_responses
-            or sample.payoff_rows
-        )
-        or sample.config is not None
-        or (sample.workload is not None and sample.workload != WorkloadSample())
-    )
-
-
-def not_scraped(measurements: Measurements | None) -> bool:
-    """Prometheus answered, and holds no series of any of the policy's pods, canary or stable: no Prometheus
-    scrapes them (or not yet). False when there was no answer (an error is another problem)."""
-    if measurements is None or measurements.error is not None:
-        return False
-    return not has_series(measurements.canary) and not has_series(measurements.stable)
 
 
 @dataclass(frozen=True)
@@ -233,19 +77,6 @@ class _Row:
     result: MetricResult
     gated: bool
     """A gated row decides the verdict: a breach fails it, an unjudged one makes it Inconclusive."""
-
-
-def _num(value: float | None) -> float | None:
-    """NaN and infinities (empty histograms, 0/0) are no data."""
-    if value is None or math.isnan(value) or math.isinf(value):
-        return None
-    return float(value)
-
-
-def _ratio(num: float | None, den: float | None) -> float | None:
-    if num is None or den is None or den <= 0:
-        return None
-    return num / den
 
 
 GATES_WITH_EVIDENCE = 5
@@ -541,120 +372,6 @@ def assess(
                 why = f"not judged in observe mode ({row.result.message})"
                 row.result, row.gated = row.result.model_copy(update={"passed": None, "message": why}), False
     return _verdict(rows, error_free_subject=subject_requests is not None, enough=enough, req_msg=req_msg)
-
-
-def _tier_hit_shares(
-    add: Callable[..., None],
-    subject: VariantSample,
-    c: VariantSample,
-    stable: VariantSample,
-    level: Level,
-    who: str,
-    *,
-    warmed_up: bool,
-    enough: bool,
-) -> None:
-    """``tierHitShare.<tier>`` rows from the tiering chunk counters; each secondary tier of the level is gated."""
-    if not (subject.tier_chunk_queries or c.tier_chunk_queries or stable.tier_chunk_queries):
-        return
-    secondary = {secondary_tier_label(i, t.type.value): t.name for i, t in enumerate(level.secondary_tiers)}
-    seen = set(subject.tier_chunk_queries) | set(c.tier_chunk_queries) | set(stable.tier_chunk_queries)
-    labels = [TIER_PRIMARY, *secondary, *sorted(seen - {TIER_PRIMARY, *secondary})]
-
-    def share(sample: VariantSample, label: str) -> float | None:
-        return _ratio(_num(sample.tier_chunk_hits.get(label, 0.0)), _num(sample.tier_chunk_queries.get(label)))
-
-    for label in labels:
-        name = f"{TIER_HIT_SHARE}.{label}"
-        c_share, s_share = share(c, label), share(stable, label)
-        if label not in secondary or not subject.tier_chunk_queries:
-            if label in seen:
-                add(name, c_share, s_share, None, None, f"chunk lookups that hit tier {label} (reported)", gated=False)
-            continue
-        if not warmed_up:
-            add(name, c_share, s_share, 0.0, None, "warming up: gated after the first half of the step", gated=False)
-            continue
-        hits = _num(subject.tier_chunk_hits.get(label)) or 0.0
-        looked_up = _num(subject.tier_chunk_queries.get(label)) or 0.0
-        ok = hits > 0
-        tier = f"tier {label} ({secondary[label]})"
-        msg = (
-            f"{who}: {tier} hit {hits:.0f} of {looked_up:.0f} chunk lookups ({hits / looked_up:.1%})"
-            if ok
-            else f"secondary {tier} was never hit on the {who} ({looked_up:.0f} chunk lookups): it does not pay"
-        )
-        add(name, c_share, s_share, 0.0, ok if enough else None, msg, gated=True)
-
-
-def _cpu_series(sample: VariantSample) -> list[tuple[str, int, int]]:
-    """(pod, allocated bytes, chunks) of each CPU-tier series of ``vllm:kv_offload_config_info``.
-
-    Under tiering every tier has a series; only the primary one (``0:primary``) fills the CPU labels.
-    """
-    out = []
-    for labels in sample.offload_allocated:
-        if labels.get(LABEL_TIER, "") not in ("", TIER_PRIMARY):
-            continue
-        try:
-            size, chunks = int(labels.get(LABEL_CPU_SIZE_BYTES, "")), int(labels.get(LABEL_CPU_NUM_CHUNKS, ""))
-        except ValueError:
-            continue
-        out.append((labels.get("pod", ""), size, chunks))
-    return out
-
-
-def _allocated_bytes(sample: VariantSample) -> float | None:
-    series = _cpu_series(sample)
-    return float(min(size for _, size, _ in series)) if series else None
-
-
-def _allocated_check(subject: VariantSample, level: Level, who: str) -> tuple[bool, float, str] | None:
-    """Whether every engine allocated the rendered CPU tier: (ok, the figure reported, the message).
-
-    vLLM 0.33 allocates ``cpu_bytes_to_use // chunk`` whole chunks (``CPUOffloadingSpec``), so an engine
-    that honours the rendered size shows at most that size and less than one chunk under it. None where
-    the subject shows no ``vllm:kv_offload_config_info`` (before 0.33, or no connector running).
-    """
-    series = _cpu_series(subject)
-    if not series:
-        return None
-    rendered = level.cpu_bytes
-    wrong: list[str] = []
-    for pod, size, chunks in series:
-        chunk = size // chunks if chunks > 0 else 0
-        where = f"{who} pod {pod}" if pod else who
-        if rendered is None:
-            wrong.append(f"{where} allocated a {size} B CPU tier, but level {level.name} has none")
-        elif size > rendered or chunks <= 0 or rendered - size >= chunk:
-            wrong.append(
-                f"{where} allocated {size} B ({chunks} chunks of {chunk} B) for the CPU tier, "
-                f"rendered {rendered} B ({rendered / GIB:g} GiB) at level {level.name}"
-            )
-    if wrong:
-        return False, float(series[0][1]), "ALLOCATED SIZE MISMATCH: " + "; ".join(wrong)
-    sizes = sorted({size for _, size, _ in series})
-    text = f"allocated CPU tier {', '.join(map(str, sizes))} B matches the rendered {rendered} B (to within a chunk)"
-    return True, float(sizes[0]), text
-
-
-def _live_config_message(subject: VariantSample, level: Level, who: str) -> str:
-    """What vllm:cache_config_info says the subject runs, and whether it matches the level."""
-    if not subject.config:
-        return f"no vllm:cache_config_info for the {who}"
-    size = subject.config.get("kv_offloading_size", "None")
-    backend = subject.config.get("kv_offloading_backend", "None")
-    seen = f"{who} runs kv_offloading_size={size} kv_offloading_backend={backend}"
-    # Only the plain CPU-tier command line sets --kv-offloading-size; tiered levels use a connector config.
-    if level.secondary_tiers:
-        return seen
-    if level.cpu_bytes is None:
-        matches = size in ("None", "", "0", "0.0")
-    else:
-        try:
-            matches = math.isclose(float(size), level.cpu_bytes / GIB, rel_tol=1e-3)
-        except ValueError:
-            matches = False
-    return f"{seen}: {'matches' if matches else 'DOES NOT MATCH'} level {level.name}"
 
 
 ERROR_ROWS = (ERROR_SHARE, ERROR_SHARE_INCREASE)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from kvoffload.analysis.assess import ITL_RATIO, TTFT_RATIO, format_metric_value
 from kvoffload.analysis.errorgate import ERROR_SHARE
 from kvoffload.analysis.payoff import PAYOFF
-from kvoffload.api.types import MetricResult
+from kvoffload.api.status import MetricResult
 
 INTERVAL_SHOWN = frozenset({TTFT_RATIO, ITL_RATIO, ERROR_SHARE, PAYOFF})
 """Rows whose ``interval`` is in the unit of their value (a canary/stable ratio, a share, the payoff's ms). On ttftP99

@@ -28,7 +28,8 @@ from datetime import datetime
 from kvoffload.analysis.assess import REQUESTS, Assessment, sustained
 from kvoffload.api.analysistemplate import Comparison, MetricSource
 from kvoffload.api.quantity import parse_duration
-from kvoffload.api.types import AnalysisSpec, AnalysisStatus, MetricResult, Verdict
+from kvoffload.api.rollout import AnalysisSpec
+from kvoffload.api.status import AnalysisStatus, MetricResult, Verdict
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from kvoffload.analysis.custom import CustomReading
-from kvoffload.analysis.prometheus import LabelNames, Target, promql_duration
+from kvoffload.analysis.queries import LabelNames, Target, promql_duration
 from kvoffload.api.analysistemplate import Comparison, MetricSource
 from kvoffload.api.promql import Selection, TemplateError, render
 

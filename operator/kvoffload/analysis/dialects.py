@@ -70,7 +70,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Final
 
-from kvoffload.api.types import EngineName, KVOffloadPolicySpec
+from kvoffload.api.serving import EngineName
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.api.versions import VersionTuple, parse_version, version_from_image
 
 # Label values of vllm:prompt_tokens_by_source_total.

@@ -44,7 +44,8 @@ from kvoffload.analysis.evidence import (
     z_for,
     z_of,
 )
-from kvoffload.api.types import ErrorsSpec, MetricResult
+from kvoffload.api.rollout import ErrorsSpec
+from kvoffload.api.status import MetricResult
 
 ERROR_SHARE = "errorShare"
 ERROR_SHARE_INCREASE = "errorShareIncrease"

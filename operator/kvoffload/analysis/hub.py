@@ -32,8 +32,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
-from kvoffload.analysis.assess import Measurements
-from kvoffload.analysis.prometheus import Connection, MetricsProvider, PolicyKey, Target
+from kvoffload.analysis.measurements import Measurements
+from kvoffload.analysis.prometheus import MetricsProvider
+from kvoffload.analysis.promhttp import Connection
+from kvoffload.analysis.queries import PolicyKey, Target
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +50,7 @@ FULL_BATCH = 100
 """Policies at which a batch closes: it stops waiting out its requests' patience and goes after the gather window,
 as an impatient one does, and the next request starts another. Up to this size a batch's queries cost about the
 same however many policies they name, so a longer wait would save none; a larger one is scoped to the whole fleet
-(``prometheus.SCOPE_MAX_CHARS``): at 1,000 policies a batch of 200 took Prometheus 1.0-1.2 s against 0.05-0.07 s
+(``queries.SCOPE_MAX_CHARS``): at 1,000 policies a batch of 200 took Prometheus 1.0-1.2 s against 0.05-0.07 s
 for one of 100 (bench/operator)."""
 
 NAMES_MAX_AGE = 300.0
@@ -56,7 +58,7 @@ NAMES_MAX_AGE = 300.0
 
 ANALYSIS_THREADS = 4
 """Threads that run providers' batches and series-name lookups, for every hub of the process: each waits on its
-batch's queries (``prometheus.QUERY_THREADS`` send them), each query bounded by its deadline."""
+batch's queries (``promhttp.QUERY_THREADS`` send them), each query bounded by its deadline."""
 
 MAX_PROVIDERS = 64
 """Providers kept at most, least recently used dropped first: a backstop to ``forget``, for sources no policy

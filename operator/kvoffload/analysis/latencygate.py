@@ -27,7 +27,7 @@ from kvoffload.analysis.evidence import (
     z_for,
     z_of,
 )
-from kvoffload.api.types import MetricResult
+from kvoffload.api.status import MetricResult
 
 QUANTILE = 0.99
 

@@ -32,7 +32,8 @@ from dataclasses import dataclass
 
 from kvoffload.analysis.evidence import Sureness, requests_needed
 from kvoffload.api.quantity import parse_duration
-from kvoffload.api.types import AnalysisSpec, KVOffloadPolicyStatus, MetricResult, PayoffFigures
+from kvoffload.api.rollout import AnalysisSpec
+from kvoffload.api.status import KVOffloadPolicyStatus, MetricResult, PayoffFigures
 from kvoffload.policy.ladder import Level
 
 MIN_DEGREES_OF_FREEDOM = 2

@@ -35,7 +35,8 @@ from kvoffload.api.analysistemplate import (
     AnalysisTemplateSpec,
 )
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PLURAL, READY
-from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus
+from kvoffload.api.status import KVOffloadPolicyStatus
+from kvoffload.api.types import KVOffloadPolicySpec
 
 UNOBSERVED_STATUS: dict[str, Any] = {"observedGeneration": 0}
 """The status of a policy the operator has not acted on yet: no generation observed."""

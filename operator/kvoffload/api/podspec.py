@@ -3,7 +3,7 @@
 The shapes follow core/v1 (field names, enums and bounds), cut to what an engine pod needs. Every model
 refuses unknown fields, so what the operator never passes on (securityContext, containers, hostNetwork, a
 projected service account token...) is an error naming its path, never silently dropped. What only shows
-once rendered (label syntax, collisions with what the operator manages) is judged in ``policy/render.py``,
+once rendered (label syntax, collisions with what the operator manages) is judged in ``policy/renderable.py``,
 and what the cluster admin must allow (hostPath, service accounts, priority and runtime classes, Secret volumes,
 key-less tolerations, service mesh keys) in ``policy/tenancy.py``.
 """
@@ -340,7 +340,7 @@ class NodeAffinity(Model):
 
 # No namespaceSelector: an empty one selects every namespace, and any other reaches past the tenant's (the own
 # namespace is the default). namespaces may name only the policy's own, which the schema cannot see, so
-# policy/render.py judges it (issue 33).
+# policy/renderable.py judges it (issue 33).
 class PodAffinityTerm(Model):
     """A pod (anti-)affinity term, over pods of the policy's own namespace."""
 

@@ -172,7 +172,7 @@ class Selection:
     extra_matchers: str | None = None
     pods: tuple[str, ...] | None = None
     """Observe-only: the observed fleet's pods. Its series carry none of the policy's labels, so it is selected
-    as the built-in queries select it (``analysis/prometheus.py``'s ``fleet_matcher``): its namespace and its
+    as the built-in queries select it (``analysis/queries.py``'s ``fleet_matcher``): its namespace and its
     pods by name; policy and config hash are then not matched."""
     pod_label: str = "pod"
 
@@ -208,7 +208,7 @@ def render(template: str, selection: Selection, window: str) -> str:
     """The query for one variant: ``{{ selector }}`` and ``{{ window }}`` filled in, nothing else touched, then
     checked on its syntax tree: TemplateError unless every selector carries each of the selection's matchers.
 
-    ``window`` must be a PromQL duration (``analysis/prometheus.py``'s ``promql_duration``)."""
+    ``window`` must be a PromQL duration (``analysis/queries.py``'s ``promql_duration``)."""
     if not re.fullmatch(r"[0-9]+(ms|s|m|h|d|w|y)", window):
         raise TemplateError(f"{window!r} is not a PromQL duration")
     pairs = selection.pairs()

@@ -207,7 +207,7 @@ TENANCY_OPTIONS = (
 
 
 def _monitor_labels(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> dict[str, str]:
-    from kvoffload.policy.render import check_label
+    from kvoffload.policy.renderable import check_label
 
     labels: dict[str, str] = {}
     for item in values:

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import click
 
-from kvoffload.analysis.prometheus import Connection, header_problem
+from kvoffload.analysis.promhttp import Connection, header_problem
 from kvoffload.cli.common import EXIT_BAD_INPUT
 
 F = TypeVar("F", bound=Callable[..., Any])

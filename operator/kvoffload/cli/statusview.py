@@ -19,7 +19,7 @@ from kvoffload.analysis.assess import format_metric_value, format_threshold
 from kvoffload.analysis.confidence import format_evidence, format_needed
 from kvoffload.api.conventions import PROGRESSING, READY, ROLLBACK_DECISIONS, Reason
 from kvoffload.api.quantity import format_duration
-from kvoffload.api.types import (
+from kvoffload.api.status import (
     AnalysisStatus,
     BaselineStatus,
     Condition,

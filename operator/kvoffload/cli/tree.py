@@ -19,9 +19,9 @@ from typing import Any
 from pydantic import ValidationError
 
 from kvoffload.api.conventions import KIND, LABEL_CONFIG_HASH, LABEL_LEVEL, LABEL_POLICY, READY
-from kvoffload.api.types import KVOffloadPolicyStatus
+from kvoffload.api.status import KVOffloadPolicyStatus
 from kvoffload.cli.statusview import ladder_line, parse_time, promotion_steps, short_age, step_text, table
-from kvoffload.controller.gateway import parse_deployment, parse_pod
+from kvoffload.controller.kubestate import parse_deployment, parse_pod
 from kvoffload.rollout import conditions as cond
 
 Obj = Mapping[str, Any]

@@ -24,7 +24,7 @@ from kvoffload.api.conventions import (
     PROGRESSING,
     READY,
 )
-from kvoffload.api.types import KVOffloadPolicyStatus, Phase
+from kvoffload.api.status import KVOffloadPolicyStatus, Phase
 from kvoffload.cli.common import EXIT_FAIL, EXIT_INCONCLUSIVE, EXIT_OK, dump, resource_name
 from kvoffload.cli.statusview import promotion_steps, step_text
 from kvoffload.rollout import conditions as cond

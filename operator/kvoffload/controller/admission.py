@@ -43,7 +43,7 @@ from kvoffload.api.webhook import (
     validating_webhook_configuration,
 )
 from kvoffload.controller.bodies import plain_body
-from kvoffload.controller.reconcile import judge_resolved, judging
+from kvoffload.controller.judging import judge_resolved, judging
 from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy
 

@@ -27,11 +27,14 @@ from kvoffload.analysis.assess import REQUESTS, Assessment
 from kvoffload.analysis.custom import CustomResult, judge_custom, with_custom
 from kvoffload.analysis.customquery import read_custom
 from kvoffload.analysis.hub import in_analysis_pool
-from kvoffload.analysis.prometheus import LabelNames, MetricsProvider, Target
+from kvoffload.analysis.prometheus import MetricsProvider
+from kvoffload.analysis.queries import LabelNames, Target
 from kvoffload.api.analysistemplate import CustomMetric, KVOffloadAnalysisTemplate, metric_sources
 from kvoffload.api.errors import errors_from
-from kvoffload.api.types import AnalysisStatus, KVOffloadPolicySpec, MetricResult
-from kvoffload.controller.gateway import GatewayError, KubernetesGateway, Obj
+from kvoffload.api.status import AnalysisStatus, MetricResult
+from kvoffload.api.types import KVOffloadPolicySpec
+from kvoffload.controller.apierrors import GatewayError
+from kvoffload.controller.gateway import KubernetesGateway, Obj
 from kvoffload.rollout.plan import AnalysisSubject
 
 log = logging.getLogger(__name__)

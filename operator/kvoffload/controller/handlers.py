@@ -55,12 +55,14 @@ from kvoffload.analysis.hub import FULL_BATCH
 from kvoffload.api.conventions import API_GROUP, API_VERSION, FINALIZER, HAND_BACK_FINALIZER, PEERING_NAME, PLURAL
 from kvoffload.api.quantity import parse_duration
 from kvoffload.controller.bodies import packed_body, plain_body
+from kvoffload.controller.cycle import ReconcileError
 from kvoffload.controller.gateway import PolicyRef
 from kvoffload.controller.health import Health, Role
 from kvoffload.controller.heap import full_collections_on_schedule, tend_heap
 from kvoffload.controller.leadership import Leadership, LeaseSettings
 from kvoffload.controller.metrics import OperatorMetrics
-from kvoffload.controller.reconcile import HAND_BACK_SECONDS, Controller, ControllerSettings, ReconcileError
+from kvoffload.controller.reconcile import HAND_BACK_SECONDS, Controller
+from kvoffload.controller.settings import ControllerSettings
 from kvoffload.controller.workloads import Workloads
 from kvoffload.notify.config import NotificationsConfig
 from kvoffload.notify.notifier import Notifier
@@ -468,7 +470,8 @@ async def run_operator(
     Raises ``kubernetes.config.ConfigException`` when there is no cluster configuration.
     """
     from kvoffload.analysis.hub import PATIENT_GATHER_WINDOW, MeasurementHub
-    from kvoffload.analysis.prometheus import LabelNames, PrometheusProvider
+    from kvoffload.analysis.prometheus import PrometheusProvider
+    from kvoffload.analysis.queries import LabelNames
     from kvoffload.controller.gateway import KubernetesGateway, api_client_from_environment
 
     metrics = OperatorMetrics()

@@ -37,7 +37,7 @@ import kubernetes
 from kubernetes.leaderelection import electionconfig, leaderelection
 from kubernetes.leaderelection.resourcelock.leaselock import LeaseLock
 
-from kvoffload.controller.gateway import api_message
+from kvoffload.controller.apierrors import api_message
 
 log = logging.getLogger(__name__)
 

@@ -75,12 +75,15 @@ from kvoffload.analysis.confidence import shown_interval
 from kvoffload.analysis.payoff import PAYOFF
 from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PAUSED, PROGRESSING, Decision, Reason
 from kvoffload.api.quantity import parse_duration
-from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, Phase
-from kvoffload.controller.gateway import ApiUnavailableError, MissingObjectError
+from kvoffload.api.status import KVOffloadPolicyStatus, Mode, Phase
+from kvoffload.api.types import KVOffloadPolicySpec
+from kvoffload.controller.apierrors import ApiUnavailableError, MissingObjectError
 from kvoffload.controller.health import Health, serve
 from kvoffload.notify.sink import Result
+from kvoffload.policy.hostmemory import host_memory
+from kvoffload.policy.kvshape import tier_capacity_tokens
 from kvoffload.policy.ladder import Level
-from kvoffload.policy.sizing import host_memory, progress_deadline_seconds, tier_capacity_tokens
+from kvoffload.policy.startup import progress_deadline_seconds
 
 POLICY_LABELS = ("policy_namespace", "policy")
 """The labels naming a policy; none is a target label, which a scrape without honorLabels would rename."""

@@ -14,8 +14,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvoffload.api.conventions import ANNOTATION_ORIGINAL_REPLICAS, ANNOTATION_TAKEN_BY, HAND_BACK_FINALIZER
-from kvoffload.api.types import KVOffloadPolicy, WorkloadStatus
-from kvoffload.controller.gateway import KubernetesGateway, MissingObjectError, PolicyRef
+from kvoffload.api.status import WorkloadStatus
+from kvoffload.api.types import KVOffloadPolicy
+from kvoffload.controller.apierrors import MissingObjectError
+from kvoffload.controller.gateway import KubernetesGateway, PolicyRef
 from kvoffload.policy.workload import original_replicas
 from kvoffload.rollout.observations import WorkloadObservation
 

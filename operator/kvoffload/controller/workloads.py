@@ -41,18 +41,9 @@ import kubernetes.client
 from kubernetes.client.exceptions import ApiException
 
 from kvoffload.api.conventions import LABEL_POLICY
-from kvoffload.controller.gateway import (
-    ApiRejectedError,
-    DeploymentState,
-    KubernetesGateway,
-    OwnedWorkloads,
-    PodState,
-    PolicyRef,
-    api_message,
-    parse_deployment,
-    parse_pod,
-    resource_path,
-)
+from kvoffload.controller.apierrors import ApiRejectedError, api_message
+from kvoffload.controller.gateway import KubernetesGateway, PolicyRef, resource_path
+from kvoffload.controller.kubestate import DeploymentState, OwnedWorkloads, PodState, parse_deployment, parse_pod
 from kvoffload.controller.metrics import OperatorMetrics
 
 log = logging.getLogger(__name__)

@@ -21,7 +21,8 @@ import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kvoffload.economics.profile import VLLM_BLOCK_TOKENS, Profile, ProfileError, TransferPath, shipped_profile
+from kvoffload.economics.profile import VLLM_BLOCK_TOKENS, Profile, ProfileError, TransferPath
+from kvoffload.economics.profileload import shipped_profile
 
 if TYPE_CHECKING:  # the calibration Job's image imports this module without pydantic
     from kvoffload.policy.sizing import SizingPlan
@@ -139,7 +140,7 @@ def breakeven_for_model(
     """``breakeven`` with the KV bytes per token of a catalog model (bf16 KV, one copy, no TP)."""
     # Imported here: the calibration Job's image imports this package without pydantic.
     from kvoffload.policy.catalog import find_model
-    from kvoffload.policy.sizing import bytes_per_token
+    from kvoffload.policy.kvshape import bytes_per_token
 
     entry = find_model(model)
     if entry is None:

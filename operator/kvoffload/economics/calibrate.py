@@ -40,9 +40,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from kvoffload.economics.estimated import derive_estimated
+from kvoffload.economics.gpuspec import PUBLISHED_SPECS
 from kvoffload.economics.profile import (
     GIB,
-    PUBLISHED_SPECS,
     SCHEMA_VERSION,
     VLLM_BLOCK_TOKENS,
     VLLM_ZERO_COPY_MAX_PAGE_BYTES,
@@ -50,10 +51,8 @@ from kvoffload.economics.profile import (
     VLLM_ZERO_COPY_SMS,
     ModelShape,
     Profile,
-    derive_estimated,
-    load_profile,
-    profile_from_json,
 )
+from kvoffload.economics.profileload import load_profile, profile_from_json
 
 try:  # the GPU image has Triton; the operator's environment does not, and needs none of this
     import triton

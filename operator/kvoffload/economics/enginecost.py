@@ -470,7 +470,7 @@ def model_cost(name: str) -> ModelCost:
     """``ModelCost`` of a catalog model (one GPU, bf16 KV); ProfileError when the catalog has none."""
     # Imported here: the calibration Job's image imports this package without pydantic.
     from kvoffload.policy.catalog import find_model
-    from kvoffload.policy.sizing import bytes_per_token
+    from kvoffload.policy.kvshape import bytes_per_token
 
     entry = find_model(name)
     if entry is None:
@@ -483,7 +483,7 @@ def copy_pricer(gpu_class: str, model: ModelCost) -> Callable[[int], float]:
     """Issue 25's restore copy of ``tokens`` tokens' KV on the class's PyTorch profile, in ms (0 without one:
     the fitted per-restore overhead then carries the whole restore)."""
     from kvoffload.economics.breakeven import vllm_page_bytes
-    from kvoffload.economics.profile import shipped_profile
+    from kvoffload.economics.profileload import shipped_profile
 
     try:
         profile = shipped_profile(gpu_class)

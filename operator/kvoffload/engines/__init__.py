@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from kvoffload.api.types import EngineName, KVOffloadPolicySpec
+from kvoffload.api.serving import EngineName
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.engines.engine import PORT, SHM_PATH, Engine, Rung
 from kvoffload.engines.sglang.command import ENGINE as _SGLANG
 from kvoffload.engines.vllm.command import ENGINE as _VLLM

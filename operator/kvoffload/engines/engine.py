@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from kvoffload.api.errors import FieldError
-from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec, SecondaryTier
+from kvoffload.api.serving import SecondaryTier
+from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.api.vllmflags import ArgProblem
 
 # The port every engine serves on: the probes, the Service and the PodMonitor use it.

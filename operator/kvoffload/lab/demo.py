@@ -40,10 +40,10 @@ from typing import Any, TextIO
 
 import yaml
 
-from kvoffload.analysis.assess import Measurements
+from kvoffload.analysis.measurements import Measurements
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, ROLLBACK_DECISIONS
 from kvoffload.api.quantity import format_duration, parse_duration, quantity_bytes
-from kvoffload.api.types import HistoryEntry, KVOffloadPolicyStatus, Phase
+from kvoffload.api.status import HistoryEntry, KVOffloadPolicyStatus, Phase
 from kvoffload.lab.report import Decision, Sample, summary_json
 from kvoffload.policy.ladder import Level
 
@@ -289,7 +289,7 @@ class Bought:
 def bought_queries(dialect: Any, namespace: str, policy: str, window: str) -> dict[str, str]:
     """PromQL per config hash: p50 TTFT (vLLM's histogram) and external prompt tokens per second (by source)."""
     from kvoffload.analysis.dialects import SOURCE_EXTERNAL_KV_TRANSFER
-    from kvoffload.analysis.prometheus import LabelNames, promql_duration
+    from kvoffload.analysis.queries import LabelNames, promql_duration
 
     labels = LabelNames()
     sel = f'{labels.namespace}="{namespace}", {labels.policy}="{policy}"'
@@ -309,7 +309,7 @@ def query_by_variant(prometheus_url: str, expr: str, roles: Mapping[str, str]) -
     has nothing (or cannot be reached)."""
     import requests
 
-    from kvoffload.analysis.prometheus import LabelNames
+    from kvoffload.analysis.queries import LabelNames
 
     try:
         response = requests.get(f"{prometheus_url}/api/v1/query", params={"query": expr}, timeout=5)
@@ -578,7 +578,8 @@ async def run_demo(
     missing), ``emulated`` on the in-process kubeemu. ``engine``: run the policy on that engine
     (:func:`on_engine`); None: as the policy says."""
     from kvoffload.analysis.dialects import policy_dialect
-    from kvoffload.analysis.prometheus import PrometheusProvider, Target
+    from kvoffload.analysis.prometheus import PrometheusProvider
+    from kvoffload.analysis.queries import Target
     from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY
     from kvoffload.api.types import KVOffloadPolicy
     from kvoffload.lab import load as loadgen

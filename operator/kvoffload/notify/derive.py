@@ -15,7 +15,7 @@ from datetime import datetime
 
 from kvoffload.api.conventions import PROGRESSING, Decision, Reason
 from kvoffload.api.notifications import NotificationEvent
-from kvoffload.api.types import HistoryEntry, KVOffloadPolicyStatus, Mode
+from kvoffload.api.status import HistoryEntry, KVOffloadPolicyStatus, Mode
 
 EVENT_OF_DECISION: dict[str, NotificationEvent] = {
     Decision.PROMOTED: NotificationEvent.PROMOTED,

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from kvoffload.api.podspec import Toleration
 from kvoffload.api.quantity import GIB, MIB
-from kvoffload.api.types import Architecture
+from kvoffload.api.serving import Architecture
 
 GB = 10**9
 

@@ -12,11 +12,12 @@ from typing import Any
 
 from kvoffload.api.errors import FieldError
 from kvoffload.api.quantity import quantity_bytes, to_quantity
-from kvoffload.api.types import AdoptedWorkload, KVOffloadPolicy, KVOffloadPolicySpec
+from kvoffload.api.serving import AdoptedWorkload
+from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.engines import SHM_PATH, engine_for
 from kvoffload.engines.engine import DerivedContainer
+from kvoffload.policy.hostmemory import SHM_EXTRA_BYTES, host_memory
 from kvoffload.policy.ladder import Level
-from kvoffload.policy.sizing import SHM_EXTRA_BYTES, host_memory
 from kvoffload.policy.volumes import disk_scratch_bytes, tier_volume, under, volume_name
 from kvoffload.policy.workload import WHERE, adopted_container
 

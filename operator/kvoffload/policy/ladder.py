@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvoffload.api.quantity import quantity_bytes
-from kvoffload.api.types import KVOffloadPolicySpec, SecondaryTier
+from kvoffload.api.serving import SecondaryTier
+from kvoffload.api.types import KVOffloadPolicySpec
 
 GPU_ONLY = "gpu-only"
 CPU_PILOT = "cpu-pilot"

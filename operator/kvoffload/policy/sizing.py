@@ -1,14 +1,11 @@
-"""Sizing: KV bytes per token, tokens per tier, the pinned pool, /dev/shm and host memory.
-
-Pure functions of the spec and a ladder level (docs/design.md, "Sizing"). The
-figures they rest on are the constants below, each with its source.
+"""The sizing plan: every ladder level sized, the warnings, the checks no node could pass, and the table
+``kvoffload plan`` prints (docs/design.md, "Sizing"). The figures come from ``kvshape``, ``hostmemory`` and
+``startup``.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
@@ -16,19 +13,10 @@ from pydantic import BaseModel, ConfigDict
 from pydantic.alias_generators import to_camel
 
 from kvoffload.api.errors import FieldError, PolicyError
-from kvoffload.api.quantity import GIB, MIB, format_bytes, format_duration, parse_duration, quantity_bytes
-from kvoffload.api.types import (
-    Architecture,
-    Backend,
-    EngineName,
-    KVCacheDtype,
-    KVOffloadPolicy,
-    KVOffloadPolicySpec,
-)
-from kvoffload.api.versions import parse_version, version_from_image
-from kvoffload.engines import engine_for
+from kvoffload.api.quantity import format_bytes, format_duration, parse_duration, quantity_bytes
+from kvoffload.api.serving import Architecture, Backend
+from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.policy.catalog import (
-    MODELS,
     ConfigError,
     GPUClass,
     architecture_from_configmap_data,
@@ -36,326 +24,27 @@ from kvoffload.policy.catalog import (
     find_model,
     gpu_class_names,
 )
-from kvoffload.policy.ladder import CPU, Level, build_ladder
-
-# --- figures ---------------------------------------------------------------------
-
-# Pinning host memory on an H200 host: 0.6 s / 1 GiB, 2.8 s / 4 GiB, 12.6 s / 16 GiB
-# (docs/design.md "Startup"); the slope between the ends is (12.6 - 0.6) / 15 = 0.8 s/GiB.
-# Raw cuMemHostAlloc / shm + cuMemHostRegister on an H200 host measured 0.40-0.69 s/GiB
-# (1-32 GiB); 0.8 is the slower, end-to-end figure.
-PIN_SECONDS_PER_GIB = 0.8
-# Engine start without offload: process start, CUDA init, profiling and graph capture.
-# An assumption (typical vLLM start of a small model is 1-3 min), not measured here.
-MODEL_LOAD_BASE_SECONDS = 180.0
-# Reading weights into GPU memory, from a node-local cache. An assumption (~1 GiB/s
-# safetensors load), not measured here; it only makes big models' budgets longer.
-WEIGHT_LOAD_SECONDS_PER_GIB = 1.0
-# Startup budget = this × the estimate: pinning and loading vary with NUMA, THP and disks.
-STARTUP_SAFETY_FACTOR = 2.0
-# Scheduling, image start and the first readiness probe, on top of the startup budget.
-PROGRESS_DEADLINE_MARGIN_SECONDS = 120.0
-# The stretch of rollout.progressDeadline stops here (docs/design.md, "Startup"). The largest
-# budget a policy that fits a catalog node can have: a pool of a whole 2 TiB node (1,638 s of
-# pinning) plus the 180 s base and a model's weights on one GPU (at most ~625 s, DeepSeek-V3),
-# doubled: about 81 minutes. Two hours is above every such budget, so it bites only where the
-# estimate has run away, and an unschedulable canary cannot hold the ladder for longer.
-MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS = 2 * 3600.0
-# /dev/shm holds the pool (vLLM PR 50094) plus room for NCCL and torch IPC
-# (docs/design.md, "The pinned pool and /dev/shm").
-SHM_EXTRA_BYTES = 1 * GIB
-# Before vLLM 0.27 the single-tier CPUOffloadingSpec does not use that pool: every TP rank pins one
-# `torch.zeros(..., pin_memory=True)` tensor per KV tensor (one per attention layer), and PyTorch's
-# CUDA host allocator rounds each allocation up to a power of two. vLLM 0.26.0 wheel:
-# v1/kv_offload/cpu/spec.py lines 135-140 (create_worker passes no mmap_region), cpu/gpu_worker.py
-# lines 493-502 (the per-tensor torch.zeros). vLLM PR 50094 (merged 2026-07-29, first released in
-# 0.27.0: v1/kv_offload/cpu/spec.py lines 149-161 of its sdist) moved it onto the /dev/shm region,
-# sized num_chunks x chunk <= cpu_bytes_to_use exactly. Measured on an H100 with vLLM 0.26.0
-# (tests/gpu/README.md): a 4 GiB tier on Qwen3-0.6B's 28 layers pinned 28 x 256 MiB = 7 GiB.
-PER_LAYER_PINNED_BEFORE: tuple[int, ...] = (0, 27)
-# Sizes are rounded up to whole MiB so they render as exact quantities.
-_ROUND = MIB
-
-_KV_DTYPE_BYTES = {
-    KVCacheDtype.BFLOAT16: 2,
-    KVCacheDtype.FLOAT16: 2,
-    KVCacheDtype.FP8: 1,
-    KVCacheDtype.FP8_E4M3: 1,
-    KVCacheDtype.FP8_E5M2: 1,
-}
-
-
-class SizingError(ValueError):
-    """The spec cannot be sized as it stands; ``path`` names the field."""
-
-    def __init__(self, path: str, message: str) -> None:
-        self.path = path
-        super().__init__(f"{path}: {message}")
-
-
-@dataclass(frozen=True)
-class HostMemory:
-    """Host memory of one replica at one ladder level, in bytes."""
-
-    pinned: int
-    """Pinned CPU pool: what the engine pins for the CPU tier times the overhead factor (0 without offload)."""
-    shm: int
-    """/dev/shm emptyDir sizeLimit: the pool plus 1 GiB (0 when no pool, or the engine pins it outside /dev/shm)."""
-    request: int
-    """Memory request = limit = base + pool + headroom (tmpfs pages count once)."""
-
-    @property
-    def limit(self) -> int:
-        return self.request
-
-
-def _round_up(n: float, unit: int = _ROUND) -> int:
-    return math.ceil(n / unit) * unit
-
-
-# --- the model's KV shape ------------------------------------------------------------
-
-
-def with_architecture(spec: KVOffloadPolicySpec, architecture: Architecture) -> KVOffloadPolicySpec:
-    """The spec with ``model.architecture`` set (and ``configMap`` cleared).
-
-    The operator fetches a ``model.configMap``, reads it with
-    ``catalog.architecture_from_configmap_data`` and sizes this copy.
-    """
-    model = spec.model.model_copy(update={"architecture": architecture, "config_map": None})
-    return spec.model_copy(update={"model": model})
-
-
-def architecture(spec: KVOffloadPolicySpec) -> Architecture:
-    """The model's KV shape: ``model.architecture``, else the catalog entry for ``model.name``.
-
-    Raises SizingError when neither is there (a ``configMap`` must be resolved first,
-    see ``with_architecture``).
-    """
-    if spec.model.architecture is not None:
-        return spec.model.architecture
-    if spec.model.config_map is not None:
-        raise SizingError(
-            "spec.model.configMap",
-            f"ConfigMap {spec.model.config_map.name!r} must be read first "
-            "(or set spec.model.architecture to size offline)",
-        )
-    entry = find_model(spec.model.name)
-    if entry is None:
-        raise SizingError("spec.model.name", _not_in_catalog(spec.model.name))
-    return entry.architecture
-
-
-def kv_dtype_bytes(spec: KVOffloadPolicySpec, arch: Architecture | None = None) -> int:
-    """Bytes per KV element: the kvCacheDtype, or the model's dtype when it is ``auto``."""
-    dtype = spec.model.kv_cache_dtype
-    if dtype == KVCacheDtype.AUTO:
-        return (arch or architecture(spec)).dtype_bytes
-    return _KV_DTYPE_BYTES[dtype]
-
-
-def bytes_per_token(arch: Architecture, dtype_bytes: int) -> int:
-    """KV bytes one token takes in all layers: MHA/GQA ``2·L·H·D·b``, MLA ``L·(rank+rope)·b``."""
-    if arch.kv_lora_rank is not None:
-        return arch.num_layers * (arch.kv_lora_rank + (arch.qk_rope_head_dim or 0)) * dtype_bytes
-    if arch.num_kv_heads is None or arch.head_dim is None:  # Architecture's validator rules this out
-        raise SizingError("spec.model.architecture", "give numKVHeads and headDim, or kvLoraRank (MLA)")
-    return 2 * arch.num_layers * arch.num_kv_heads * arch.head_dim * dtype_bytes
-
-
-def kv_bytes_per_token(spec: KVOffloadPolicySpec) -> int:
-    """KV bytes per token for the whole model (all layers, all TP ranks together), one copy.
-
-    ``stored_bytes_per_token`` adds the copies TP makes; tiers divide by that.
-    """
-    arch = architecture(spec)
-    return bytes_per_token(arch, kv_dtype_bytes(spec, arch))
-
-
-def kv_replication(spec: KVOffloadPolicySpec, arch: Architecture | None = None) -> int:
-    """How many copies of each token's KV the TP ranks keep together (1 = sharded, no copies).
-
-    vLLM gives every rank ``max(1, kv_heads // tp)`` heads, so past ``tp = kv_heads``
-    heads are replicated; an MLA latent is not split by head and every rank keeps
-    all of it. Offload tiers store what the ranks hold, copies included.
-    """
-    arch = arch or architecture(spec)
-    tp = spec.model.tensor_parallel_size
-    if arch.kv_lora_rank is not None:
-        return tp
-    heads = arch.num_kv_heads or 1
-    return max(1, (max(1, heads // tp) * tp) // heads)
-
-
-def stored_bytes_per_token(spec: KVOffloadPolicySpec) -> int:
-    """KV bytes one token takes across all TP ranks, replicas included: what a tier divides by."""
-    arch = architecture(spec)
-    return bytes_per_token(arch, kv_dtype_bytes(spec, arch)) * kv_replication(spec, arch)
-
-
-def tokens_held(size_bytes: int, per_token: int) -> int:
-    """Whole tokens a tier of ``size_bytes`` holds (the size is the total over TP ranks)."""
-    return size_bytes // per_token
-
-
-def tier_capacity_tokens(spec: KVOffloadPolicySpec, level: Level) -> dict[str, int]:
-    """Tokens each offload tier of ``level`` holds in one pod (all TP ranks together), in tier order.
-
-    ``{"cpu": n, "<secondary tier>": m, ...}``; ``{}`` on the GPU-only level. These are the
-    figures ``kvoffload plan`` prints per level, published on the pods and as a metric for
-    KV-aware routers. The GPU cache is left out: vLLM reports it itself, exactly.
-    Raises SizingError when the model's KV shape is unknown (a ``configMap`` not read yet).
-    """
-    if level.cpu_bytes is None:
-        return {}
-    per_token = stored_bytes_per_token(spec)
-    capacity = {CPU: tokens_held(level.cpu_bytes, per_token)}
-    for tier in level.secondary_tiers:
-        capacity[tier.name] = tokens_held(quantity_bytes(tier.size), per_token)
-    return capacity
-
-
-# --- host memory and time --------------------------------------------------------------
-
-
-def engine_version(spec: KVOffloadPolicySpec) -> tuple[int, ...] | None:
-    """The engine's vLLM version as the dialect table resolves it: ``model.vllmVersion``, else the
-    image tag; None when neither tells (the newest engine is assumed, as for the dialect)."""
-    version = spec.model.vllm_version or version_from_image(spec.image)
-    if version is None:
-        return None
-    try:
-        return parse_version(version)
-    except ValueError:
-        return None
-
-
-def pins_per_layer(spec: KVOffloadPolicySpec, level: Level) -> bool:
-    """Whether the level's engine pins its CPU tier as one power-of-two-rounded tensor per layer and
-    TP rank: the native single-tier CPUOffloadingSpec of vLLM before 0.27 (``PER_LAYER_PINNED_BEFORE``).
-
-    A level with secondary tiers runs TieringOffloadingSpec, which keeps the tier in the /dev/shm
-    region in every version; lmcache allocates its own buffers.
-    """
-    if spec.engine != EngineName.VLLM or spec.offload.backend != Backend.NATIVE:
-        return False
-    if level.cpu_bytes is None or level.secondary_tiers:
-        return False
-    version = engine_version(spec)
-    return version is not None and version < PER_LAYER_PINNED_BEFORE
-
-
-def per_layer_pinned_bytes(tier_bytes: int, tensors: int) -> int:
-    """Host bytes ``tensors`` pinned tensors take when they share ``tier_bytes`` and each is rounded
-    up to a power of two (PyTorch's CUDA host allocator).
-
-    Each tensor holds at most ``ceil(tier / tensors)`` bytes (vLLM floors the tier to whole blocks),
-    so this is an upper bound, exact unless a tensor's share sits within one block above a power of two.
-    """
-    each = math.ceil(tier_bytes / tensors)
-    return tensors * (1 << (each - 1).bit_length())
-
-
-def engine_pinned_bytes(spec: KVOffloadPolicySpec, level: Level) -> int:
-    """Host bytes the engine pins for the level's CPU tier, before overheadFactor (0 without one).
-
-    The tier itself where the engine keeps it in the /dev/shm region; for ``pins_per_layer`` engines
-    ``per_layer_pinned_bytes`` over layers × TP ranks, or twice the tier (the most power-of-two
-    rounding can add) while the model's layers are unknown (a ``configMap`` not read yet).
-    """
-    if level.cpu_bytes is None:
-        return 0
-    if not pins_per_layer(spec, level):
-        return level.cpu_bytes
-    try:
-        layers = architecture(spec).num_layers
-    except SizingError:
-        return 2 * level.cpu_bytes
-    return per_layer_pinned_bytes(level.cpu_bytes, layers * spec.model.tensor_parallel_size)
-
-
-def pinned_pool_bytes(spec: KVOffloadPolicySpec, level: Level) -> int:
-    """The pinned CPU pool of one replica: what the engine pins for the CPU tier
-    (``engine_pinned_bytes``: the tier, or its per-layer power-of-two tensors before vLLM 0.27)
-    × overheadFactor, rounded up to MiB."""
-    if level.cpu_bytes is None:
-        return 0
-    return _round_up(engine_pinned_bytes(spec, level) * spec.offload.overhead_factor)
-
-
-def memory_backed_tier_bytes(level: Level) -> int:
-    """Secondary tiers on a memory-medium emptyDir: their tmpfs pages count against the limit too."""
-    return sum(
-        quantity_bytes(t.size)
-        for t in level.secondary_tiers
-        if t.volume.empty_dir is not None and t.volume.empty_dir.medium == "Memory"
-    )
-
-
-def host_memory(spec: KVOffloadPolicySpec, level: Level) -> HostMemory:
-    """Host memory of one replica running ``level``.
-
-    pinned = what the engine pins for the CPU tier × overheadFactor (``pinned_pool_bytes``);
-    shm = pinned + 1 GiB (0 without a pool, or where the engine keeps it outside /dev/shm);
-    request = limit = baseMemory + pinned + headroom (+ any memory-backed secondary
-    tier, + what the engine keeps free beside its pool: SGLang's 10 GiB). vLLM's pool lives in
-    /dev/shm, whose tmpfs pages count against the limit, so it is counted once. All figures are whole MiB.
-    """
-    engine = engine_for(spec)
-    pinned = pinned_pool_bytes(spec, level)
-    # an engine that pins per layer, or pins anonymous memory, keeps nothing of the pool in /dev/shm
-    in_shm = engine.pool_in_shm(spec, level) and not pins_per_layer(spec, level)
-    shm = pinned + SHM_EXTRA_BYTES if pinned and in_shm else 0
-    request = (
-        quantity_bytes(spec.resources.base_memory)
-        + pinned
-        + quantity_bytes(spec.resources.headroom)
-        + memory_backed_tier_bytes(level)
-        + engine.host_reserve(spec, level)
-    )
-    return HostMemory(pinned=pinned, shm=shm, request=_round_up(request))
-
-
-def weight_bytes(spec: KVOffloadPolicySpec) -> int | None:
-    """Rough weight bytes (all ranks) from the catalog; None for models it does not know."""
-    entry = find_model(spec.model.name)
-    return entry.weight_bytes if entry is not None else None
-
-
-def startup_seconds(spec: KVOffloadPolicySpec, level: Level) -> int:
-    """Seconds the startup probe allows: model load plus pinning the pool (grows with the pool).
-
-    ``STARTUP_SAFETY_FACTOR × (base + weights GiB × load rate + pool GiB × pin rate)``,
-    rounded up to 10 s. Weights of a model outside the catalog count as zero.
-    """
-    weights = (weight_bytes(spec) or 0) / spec.gpu.count  # ranks load their shards in parallel
-    estimate = (
-        MODEL_LOAD_BASE_SECONDS
-        + weights / GIB * WEIGHT_LOAD_SECONDS_PER_GIB
-        + pinned_pool_bytes(spec, level) / GIB * PIN_SECONDS_PER_GIB
-    )
-    return math.ceil(estimate * STARTUP_SAFETY_FACTOR / 10) * 10
-
-
-def progress_deadline_seconds(spec: KVOffloadPolicySpec, level: Level) -> float:
-    """rollout.progressDeadline, stretched to the startup budget plus a margin when that is longer,
-    but by no more than to ``MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS`` (a longer progressDeadline
-    that the spec sets itself is kept)."""
-    stretched = min(
-        startup_seconds(spec, level) + PROGRESS_DEADLINE_MARGIN_SECONDS, MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS
-    )
-    return max(parse_duration(spec.rollout.progress_deadline), stretched)
-
+from kvoffload.policy.hostmemory import host_memory, memory_backed_tier_bytes, pinned_pool_bytes
+from kvoffload.policy.kvshape import (
+    SizingError,
+    architecture,
+    bytes_per_token,
+    kv_dtype_bytes,
+    kv_replication,
+    not_in_catalog,
+    tokens_held,
+    with_architecture,
+)
+from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.startup import (
+    MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS,
+    PROGRESS_DEADLINE_MARGIN_SECONDS,
+    progress_deadline_seconds,
+    startup_seconds,
+    weight_bytes,
+)
 
 # --- checks ------------------------------------------------------------------------
-
-
-def _not_in_catalog(name: str) -> str:
-    known = ", ".join(m.name for m in MODELS)
-    return (
-        f"{name!r} is not in the model catalog; set spec.model.architecture or spec.model.configMap "
-        f"(the catalog knows {known})"
-    )
 
 
 def check_fits_node(spec: KVOffloadPolicySpec, gpu: GPUClass) -> list[FieldError]:
@@ -436,7 +125,7 @@ def check_policy(policy: KVOffloadPolicy) -> list[FieldError]:
         errors += check_fits_node(spec, gpu)
     arch = spec.model.architecture
     if arch is None and spec.model.config_map is None and find_model(spec.model.name) is None:
-        errors.append(FieldError("spec.model.name", _not_in_catalog(spec.model.name)))
+        errors.append(FieldError("spec.model.name", not_in_catalog(spec.model.name)))
     if arch is not None and arch.kv_lora_rank is not None and arch.qk_rope_head_dim is None:
         errors.append(FieldError("spec.model.architecture.qkRopeHeadDim", "required with kvLoraRank (MLA)"))
     return errors

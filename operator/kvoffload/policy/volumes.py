@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvoffload.api.quantity import quantity_bytes, to_quantity
-from kvoffload.api.types import SecondaryTier, TierVolume
+from kvoffload.api.serving import SecondaryTier, TierVolume
 from kvoffload.policy.ladder import Level
 
 

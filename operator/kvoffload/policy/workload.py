@@ -18,11 +18,13 @@ from pydantic import ValidationError
 from kvoffload.api.conventions import ANNOTATION_ORIGINAL_REPLICAS
 from kvoffload.api.errors import FieldError, PolicyError, errors_from
 from kvoffload.api.quantity import quantity_bytes
-from kvoffload.api.types import AdoptedWorkload, KVOffloadPolicy, KVOffloadPolicySpec
+from kvoffload.api.serving import AdoptedWorkload
+from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.engines import ENGINES, Engine, engine_for
 from kvoffload.policy.catalog import find_gpu_class
 from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.sizing import check_policy, startup_seconds
+from kvoffload.policy.sizing import check_policy
+from kvoffload.policy.startup import startup_seconds
 
 WHERE = "spec.workloadRef"
 # Resources whose quantities the derived levels compare and raise.

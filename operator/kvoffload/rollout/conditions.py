@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Literal
 
 from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, INVALID, PAUSED
-from kvoffload.api.types import Condition, Mode, Phase, StageStatus
+from kvoffload.api.status import Condition, Mode, Phase, StageStatus
 
 ConditionStatus = Literal["True", "False", "Unknown"]
 

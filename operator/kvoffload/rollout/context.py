@@ -10,16 +10,16 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from kvoffload.api.conventions import PAUSED, Decision
-from kvoffload.api.types import (
+from kvoffload.api.status import (
     AnalysisStatus,
     BaselineStatus,
-    KVOffloadPolicySpec,
     KVOffloadPolicyStatus,
     Mode,
     PreflightStatus,
     StageStatus,
     VariantStatus,
 )
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.policy.ladder import Level
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.observations import Observations, VariantObservation

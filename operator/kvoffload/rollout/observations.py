@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvoffload.analysis.assess import Assessment, Measurements
+from kvoffload.analysis.assess import Assessment
+from kvoffload.analysis.measurements import Measurements
 from kvoffload.api.conventions import Reason
 from kvoffload.rollout.preflight import RestorePrice
 

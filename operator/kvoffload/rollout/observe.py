@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from kvoffload.api.conventions import OBSERVING, Reason
-from kvoffload.api.types import Condition, KVOffloadPolicySpec, KVOffloadPolicyStatus, ObserveStatus
+from kvoffload.api.status import Condition, KVOffloadPolicyStatus, ObserveStatus
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.policy.render import deployment_name
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.observations import FleetObservation, Observations, VariantObservation

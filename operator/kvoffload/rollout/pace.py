@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from kvoffload.api.conventions import Reason
-from kvoffload.api.types import Mode
+from kvoffload.api.status import Mode
 from kvoffload.rollout.context import Ctx, Outcome, plan_of, stable_plan
 from kvoffload.rollout.observations import VariantObservation
 from kvoffload.rollout.plan import RetiringPlan, VariantPlan, Variants

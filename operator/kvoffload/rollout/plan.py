@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from kvoffload.api.types import KVOffloadPolicyStatus
+from kvoffload.api.status import KVOffloadPolicyStatus
 from kvoffload.policy.ladder import Level
 
 

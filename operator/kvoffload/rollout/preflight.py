@@ -39,9 +39,10 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
-from kvoffload.analysis.assess import VariantSample
+from kvoffload.analysis.measurements import VariantSample
 from kvoffload.api.conventions import Reason
-from kvoffload.api.types import BaselineStatus, PreflightSpec, PreflightStatus
+from kvoffload.api.rollout import PreflightSpec
+from kvoffload.api.status import BaselineStatus, PreflightStatus
 
 DEFAULT_PROMPT_TOKENS = 1480
 """The typical prompt when the policy names none and the baseline saw none: the seed's 1,480 tokens

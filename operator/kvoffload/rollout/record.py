@@ -6,7 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from datetime import datetime
 
-from kvoffload.analysis import assess
+from kvoffload.analysis import measurements
 from kvoffload.analysis.assess import Assessment, record_verdict
 from kvoffload.api.conventions import (
     ANALYSIS_INCONCLUSIVE,
@@ -24,7 +24,7 @@ from kvoffload.api.conventions import (
     Reason,
 )
 from kvoffload.api.quantity import parse_duration, to_quantity
-from kvoffload.api.types import (
+from kvoffload.api.status import (
     AnalysisStatus,
     BaselineStatus,
     Condition,
@@ -335,7 +335,7 @@ def baseline_from(ctx: Ctx) -> BaselineStatus:
     sample = ctx.obs.measurements.stable if ctx.obs.measurements is not None else None
     if sample is None:
         return BaselineStatus(taken_at=ctx.now)
-    w = sample.workload or assess.WorkloadSample()
+    w = sample.workload or measurements.WorkloadSample()
     return BaselineStatus(
         ttft_p99=sample.ttft_p99,
         itl_p99=sample.itl_p99,
@@ -353,7 +353,7 @@ def baseline_from(ctx: Ctx) -> BaselineStatus:
     )
 
 
-def _percentiles(p: assess.Percentiles) -> Percentiles | None:
+def _percentiles(p: measurements.Percentiles) -> Percentiles | None:
     if p.p50 is None and p.p95 is None and p.p99 is None:
         return None
     return Percentiles(p50=p.p50, p95=p.p95, p99=p.p99)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from datetime import datetime
 
 from kvoffload.api.conventions import PAUSED, READY, RECONCILING, Decision, Reason
-from kvoffload.api.types import HistoryEntry, KVOffloadPolicyStatus
+from kvoffload.api.status import HistoryEntry, KVOffloadPolicyStatus
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.plan import Event, Plan
 from kvoffload.rollout.record import HISTORY_LIMIT

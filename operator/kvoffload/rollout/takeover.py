@@ -7,7 +7,7 @@ hand-back on deletion is the adapter's (``controller/takeover.py``).
 
 from __future__ import annotations
 
-from kvoffload.api.types import WorkloadStatus
+from kvoffload.api.status import WorkloadStatus
 from kvoffload.rollout.context import Ctx
 
 

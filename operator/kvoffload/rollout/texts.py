@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kvoffload.analysis import assess
+from kvoffload.analysis import measurements
 from kvoffload.analysis.assess import EXTERNAL_SHARE, ITL_P99, TTFT_P99
 from kvoffload.api.quantity import format_duration, to_quantity
-from kvoffload.api.types import AnalysisStatus, BaselineStatus
+from kvoffload.api.status import AnalysisStatus, BaselineStatus
 from kvoffload.policy.ladder import Level
 from kvoffload.rollout.context import Ctx, Outcome, inconclusive_count, too_inconclusive
 from kvoffload.rollout.observations import PodObservation
@@ -40,7 +40,7 @@ def display_of(o: Outcome, analysis: AnalysisStatus | None) -> dict[str, str]:
 def not_scraped_message(ctx: Ctx) -> str | None:
     """Why the evidence is missing, when the reason is that no Prometheus scrapes the policy's pods: Prometheus
     answered with no series of any of them, ``maxInconclusive`` cycles in a row (so not a pod's first scrape)."""
-    if not (assess.not_scraped(ctx.obs.measurements) and too_inconclusive(ctx)):
+    if not (measurements.not_scraped(ctx.obs.measurements) and too_inconclusive(ctx)):
         return None
     monitor = ctx.obs.pod_monitor
     if monitor is not None:

@@ -13,7 +13,8 @@ from datetime import datetime, timedelta
 
 from kvoffload.api.conventions import Reason
 from kvoffload.api.quantity import format_duration, parse_duration
-from kvoffload.api.types import KVOffloadPolicySpec, KVOffloadPolicyStatus, Mode, WarmupStatus
+from kvoffload.api.status import KVOffloadPolicyStatus, Mode, WarmupStatus
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout.context import Ctx, Outcome, ready_of
 from kvoffload.rollout.observe import observing

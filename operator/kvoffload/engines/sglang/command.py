@@ -25,7 +25,8 @@ from typing import Any
 
 from kvoffload.api.errors import FieldError
 from kvoffload.api.quantity import GIB, quantity_bytes
-from kvoffload.api.types import Backend, EvictionPolicy, KVCacheDtype, KVOffloadPolicy, KVOffloadPolicySpec
+from kvoffload.api.serving import Backend, EvictionPolicy, KVCacheDtype
+from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.api.vllmflags import ArgProblem, OptionTable, judge_extra_args, load_option_table
 from kvoffload.engines.adoption import Adopts
 from kvoffload.engines.engine import PORT, Rung, managed_env_errors

@@ -13,7 +13,8 @@ from typing import Any
 
 from kvoffload.api.errors import FieldError
 from kvoffload.api.quantity import GIB, quantity_bytes
-from kvoffload.api.types import Backend, EvictionPolicy, KVOffloadPolicy, KVOffloadPolicySpec, SecondaryTier
+from kvoffload.api.serving import Backend, EvictionPolicy, SecondaryTier
+from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.api.vllmflags import CODE_LOADING_DESTS, ArgProblem, OptionTable, judge_extra_args, option_table
 from kvoffload.engines.adoption import Adopts, Item
 from kvoffload.engines.engine import PORT, SHM_PATH, Rung, managed_env_errors
@@ -211,7 +212,7 @@ class VLLM(Adopts):
 
     def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
         # Since PR 50094 (0.27) vLLM's native pool is a /dev/shm file; the sizing handles the older
-        # per-layer pinning (policy/sizing.py, pins_per_layer), and LMCache's own buffers.
+        # per-layer pinning (policy/hostmemory.py, pins_per_layer), and LMCache's own buffers.
         return True
 
     def host_reserve(self, spec: KVOffloadPolicySpec, rung: Rung) -> int:

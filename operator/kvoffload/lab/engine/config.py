@@ -135,7 +135,7 @@ class ConfigError(ValueError):
 def kv_bytes_per_token_for(model: str, kv_cache_dtype: str = "auto") -> int | None:
     """KV bytes per token of a catalog model (None if the catalog does not know it)."""
     from kvoffload.policy.catalog import find_model
-    from kvoffload.policy.sizing import bytes_per_token
+    from kvoffload.policy.kvshape import bytes_per_token
 
     entry = find_model(model)
     if entry is None:

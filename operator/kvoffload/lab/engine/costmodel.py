@@ -59,7 +59,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from kvoffload.economics.breakeven import vllm_page_bytes
-from kvoffload.economics.profile import ModelShape, Profile, ProfileError, shipped_profile, shipped_profile_names
+from kvoffload.economics.profile import ModelShape, Profile, ProfileError
+from kvoffload.economics.profileload import shipped_profile, shipped_profile_names
 
 log = logging.getLogger("kvoffload.emulate")
 
