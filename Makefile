@@ -106,8 +106,10 @@ lint: $(VENV)/.kvoffload-setup
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 
+# Two workers (pytest-xdist), each taking a whole file at a time: the e2e tiers mostly wait on real processes, so two
+# of them share 2 cores well; the 25 slowest tests close the summary.
 test: setup lint
-	$(VENV)/bin/pytest --durations=15
+	$(VENV)/bin/pytest -n 2 --dist loadfile --durations=25
 
 # The demo runs emulated engines, so it needs neither vLLM nor the tiny model; it runs on the real
 # control plane (`kvoffload demo --api emulated` does not need it).
