@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import tomllib
 from collections.abc import Iterator
@@ -52,12 +53,14 @@ def tool(name: str) -> str | None:
 @dataclass(frozen=True)
 class Image:
     store: Path
+    runroot: Path
+    """podman refuses a runroot over 50 characters, as a pytest-xdist worker's tmp path is: a short one of its own."""
     env: dict[str, str]
     build_seconds: float
 
     def podman(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """podman on this image's storage, with runc and cgroupfs (no systemd here)."""
-        command = ["podman", "--root", str(self.store), "--runroot", str(self.store / "run")]
+        command = ["podman", "--root", str(self.store), "--runroot", str(self.runroot)]
         command += ["--cgroup-manager", "cgroupfs", "--runtime", str(tool("runc")), *args]
         return subprocess.run(command, env=self.env, capture_output=True, text=True, timeout=timeout)
 
@@ -106,13 +109,15 @@ def image(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest.Config)
         pytest.fail(
             f"scripts/build-image.sh failed ({build.returncode}):\n{build.stdout[-4000:]}\n{build.stderr[-4000:]}"
         )
-    built = Image(store=store, env=env, build_seconds=seconds)
+    runroot = Path(tempfile.mkdtemp(prefix="kvo-podman-", dir="/tmp"))
+    built = Image(store=store, runroot=runroot, env=env, build_seconds=seconds)
     size = built.inspect()["Size"]
     report(pytestconfig, f"image {TAG}: {size / 1e6:.0f} MB on a Debian bookworm base, built in {seconds:.0f} s")
     yield built
     # Nothing stays mounted once the builds and runs are over (checked here), so the storage is plain files.
     assert [line for line in Path("/proc/mounts").read_text().splitlines() if str(store) in line] == []
     shutil.rmtree(store)
+    shutil.rmtree(runroot, ignore_errors=True)
 
 
 def test_the_image_prints_the_version_of_its_package(image: Image) -> None:
