@@ -20,8 +20,8 @@ RUN python3 -m venv /opt/build \
     && python3 -m venv --without-pip /opt/kvoffload \
     && /opt/build/bin/pip --python /opt/kvoffload/bin/python install --no-cache-dir \
         --require-hashes -r requirements/runtime.lock
-COPY pyproject.toml README.md hatch_build.py ./
-# Without operator/kvoffload/lab (.dockerignore): the image carries the operator, not the lab.
+COPY pyproject.toml README.md ./
+# The operator and its CLI only: the lab is a distribution of its own (lab/), outside this context.
 COPY operator/ operator/
 COPY templates/ templates/
 RUN /opt/build/bin/pip wheel --no-cache-dir --no-build-isolation --no-deps --wheel-dir /wheels . \

@@ -9,7 +9,7 @@ VLLM_034 := .vllm-034
 SGLANG_05 := .sglang-05
 TINY_MODEL := .tiny-model
 KUBE_BIN := .kube-bin
-LINT_PATHS := operator tests bench scripts hatch_build.py
+LINT_PATHS := operator lab tests bench scripts
 UV_VERSION := 0.13.9
 UV := $(VENV)/bin/uv
 VERSION := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
@@ -70,11 +70,13 @@ system-deps:
 		$(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; \
 	fi
 
-# The development venv: exactly the hash-pinned test lock, then kvoffload itself, editable.
-$(VENV)/.kvoffload-setup: requirements/test.lock pyproject.toml
+# The development venv: exactly the hash-pinned test lock, then kvoffload itself and its lab (lab/: `kvoffload demo`,
+# `emulate`, `cluster`, `calibrate`), editable; the lock already holds the lab's dependencies.
+$(VENV)/.kvoffload-setup: requirements/test.lock pyproject.toml lab/pyproject.toml
 	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements/test.lock
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
+	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e ./lab
 	touch $@
 
 # vLLM for CPU in a venv of its own (its torch and transformers pins are not ours).

@@ -25,7 +25,7 @@ SVG = ROOT / "docs" / "architecture.svg"
 # What each floor holds, as the layout test's comments and design.md's "Architecture" say.
 PURE = {"api", "engines", "policy", "analysis", "rollout"}
 """The floors of the pure core (decide, assess, sizing, rendering), drawn filled; their only I/O modules are
-analysis/prometheus.py and analysis/hub.py. economics holds pure pricing beside calibration, which measures."""
+analysis/prometheus.py and analysis/hub.py. economics holds pure pricing beside the engine probe, which measures."""
 
 
 def layout_rules() -> tuple[dict[str, set[str]], set[str], Path]:
@@ -97,8 +97,8 @@ def closure(edges: list[tuple[str, str]], start: str) -> set[str]:
 def dot_source(allowed: Mapping[str, Set[str]], seam: Set[str], engines: list[str]) -> str:
     """The Graphviz source: one rank per floor, top floor first; the seam as a box inside engines/.
 
-    Arrows read transitively, so a subpackage that may not import something its arrows reach says so in its label
-    (the lab never imports the controller)."""
+    Arrows read transitively, so a subpackage that may not import something its arrows reach says so in its label.
+    The lab is a distribution of its own, outside these floors (it may import any of them)."""
     level = floors(allowed)
     edges = reduced_edges(allowed)
 

@@ -4,7 +4,7 @@ how many values it takes. Run with a vLLM venv's python (PYTHONPATH first for 0.
     .venv-vllm/bin/python scripts/vllm_options.py > table-0.32.json
 
 ``scripts/vllm_options.py --merge A.json B.json ...`` merges such tables into the one the operator
-ships (``operator/kvoffload/api/data/vllm-options.json``), judging ``extraArgs`` with it.
+ships (``operator/kvoffload/engines/vllm/data/vllm-options.json``), judging ``extraArgs`` with it.
 """
 
 from __future__ import annotations

@@ -49,7 +49,7 @@ from kvoffload.api.conventions import (
     PROMOTE,
     Reason,
 )
-from kvoffload.lab.controlplane import free_port
+from kvoffload_lab.controlplane import free_port
 from tests.support import paths
 from tests.support.controlplane import Kube, wait_for
 

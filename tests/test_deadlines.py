@@ -213,7 +213,7 @@ def unbounded_waits(path: Path) -> list[str]:
 
 def test_no_wait_without_a_deadline_in_the_lab_or_the_test_support() -> None:
     modules = [
-        *(paths.ROOT / "operator" / "kvoffload" / "lab").rglob("*.py"),
+        *(paths.ROOT / "lab" / "kvoffload_lab").rglob("*.py"),
         *(paths.ROOT / "tests" / "support").glob("*.py"),
     ]
     assert len(modules) > 40

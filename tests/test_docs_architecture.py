@@ -51,8 +51,8 @@ def test_the_committed_svg_was_rendered_from_that_source() -> None:
 
 
 def test_the_diagram_shows_an_arrow_the_rules_do_not_allow_as_barred() -> None:
-    # Proves the reduction is read honestly: arrows read transitively, so the lab, which may import the CLI but
-    # not the controller, must say so.
+    # Proves the reduction is read honestly: arrows read transitively, so a floor that may import the one below but
+    # not the one under that must say so.
     module = diagram()
     allowed = {"top": {"mid"}, "mid": {"low"}, "low": set()}
     source = module.dot_source(allowed, {"kvoffload.engines"}, [])

@@ -156,13 +156,14 @@ def test_the_operator_venv_has_no_pip_no_build_tools_and_no_lab(image: Image) ->
     code = """
 import importlib.metadata as md, importlib.util, json
 dists = sorted(d.metadata["Name"].lower() for d in md.distributions())
-lab = [str(f) for f in md.files("kvoffload") if str(f).startswith("kvoffload/lab/")]
-lab_module = importlib.util.find_spec("kvoffload.lab") is not None
+lab = [str(f) for d in md.distributions() for f in d.files or () if str(f).split("/")[0] == "kvoffload_lab"]
+lab_module = importlib.util.find_spec("kvoffload_lab") is not None
 print(json.dumps({"dists": dists, "lab_files": lab, "lab_module": lab_module}))
 """
     found = image.python(code)
     assert {"pip", "setuptools", "wheel", "hatchling"}.isdisjoint(found["dists"]), found["dists"]
     assert "kvoffload" in found["dists"]
+    assert "kvoffload-lab" not in found["dists"]
     assert found["lab_files"] == []
     assert found["lab_module"] is False
 

@@ -31,9 +31,9 @@ sys.path.insert(0, str(ROOT))
 import requests  # noqa: E402
 from tests.support.prometheus import PrometheusServer, SyntheticEngine, SyntheticFleet, synthetic_target  # noqa: E402
 
-from kvoffload.analysis.dialects import NEWEST  # noqa: E402
 from kvoffload.analysis.prometheus import PrometheusProvider  # noqa: E402
 from kvoffload.analysis.queries import build_queries  # noqa: E402
+from kvoffload.engines.vllm.dialect import NEWEST  # noqa: E402
 
 WINDOW = "20s"
 SCRAPE_INTERVAL_S = 2.0

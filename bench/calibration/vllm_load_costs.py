@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from kvoffload.economics.calibrate import Transfers
+from kvoffload_lab.calibrate import Transfers
 
 KIB = 1024
 PAGE = 64 * KIB  # vLLM 0.32's page for every Qwen3: one layer's K and V of one 16-token block

@@ -17,9 +17,9 @@ import random
 import time
 from pathlib import Path
 
-from kvoffload.lab.engine.flags import parse_argv
-from kvoffload.lab.engine.kvengine import KVEngine
-from kvoffload.lab.engine.scheduler import Scheduler, run_virtual
+from kvoffload_lab.engine.flags import parse_argv
+from kvoffload_lab.engine.kvengine import KVEngine
+from kvoffload_lab.engine.scheduler import Scheduler, run_virtual
 
 
 def prompt(seed: int, n: int) -> list[int]:

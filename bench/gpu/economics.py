@@ -26,7 +26,7 @@ from typing import Any
 
 from kvoffload.economics.breakeven import vllm_page_bytes
 from kvoffload.economics.profileload import shipped_profile
-from kvoffload.lab.engine.costmodel import class_cost, price
+from kvoffload_lab.engine.costmodel import class_cost, price
 
 HERE = Path(__file__).resolve().parent
 DATASETS: tuple[dict[str, Any], ...] = (

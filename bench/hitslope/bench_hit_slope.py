@@ -4,7 +4,7 @@ A full prefix hit recomputes one token, so its forward hardly grows with the pro
 host's work per prompt token: the HTTP body, tokenization, the block hashes the prefix cache looks up, the
 request's trip to the engine core, the scheduler's per-block bookkeeping. That work is the same code on a GPU
 engine, so its slope, measured here, is the one constant the laptop profile cannot get from the seed's
-1,480-token figures (``kvoffload.lab.engine.costmodel``).
+1,480-token figures (``kvoffload_lab.engine.costmodel``).
 
 For each prompt length: a fresh random text of that many tokens (counted by the server's own /tokenize) is
 sent twice through /v1/completions (stream, max_tokens 1); TTFT is the time to the first streamed chunk, and the

@@ -68,8 +68,12 @@ if not os.environ.get(FOREIGN_OPERATOR):
 
 from kvoffload.analysis.assess import ITL_P99, ITL_RATIO, TTFT_P99, TTFT_RATIO, assess, record_verdict  # noqa: E402
 from kvoffload.analysis.custom import breach_sustained  # noqa: E402
-from kvoffload.analysis.dialects import FINISHED_ERROR, FINISHED_STOP  # noqa: E402
 from kvoffload.analysis.errorgate import ERROR_SHARE, ERROR_SHARE_INCREASE  # noqa: E402
+
+try:
+    from kvoffload.engines.dialect import FINISHED_ERROR, FINISHED_STOP
+except ImportError:  # an --as-judge child on a revision before issue 34 (TODAY_REVISION): they lived in analysis
+    from kvoffload.analysis.dialects import FINISHED_ERROR, FINISHED_STOP  # type: ignore[no-redef]
 
 try:
     from kvoffload.analysis.measurements import Measurements, VariantSample
@@ -85,11 +89,11 @@ except ImportError:  # an --as-judge child on a revision before issue 34 (TODAY_
     from kvoffload.api.types import AnalysisSpec, AnalysisStatus, RolloutSpec, Verdict
 
 from kvoffload.api.types import KVOffloadPolicySpec  # noqa: E402
+from kvoffload.policy.ladder import Level  # noqa: E402
 
 # vLLM's bucket bounds, as the project records them (vLLM 0.32's /metrics: tests/data/vllm-0.32.0-cpu-metrics.txt,
 # the same lists as the 0.26 GPU captures in tests/data/ and bench/gpu/).
-from kvoffload.lab.engine.families import TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS  # noqa: E402
-from kvoffload.policy.ladder import Level  # noqa: E402
+from kvoffload_lab.engine.families import TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS  # noqa: E402
 
 GATES = (TTFT_P99, TTFT_RATIO, ITL_P99, ITL_RATIO, ERROR_SHARE, ERROR_SHARE_INCREASE)
 """The built-in gated rows a latency or error regression can breach; a rollback is attributed to each one failing."""

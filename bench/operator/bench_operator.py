@@ -5,7 +5,7 @@ For each fleet size, on this machine:
 1. a synthetic exporter (tests/support/prometheus.py: ``SyntheticFleet``, in a child process) serves the vLLM
    series of every policy's stable and canary level, labelled with the level names and config hashes the
    operator renders, and a real Prometheus scrapes it every 2 s;
-2. a real kube-apiserver and etcd (``kvoffload.lab.controlplane.ControlPlane``; its controller manager and
+2. a real kube-apiserver and etcd (``kvoffload_lab.controlplane.ControlPlane``; its controller manager and
    scheduler are stopped, so no Pod is ever made) get the CRD and the policies, in up to 10 namespaces;
 3. ``kvoffload run -A --standalone --metrics-port P --prometheus-url URL`` runs as a subprocess. It renders
    every policy (a GPU-only baseline of 20 s), passes the baseline on the series, and starts each policy's
@@ -60,14 +60,14 @@ import kubernetes.config  # noqa: E402
 from pod_standin import PodStandIn  # noqa: E402
 from tests.support.prometheus import SyntheticEngine, SyntheticFleet  # noqa: E402
 
-from kvoffload.analysis.dialects import Dialect  # noqa: E402
 from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL  # noqa: E402
 from kvoffload.controller.judging import judge_resolved  # noqa: E402
-from kvoffload.lab.controlplane import ControlPlane  # noqa: E402
-from kvoffload.lab.promserver import PrometheusServer, free_port  # noqa: E402
+from kvoffload.engines.dialect import Dialect  # noqa: E402
 from kvoffload.policy.engine_config import config_hash  # noqa: E402
 from kvoffload.policy.ladder import build_ladder  # noqa: E402
 from kvoffload.policy.loading import parse_policy  # noqa: E402
+from kvoffload_lab.controlplane import ControlPlane  # noqa: E402
+from kvoffload_lab.promserver import PrometheusServer, free_port  # noqa: E402
 
 T = TypeVar("T")
 

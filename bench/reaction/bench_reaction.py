@@ -39,11 +39,11 @@ from typing import Any
 
 import aiohttp
 
-from kvoffload.lab.cluster.kubeapi import KubeAPI, object_path
-from kvoffload.lab.cluster.kubecluster import KubeCluster
-from kvoffload.lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
-from kvoffload.lab.load import TraceRequest, prompt_tokens, replay
-from kvoffload.lab.promserver import SCRAPE_INTERVAL_S
+from kvoffload_lab.cluster.kubeapi import KubeAPI, object_path
+from kvoffload_lab.cluster.kubecluster import KubeCluster
+from kvoffload_lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
+from kvoffload_lab.load import TraceRequest, prompt_tokens, replay
+from kvoffload_lab.promserver import SCRAPE_INTERVAL_S
 
 NAME = "bench"
 NAMESPACE = "default"

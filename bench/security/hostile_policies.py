@@ -51,6 +51,7 @@ from kvoffload.analysis.hub import MeasurementHub, PrometheusSource  # noqa: E40
 from kvoffload.analysis.prometheus import PrometheusProvider  # noqa: E402
 from kvoffload.analysis.queries import Target  # noqa: E402
 from kvoffload.controller.heap import fix_mmap_threshold, malloc_trim  # noqa: E402
+from kvoffload.engines.vllm.dialect import NEWEST  # noqa: E402
 
 KINDS: dict[str, tuple[str, dict[str, Any]]] = {
     "huge": ("huge", {}),
@@ -126,7 +127,7 @@ async def run(cycles: int, deadline: float, urls: dict[str, str], default_thresh
     async def one(uid: str, url: str) -> tuple[str, float, str | None]:
         started = time.monotonic()
         source = PrometheusSource(url)
-        target = Target("tenant", uid)
+        target = Target("tenant", uid, dialect=NEWEST)
         hub.assign(uid, source)
         await hub.present_names(source, time.time())
         result = await hub.measure(target, source)

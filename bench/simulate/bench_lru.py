@@ -36,7 +36,7 @@ from kvoffload.economics.traces import read_mooncake
 ROOT = Path(__file__).resolve().parents[2]
 # The two Mooncake traces as the repository holds them (tests/support/traces.py names the same files).
 TRACE_FILES = {
-    "mooncake-conversation.jsonl": ROOT / "operator" / "kvoffload" / "lab" / "data" / "mooncake-conversation.jsonl.gz",
+    "mooncake-conversation.jsonl": ROOT / "lab" / "kvoffload_lab" / "data" / "mooncake-conversation.jsonl.gz",
     "mooncake-synthetic.jsonl": ROOT / "tests" / "data" / "traces" / "mooncake-synthetic.jsonl.gz",
 }
 TRACES = ("mooncake-conversation.jsonl", "mooncake-synthetic.jsonl")

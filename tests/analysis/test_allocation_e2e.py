@@ -11,11 +11,11 @@ from __future__ import annotations
 import pytest
 
 from kvoffload.analysis.assess import LIVE_CONFIG, assess
-from kvoffload.analysis.dialects import dialect_for
 from kvoffload.analysis.measurements import Measurements
 from kvoffload.analysis.prometheus import PrometheusProvider
 from kvoffload.api.quantity import GIB
 from kvoffload.api.rollout import AnalysisSpec
+from kvoffload.engines.vllm.dialect import dialect_for
 from kvoffload.policy.ladder import Level
 from tests.support.engines import start_engines, stop_engines
 from tests.support.prometheus import PrometheusServer, require_prometheus, synthetic_target

@@ -27,10 +27,11 @@ from kvoffload.analysis.queries import Target
 from kvoffload.api.status import AnalysisStatus, Verdict
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.main import main
-from kvoffload.lab.cluster.localcluster import LAB_TENANCY
+from kvoffload.engines.vllm.dialect import NEWEST
 from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
+from kvoffload_lab.cluster.localcluster import LAB_TENANCY
 from tests.support.engines import Engine, start_engines, stop_engines
 from tests.support.prometheus import PrometheusServer, require_prometheus, synthetic_target, wait_until
 
@@ -103,6 +104,7 @@ class Fleet:
             "llm",
             self.name,
             f"{WINDOW_S}s",
+            dialect=NEWEST,
             stable_hash=config_hash(self.policy, ladder[0]),
             canary_hash=config_hash(self.policy, ladder[-1]),
             **kwargs,  # type: ignore[arg-type]

@@ -12,10 +12,10 @@ import pytest
 
 from kvoffload.analysis.custom import CustomReading, judge_custom
 from kvoffload.analysis.customquery import one_number, read_custom
-from kvoffload.analysis.dialects import NEWEST
 from kvoffload.analysis.queries import LabelNames, Target, build_queries, fleet_matcher
 from kvoffload.api.analysistemplate import CustomMetric, MetricSource
 from kvoffload.api.rollout import AnalysisSpec
+from kvoffload.engines.vllm.dialect import NEWEST
 
 NOW = datetime(2026, 12, 5, 12, 0, tzinfo=UTC)
 
@@ -97,7 +97,14 @@ QUERY = "sum(rate(vllm:time_to_first_token_seconds_count{ {{ selector }} }[{{ wi
 
 def test_an_observed_fleets_custom_metrics_select_its_pods_as_the_built_in_queries_do() -> None:
     fleet = Target(
-        "llm", "team", "2m", extra_matchers='cluster="prod"', stable_hash="h1", canary_hash="h2", pods=("vllm-0", "v.1")
+        "llm",
+        "team",
+        "2m",
+        dialect=NEWEST,
+        extra_matchers='cluster="prod"',
+        stable_hash="h1",
+        canary_hash="h2",
+        pods=("vllm-0", "v.1"),
     )
     provider = Recorder()
     (reading,) = read_custom(provider, [custom("ttft", max=5, comparison="ratio", query=QUERY)], fleet)
@@ -122,7 +129,7 @@ def test_an_observed_fleets_custom_metrics_select_its_pods_as_the_built_in_queri
 
 
 def test_a_rendered_variant_is_still_selected_by_the_policys_labels() -> None:
-    target = Target("llm", "chat", "2m", stable_hash="h1", canary_hash="h2")
+    target = Target("llm", "chat", "2m", dialect=NEWEST, stable_hash="h1", canary_hash="h2")
     provider = Recorder()
     read_custom(provider, [custom("ttft", max=5, comparison="ratio", query=QUERY)], target)
     assert provider.asked == [

@@ -5,14 +5,11 @@ from __future__ import annotations
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.analysis import dialects
-from kvoffload.analysis.dialects import (
-    FLAT_OFFLOAD,
-    LEGACY_OFFLOAD,
-    confirm_dialect,
-    dialect_for,
-)
 from kvoffload.api.versions import parse_version, version_from_image
+from kvoffload.engines import dialect as dialects
+from kvoffload.engines.dialect import confirm_dialect
+from kvoffload.engines.vllm import dialect as vllm_dialects
+from kvoffload.engines.vllm.dialect import FLAT_OFFLOAD, LEGACY_OFFLOAD, dialect_for
 from tests.support import paths
 
 FIXTURE = paths.VLLM_CAPTURE
@@ -103,10 +100,10 @@ def test_dialect_for_each_version(
 
 
 def test_unknown_version_speaks_the_newest_dialect() -> None:
-    assert dialect_for(None) == dialects.NEWEST == dialect_for("0.34.0")
-    assert dialects.NEWEST.name == "0.34"
-    assert dialect_for("0.32.0") != dialects.NEWEST
-    assert dialect_for("9.0.0") == dialects.NEWEST
+    assert dialect_for(None) == vllm_dialects.NEWEST == dialect_for("0.34.0")
+    assert vllm_dialects.NEWEST.name == "0.34"
+    assert dialect_for("0.32.0") != vllm_dialects.NEWEST
+    assert dialect_for("9.0.0") == vllm_dialects.NEWEST
 
 
 @pytest.mark.parametrize(
@@ -228,7 +225,7 @@ def test_confirm_changes_nothing_without_vllm_series() -> None:
 
 
 def test_every_table_row_names_its_evidence() -> None:
-    for change in dialects.DIALECT_CHANGES:
+    for change in vllm_dialects.DIALECT_CHANGES:
         assert any(word in change.evidence for word in ("PR", "capture", "wheel"))
-    rows = [since for since, _ in dialects.DIALECTS]
+    rows = [since for since, _ in vllm_dialects.DIALECTS]
     assert rows == sorted(rows)

@@ -30,8 +30,8 @@ from kvoffload.api.quantity import GIB
 from kvoffload.api.rollout import AnalysisSpec
 from kvoffload.api.status import Verdict
 from kvoffload.api.types import KVOffloadPolicySpec
-from kvoffload.lab.engine.families import TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
 from kvoffload.policy.ladder import Level
+from kvoffload_lab.engine.families import TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
 
 TTFT_BOUNDS = (*TTFT_BUCKETS, math.inf)
 ITL_BOUNDS = (*TOKEN_LATENCY_BUCKETS, math.inf)

@@ -11,6 +11,7 @@ from kvoffload.analysis.hub import FULL_BATCH, NAMES_MAX_AGE, MeasurementHub, Pr
 from kvoffload.analysis.measurements import Measurements, VariantSample
 from kvoffload.analysis.queries import PolicyKey, Target
 from kvoffload.controller.metrics import OperatorMetrics
+from kvoffload.engines.vllm.dialect import NEWEST
 
 
 class RecordingProvider:
@@ -41,7 +42,7 @@ class RecordingProvider:
 
 
 def target(name: str, namespace: str = "llm") -> Target:
-    return Target(namespace=namespace, policy=name, window="1m", stable_hash="stable")
+    return Target(namespace=namespace, policy=name, window="1m", dialect=NEWEST, stable_hash="stable")
 
 
 async def test_concurrent_policies_share_one_provider_call() -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from kvoffload.analysis.assess import GATES_WITH_EVIDENCE, look_alpha_of
-from kvoffload.lab.engine.families import TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
+from kvoffload_lab.engine.families import TOKEN_LATENCY_BUCKETS, TTFT_BUCKETS
 from tests.support.paths import ROOT
 from tests.support.prometheus import expected_quantile
 

@@ -23,9 +23,10 @@ from kvoffload.analysis.prometheus import PrometheusProvider
 from kvoffload.analysis.promhttp import MAX_ERROR_BYTES
 from kvoffload.analysis.queries import Target
 from kvoffload.api.errors import MAX_ERROR_CHARS
+from kvoffload.engines.vllm.dialect import NEWEST
 from tests.support.hostile import EMPTY_ANSWER, HostileServer, wait_until
 
-TARGET = Target("llm", "chat")
+TARGET = Target("llm", "chat", dialect=NEWEST)
 SLACK = 8.0
 """Seconds over a deadline a test allows: generous, as the machine is shared; without the bound it would be minutes."""
 
@@ -224,7 +225,7 @@ async def test_a_source_two_policies_share_stays_until_both_leave_it() -> None:
     shared = PrometheusSource("http://shared")
     for uid in ("a", "b"):
         hub.assign(uid, shared)
-        await hub.measure(Target("ns", uid), shared)
+        await hub.measure(Target("ns", uid, dialect=NEWEST), shared)
     hub.assign("a", PrometheusSource("http://elsewhere"))
     assert closed == []
     hub.forget("b")

@@ -20,7 +20,6 @@ import requests
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvoffload.analysis import queries as queries_module
-from kvoffload.analysis.dialects import LEGACY_OFFLOAD, NEWEST, confirm_dialect, dialect_for
 from kvoffload.analysis.evidence import count_above, total
 from kvoffload.analysis.measurements import Measurements
 from kvoffload.analysis.prometheus import PrometheusProvider
@@ -35,6 +34,8 @@ from kvoffload.analysis.queries import (
     scope_matcher,
 )
 from kvoffload.api import promql
+from kvoffload.engines.dialect import confirm_dialect
+from kvoffload.engines.vllm.dialect import LEGACY_OFFLOAD, NEWEST, dialect_for
 from tests.support import paths
 from tests.support.prometheus import (
     E2E_BUCKETS,
@@ -364,7 +365,7 @@ def test_hostile_extra_matchers_reach_no_query_and_give_an_error() -> None:
         server.shutdown()
     (path,) = handler.paths
     match = urllib.parse.parse_qs(urllib.parse.urlsplit(path).query)["match[]"]
-    assert match == ['{__name__=~"vllm:.+", namespace="llm", kvoffload_io_policy="chat", cluster="a\\\\"}']
+    assert match == ['{__name__=~".+:.+", namespace="llm", kvoffload_io_policy="chat", cluster="a\\\\"}']
 
 
 class _Slow(_Canned):

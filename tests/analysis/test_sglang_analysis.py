@@ -12,9 +12,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from kvoffload.analysis.dialects import NEWEST, SGLANG, policy_dialect
 from kvoffload.analysis.prometheus import PrometheusProvider
 from kvoffload.analysis.queries import build_queries
+from kvoffload.api.types import KVOffloadPolicySpec
+from kvoffload.engines import engine_for
+from kvoffload.engines.dialect import Dialect
+from kvoffload.engines.sglang.dialect import SGLANG
+from kvoffload.engines.vllm.dialect import NEWEST
 from tests.policy.render_policies import make_policy, sglang_policy
 from tests.support.prometheus import (
     ITL_BUCKETS,
@@ -44,9 +48,12 @@ STABLE = SyntheticEngine("hicache", "stable", requests_per_s=20, ttft_s=0.1, itl
 
 
 def test_a_policy_names_its_engines_dialect() -> None:
-    assert policy_dialect(sglang_policy().spec) is SGLANG
-    assert policy_dialect(make_policy().spec).name == "0.32"
-    assert policy_dialect(make_policy(model={"image": "vllm/vllm-openai:latest"}).spec) is NEWEST
+    def dialect_of(spec: KVOffloadPolicySpec) -> Dialect:
+        return engine_for(spec).dialect(spec)
+
+    assert dialect_of(sglang_policy().spec) is SGLANG
+    assert dialect_of(make_policy().spec).name == "0.32"
+    assert dialect_of(make_policy(model={"image": "vllm/vllm-openai:latest"}).spec) is NEWEST
 
 
 def test_sglang_has_no_cache_config_query_and_reads_its_counters_as_vllms_labels() -> None:

@@ -14,12 +14,12 @@ from typing import Any
 import pytest
 
 from kvoffload.analysis.assess import LIVE_CONFIG, assess
-from kvoffload.analysis.dialects import dialect_for
 from kvoffload.analysis.prometheus import PrometheusProvider
 from kvoffload.api.quantity import GIB
 from kvoffload.api.rollout import AnalysisSpec
 from kvoffload.api.serving import SecondaryTier
 from kvoffload.api.status import MetricResult, Verdict
+from kvoffload.engines.vllm.dialect import dialect_for
 from kvoffload.policy.ladder import Level
 from tests.support.prometheus import (
     PrometheusServer,

@@ -19,9 +19,12 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from kvoffload.api.quantity import parse_quantity
-from kvoffload.api.serving import RESERVED_LEVEL_NAMES
+from kvoffload.api.serving import KNOWN_ENGINES, RESERVED_LEVEL_NAMES
 from kvoffload.api.types import KVOffloadPolicySpec
-from kvoffload.api.vllmflags import managed_flags
+from kvoffload.engines import ENGINES
+from kvoffload.engines.options import managed_flags
+from kvoffload.engines.sglang import command as sglang
+from kvoffload.engines.vllm import flags as vllm
 from tests.support.cel_k8s import compile_rule, evaluate, every_rule, rule_failures
 from tests.support.crd_admission import apply_defaults, openapi_schema
 
@@ -67,7 +70,12 @@ def metric(name: str = "m", **extra: Any) -> dict[str, Any]:
 
 SECRET_KEY = {"secretKeyRef": {"name": "hf-token", "key": "token"}}
 
+
 # message -> (values the rule takes, values it refuses); `self` is the node the rule sits on.
+def engine_rule(title: str) -> str:
+    return f"may not set a flag the operator manages ({title}'s"
+
+
 CASES: dict[str, tuple[list[Any], list[Any]]] = {
     "must be greater than zero": (["32Gi", "1", 1, "0.5", "500m", "1e3", "+2Ki"], ["0", 0, "-1Gi", -5, "0.0", "-0.5"]),
     "must not be negative": (["0", 0, "4Gi", "1e-3"], ["-1", -1, "-4Gi", "-1m"]),
@@ -100,13 +108,35 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
             {"numLayers": 36, "numKVHeads": 8, "headDim": 128, "kvLoraRank": 512},
         ],
     ),
-    "may not set a flag the operator manages": (
-        [[], ["--enable-prefix-caching"], ["--model-impl=vllm", "--portable"], ["--max-num-seqs", "256"]],
-        [["--max-model-len=4096"], ["--enable-prefix-caching", "--port"], ["--kv-transfer-config={}"]]
+    # One rule per engine, on the spec: each applies its engine's managed spellings to its own policies only.
+    engine_rule("vLLM"): (
+        [spec(), spec(model__extraArgs=[])]
+        + [spec(model__extraArgs=a) for a in (["--enable-prefix-caching"], ["--model-impl=vllm", "--portable"])]
+        + [spec(model__extraArgs=["--max-num-seqs", "256"])]
+        # SGLang's managed flags are not vLLM's, and vLLM's are not judged on an SGLang policy by this rule.
+        + [spec(model__extraArgs=["--context-length=4096"]), spec(engine="sglang", model__extraArgs=["-tp=8"])],
+        [spec(model__extraArgs=a) for a in (["--max-model-len=4096"], ["--enable-prefix-caching", "--port"])]
+        + [spec(model__extraArgs=["--kv-transfer-config={}"])]
         # Spelt as vLLM's parser also reads them: underscores, a dotted JSON key, an alias, another long name.
-        + [["--max_model_len=131072"], ["-tp", "8"], ["--kv_offloading_size=500"], ["-tp=8"]]
-        + [["--kv-transfer-config.kv_connector_extra_config.cpu_bytes_to_use=1"], ["--device-memory-utilization"]]
-        + [[flag] for flag in managed_flags()],
+        + [spec(model__extraArgs=a) for a in (["--max_model_len=131072"], ["-tp", "8"], ["--kv_offloading_size=500"])]
+        + [spec(model__extraArgs=["-tp=8"]), spec(model__extraArgs=["--device-memory-utilization"])]
+        + [spec(model__extraArgs=["--kv-transfer-config.kv_connector_extra_config.cpu_bytes_to_use=1"])]
+        + [spec(model__extraArgs=[flag]) for flag in vllm.managed_flags()],
+    ),
+    engine_rule("SGLang"): (
+        [
+            spec(engine="sglang"),
+            spec(engine="sglang", model__extraArgs=["--enable-mixed-chunk"]),
+            spec(engine="sglang", model__extraArgs=["--max-running-requests", "64"]),
+            spec(model__extraArgs=["--context-length=4096"]),
+            spec(engine="sglang", model__extraArgs=["-tp=8"]),
+        ],
+        [spec(engine="sglang", model__extraArgs=a) for a in (["--context-length=4096"], ["--tp_size", "2"])]
+        + [spec(engine="sglang", model__extraArgs=["--mem-fraction-static=0.5", "--hicache-size", "8"])]
+        + [
+            spec(engine="sglang", model__extraArgs=[flag])
+            for flag in managed_flags(sglang.option_table(), sglang.MANAGED_DESTS)
+        ],
     ),
     "set exactly one of emptyDir, persistentVolumeClaim or hostPath": (
         [{"emptyDir": {}}, {"persistentVolumeClaim": {"claimName": "kv"}}, {"hostPath": {"path": "/mnt/nvme"}}],
@@ -255,6 +285,18 @@ CASES: dict[str, tuple[list[Any], list[Any]]] = {
     ),
 }
 
+
+# An engine with no hand-written cases above (a newly added one): its own managed spellings, refused on its policies
+# alone (the same flags on a vLLM policy are vLLM's rule's to judge).
+for _engine in ENGINES.values():
+    CASES.setdefault(
+        engine_rule(_engine.title),
+        (
+            [spec(engine=_engine.name), spec(model__extraArgs=list(_engine.managed_flags)[:1])],
+            [spec(engine=_engine.name, model__extraArgs=[flag]) for flag in _engine.managed_flags],
+        ),
+    )
+
 # Where each pod template rule sits, as a whole spec holding the value (for mirroring through the models).
 POD_TEMPLATE_AT = {
     "could complete into a variable that changes what code the engine loads": lambda v: {
@@ -278,10 +320,14 @@ POD_TEMPLATE_AT = {
 
 
 def rules_by_message() -> dict[str, str]:
-    """Each distinct rule of the CRD, keyed by the start of its message."""
+    """Each distinct rule of the CRD, keyed by the start of its message. An engine whose managed spellings need
+    more than one rule's pattern has several rules saying the same: they count as one, all of them holding."""
     found: dict[str, str] = {}
     for _, _, entry in every_rule(openapi_schema()):
         key = next((k for k in CASES if entry["message"].startswith(k)), entry["message"])
+        if key in ENGINE_RULES and key in found and found[key] != entry["rule"]:
+            found[key] = f"({found[key]}) && ({entry['rule']})"
+            continue
         assert found.get(key, entry["rule"]) == entry["rule"], f"two different rules say {key!r}"
         found[key] = entry["rule"]
     return found
@@ -330,6 +376,10 @@ SPEC_LEVEL = [
     "rollout.preflight.promptTokens must be at most model.maxModelLen",
 ]
 
+# Mirrored by the engine's own judgment (the webhook's and the operator's), not by the models: api cannot ask an
+# engine (test_every_managed_spelling_cel_refuses_is_refused_by_the_engine).
+ENGINE_RULES = [engine_rule(engine.title) for engine in ENGINES.values()]
+
 
 @pytest.mark.parametrize("message", SPEC_LEVEL)
 def test_models_mirror_the_spec_level_rules(message: str) -> None:
@@ -360,7 +410,6 @@ NODE_LEVEL = {
     "may not change what code the engine loads": "model.env.0.name",
     "must be longer than zero": "analysis.window",
     "give either numKVHeads and headDim (MHA/GQA) or kvLoraRank and qkRopeHeadDim (MLA)": "model.architecture",
-    "may not set a flag the operator manages": "model.extraArgs",
     "storeThreshold applies only to a single CPU tier, without secondaryTiers": "offload",
     "secondaryTiers names must be unique": "offload.secondaryTiers",
     "secondaryTiers may not be named cpu, cpu-pilot, gpu-only: those name ladder levels": "offload.secondaryTiers",
@@ -400,12 +449,39 @@ def test_pod_template_rules_mirror_the_models(message: str) -> None:
             KVOffloadPolicySpec.model_validate(spec(podTemplate=POD_TEMPLATE_AT[message](value)))
 
 
+@pytest.mark.parametrize("message", ENGINE_RULES)
+def test_every_managed_spelling_cel_refuses_is_refused_by_the_engine(message: str) -> None:
+    # The CEL rule is the API server's quick check; the engine's walk over its option table must refuse at least
+    # as much, with the item's own message (the models take the spec: they cannot ask an engine).
+    good, bad = CASES[message]
+    for value in bad:
+        KVOffloadPolicySpec.model_validate(value)
+        args = value["model"]["extraArgs"]
+        refused = {p.index for p in ENGINES[value["engine"]].judge_extra_args(args)}
+        assert refused, (value["engine"], args)
+        assert all("which the operator manages" in p.message for p in ENGINES[value["engine"]].judge_extra_args(args))
+    for value in good:
+        KVOffloadPolicySpec.model_validate(value)
+
+
+def test_each_engine_rule_is_its_engine_s_pattern() -> None:
+    rules = rules_by_message()
+    for name, engine in ENGINES.items():
+        rule = rules[engine_rule(engine.title)]
+        (known,) = (e for e in KNOWN_ENGINES if e.name == name)
+        assert rule.count(f"self.engine != '{name}'") == len(known.managed_patterns)
+        for pattern in known.managed_patterns:
+            assert f"!a.matches('{pattern}')" in rule
+    # SGLang's spellings need two patterns within the API server's cost budget: both hold.
+    assert len(next(e for e in KNOWN_ENGINES if e.name == "sglang").managed_patterns) == 2
+
+
 CUSTOM_METRIC_RULES = ["give min, max or both", "min must be at most max"]
 """Rules on one spec.analysis.metrics[] item, mirrored by test_models_mirror_the_custom_metric_rules."""
 
 
 def test_node_and_spec_cases_cover_every_rule() -> None:
-    covered = set(SPEC_LEVEL) | set(NODE_LEVEL) | set(POD_TEMPLATE_AT)
+    covered = set(SPEC_LEVEL) | set(NODE_LEVEL) | set(POD_TEMPLATE_AT) | set(ENGINE_RULES)
     covered |= {"set exactly one of emptyDir, persistentVolumeClaim or hostPath"}
     covered |= set(CUSTOM_METRIC_RULES)
     assert covered == set(CASES)

@@ -40,7 +40,7 @@ from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
 from kvoffload.api.quantity import QUANTITY_PATTERN
 from kvoffload.cli.main import main
 from kvoffload.controller import admission
-from kvoffload.lab.controlplane import free_port
+from kvoffload_lab.controlplane import free_port
 from tests.controller.test_admission_webhook import operator
 from tests.policy.render_policies import policy_files
 from tests.support.certificates import serving_certificate

@@ -30,6 +30,7 @@ from tests.api.test_bad_input import EXPECTED, INVALID, SCHEMA_MISTAKES
 from tests.api.test_cel import (
     CASE_PARAMS,
     CUSTOM_METRIC_RULES,
+    ENGINE_RULES,
     NODE_LEVEL,
     POD_TEMPLATE_AT,
     SPEC_LEVEL,
@@ -178,7 +179,7 @@ def dry_run(server: Kube, spec_value: dict[str, Any]) -> tuple[int, list[dict[st
 
 def whole_spec(message: str, value: Any) -> dict[str, Any]:
     """A spec that carries ``value`` where the rule that says ``message`` judges it."""
-    if message in SPEC_LEVEL:
+    if message in SPEC_LEVEL or message in ENGINE_RULES:
         return copy.deepcopy(value)  # type: ignore[no-any-return]
     if message in POD_TEMPLATE_AT:
         return spec(podTemplate=POD_TEMPLATE_AT[message](value))

@@ -36,8 +36,8 @@ import yaml
 from kvoffload.api.conventions import INVALID, LABEL_POLICY, PLURAL
 from kvoffload.api.quantity import parse_duration
 from kvoffload.controller import admission
-from kvoffload.lab.controlplane import free_port
 from kvoffload.policy.tenancy import Tenancy
+from kvoffload_lab.controlplane import free_port
 from tests.controller.test_admission_webhook import operator
 from tests.support import paths
 from tests.support.certificates import serving_certificate

@@ -21,8 +21,7 @@ from kvoffload.api.status import KVOffloadPolicyStatus, Phase
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.control import VERBS, new_annotation_value
 from kvoffload.cli.main import main
-from kvoffload.policy.engine_config import config_hash
-from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.sized import size_policy
 from kvoffload.rollout.decide import decide
 from kvoffload.rollout.observations import Observations, VariantObservation
 from tests.support import paths
@@ -58,14 +57,13 @@ class Operator:
         obj = self.stored()
         policy = KVOffloadPolicy.model_validate({k: v for k, v in obj.items() if k != "status"})
         status = KVOffloadPolicyStatus.model_validate(obj["status"]) if obj.get("status") else None
-        ladder = build_ladder(policy.spec)
         ready = VariantObservation(exists=True, config_hash=None, desired_replicas=0, ready_replicas=0)
         plan = decide(
             policy.spec,
             status,
             Observations(
                 generation=obj["metadata"].get("generation"),
-                level_hashes={lv.index: config_hash(policy, lv) for lv in ladder},
+                sized=size_policy(policy),
                 annotations=obj["metadata"].get("annotations") or {},
                 stable=ready,
                 canary=ready,
@@ -176,7 +174,7 @@ async def test_a_missing_policy_is_a_clear_error_without_a_traceback(kube: Emula
 
 
 async def test_an_unreachable_api_server_is_a_clear_error(tmp_path: Path) -> None:
-    from kvoffload.lab.cluster.kubeemu import write_kubeconfig
+    from kvoffload_lab.cluster.kubeemu import write_kubeconfig
 
     kubeconfig = write_kubeconfig("http://127.0.0.1:9", tmp_path / "kubeconfig")  # discard port: refused
     result = await asyncio.to_thread(CliRunner().invoke, main, ["pause", "demo", "--kubeconfig", str(kubeconfig)])

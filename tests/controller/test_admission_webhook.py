@@ -33,7 +33,7 @@ import yaml
 
 from kvoffload.api.conventions import INVALID, PLURAL
 from kvoffload.controller import admission
-from kvoffload.lab.controlplane import free_port
+from kvoffload_lab.controlplane import free_port
 from tests.policy.render_policies import RENDER_TENANCY
 from tests.support import paths
 from tests.support.certificates import Serving, serving_certificate

@@ -491,7 +491,7 @@ async def test_a_cycle_whose_input_was_rendered_before_renders_nothing(
     real = children_module.render_deployment
 
     def counting(policy: Any, level: Any, replicas: int) -> dict[str, Any]:
-        rendered.append(level.name)
+        rendered.append(level.level.name)
         return real(policy, level, replicas)
 
     monkeypatch.setattr(children_module, "render_deployment", counting)

@@ -8,7 +8,7 @@ import urllib.request
 from prometheus_client import CollectorRegistry, Counter
 
 from kvoffload.controller.health import Health, Role, serve
-from kvoffload.lab.promserver import free_port
+from kvoffload_lab.promserver import free_port
 
 
 class Clock:

@@ -10,7 +10,7 @@ import kubernetes
 import pytest
 
 from kvoffload.controller.leadership import Leadership, LeaseSettings
-from kvoffload.lab.promserver import free_port
+from kvoffload_lab.promserver import free_port
 from tests.support.kube import EmulatedCluster, kube, wait_for
 
 __all__ = ("kube",)

@@ -13,11 +13,11 @@ from typing import Any
 
 import pytest
 
-from kvoffload.economics import calibrate
 from kvoffload.economics.profile import ProfileError
 from kvoffload.economics.profileload import load_profile, shipped_profile
 from kvoffload.policy.catalog import find_model
 from kvoffload.policy.kvshape import bytes_per_token
+from kvoffload_lab import calibrate
 from tests.support import paths
 
 ROOT = paths.ROOT
@@ -39,7 +39,7 @@ def test_model_shapes_agree_with_the_catalog(name: str) -> None:
 
 def test_importing_the_calibration_loads_no_torch() -> None:
     # torch is no dependency of the operator: the module imports it only when it measures
-    code = "import sys, kvoffload.economics.calibrate, kvoffload.economics.breakeven; print('torch' in sys.modules)"
+    code = "import sys, kvoffload_lab.calibrate, kvoffload.economics.breakeven; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -55,7 +55,7 @@ def _raw() -> dict[str, Any]:
     ]
     return {
         "date": "2026-01-01",
-        "command": "python -m kvoffload.economics.calibrate --gpu-class x -o y",
+        "command": "python -m kvoffload_lab.calibrate --gpu-class x -o y",
         "environment": {"device": "GPU", "driver": "1", "torch": "2.11", "cuda": "13.0", "cpu": "cpu", "cpus": 4},
         "transfers": [
             {"direction": d, "path": p, "pageBytes": b, "pages": n, "seconds": s, "hostExposedReps": 0}

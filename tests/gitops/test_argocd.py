@@ -20,8 +20,7 @@ from kvoffload.api.conventions import Reason
 from kvoffload.api.status import KVOffloadPolicyStatus
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.control import VERBS, new_annotation_value
-from kvoffload.policy.engine_config import config_hash
-from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.sized import size_policy
 from kvoffload.rollout.decide import decide
 from kvoffload.rollout.observations import Observations, VariantObservation
 from tests.support import lua
@@ -174,7 +173,6 @@ def operator_acts_on(obj: dict[str, Any], verb: str) -> bool:
     """Whether ``rollout.decide`` acts on a new value of the verb's annotation, given this object."""
     policy = KVOffloadPolicy.model_validate({k: v for k, v in obj.items() if k != "status"})
     status = KVOffloadPolicyStatus.model_validate(obj["status"])
-    ladder = build_ladder(policy.spec)
 
     def seen(variant: Any) -> VariantObservation:
         if variant is None:
@@ -188,7 +186,7 @@ def operator_acts_on(obj: dict[str, Any], verb: str) -> bool:
     annotations = {**status.annotations_seen, key: new_annotation_value(status.annotations_seen.get(key), now)}
     observations = Observations(
         generation=obj["metadata"]["generation"],
-        level_hashes={level.index: config_hash(policy, level) for level in ladder},
+        sized=size_policy(policy),
         annotations=annotations,
         stable=seen(status.stable),
         canary=seen(status.canary),

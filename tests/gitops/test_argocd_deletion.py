@@ -30,7 +30,7 @@ import pytest
 import yaml
 
 from kvoffload.api.conventions import KIND
-from kvoffload.lab.controlplane import default_bin_dir
+from kvoffload_lab.controlplane import default_bin_dir
 from tests.support.controlplane import unavailable
 from tests.support.paths import EXAMPLES, ROOT
 

@@ -33,7 +33,7 @@ from kvoffload.api.conventions import ANNOTATION_ORIGINAL_REPLICAS, ANNOTATION_T
 from kvoffload.api.status import WorkloadStatus
 from kvoffload.controller.gateway import FIELD_MANAGER, PolicyRef
 from kvoffload.controller.takeover import RELEASED, holding
-from kvoffload.lab.controlplane import default_bin_dir
+from kvoffload_lab.controlplane import default_bin_dir
 from tests.support.controlplane import Kube, unavailable, wait_for
 from tests.support.paths import EXAMPLES, ROOT
 

@@ -29,9 +29,9 @@ import yaml
 
 from kvoffload.api.conventions import KIND
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.lab.controlplane import ControlPlane
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import render
+from kvoffload_lab.controlplane import ControlPlane
 from tests.support.controlplane import unavailable
 from tests.support.crd_admission import admit
 from tests.support.paths import EXAMPLES, ROOT

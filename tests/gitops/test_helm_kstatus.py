@@ -29,9 +29,9 @@ import pytest
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PLURAL, POLICY_API_VERSION
 from kvoffload.api.crd import crd_manifest
-from kvoffload.lab.cluster.kubeemu import KubeEmulator, serve, write_kubeconfig
-from kvoffload.lab.cluster.localcluster import LocalCluster
-from kvoffload.lab.controlplane import ControlPlane
+from kvoffload_lab.cluster.kubeemu import KubeEmulator, serve, write_kubeconfig
+from kvoffload_lab.cluster.localcluster import LocalCluster
+from kvoffload_lab.controlplane import ControlPlane
 from tests.support.cluster import OperatorProcess, load_on, status_of
 from tests.support.helm_watch import POLICY_CHART, WaitResult, install_and_wait
 from tests.support.status_fixtures import NAMES, load, policy

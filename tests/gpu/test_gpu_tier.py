@@ -23,14 +23,16 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.analysis import dialects
 from kvoffload.api.quantity import GIB, MIB, quantity_bytes
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.lab.engine.flags import parse_argv
-from kvoffload.lab.engine.kvengine import KVEngine
-from kvoffload.lab.engine.metrics import EngineMetrics
-from kvoffload.policy.hostmemory import engine_pinned_bytes, per_layer_pinned_bytes
+from kvoffload.engines import dialect as dialects
+from kvoffload.engines.vllm import dialect as vllm_dialects
+from kvoffload.engines.vllm.hostmemory import per_layer_pinned_bytes
+from kvoffload.policy.hostmemory import engine_pinned_bytes
 from kvoffload.policy.ladder import build_ladder
+from kvoffload_lab.engine.flags import parse_argv
+from kvoffload_lab.engine.kvengine import KVEngine
+from kvoffload_lab.engine.metrics import EngineMetrics
 from tests.lab.test_emulator_conformance import Shape, shapes
 from tests.support import paths
 
@@ -84,7 +86,7 @@ def test_a_fresh_engine_lacks_only_the_series_vllm_creates_at_first_report() -> 
 
 
 def test_the_024_dialect_reads_026_as_captured() -> None:
-    dialect = dialects.dialect_for("0.26.0")
+    dialect = vllm_dialects.dialect_for("0.26.0")
     assert dialect.name == "0.24"
     for capture in (OFFLOAD_CAPTURE, GPU_CAPTURE):
         present = {s.name for f in text_string_to_metric_families(capture.read_text()) for s in f.samples}

@@ -1,1 +1,1 @@
-"""Tests of kvoffload.lab: the local lab."""
+"""Tests of kvoffload_lab: the local lab."""

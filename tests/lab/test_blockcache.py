@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoffload.lab.engine.blockcache import ARCCache, LRUCache, block_hashes, make_cache
+from kvoffload_lab.engine.blockcache import ARCCache, LRUCache, block_hashes, make_cache
 
 
 def blocks(n: int, seed: int) -> list[bytes]:

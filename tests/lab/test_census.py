@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY
-from kvoffload.lab.capacity import Capacity, steps
-from kvoffload.lab.cluster.census import Census
+from kvoffload_lab.capacity import Capacity, steps
+from kvoffload_lab.cluster.census import Census
 
 
 @dataclass

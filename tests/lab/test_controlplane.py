@@ -1,4 +1,4 @@
-"""The real Kubernetes control plane (:mod:`kvoffload.lab.controlplane`), driven with a real kubectl.
+"""The real Kubernetes control plane (:mod:`kvoffload_lab.controlplane`), driven with a real kubectl.
 
 The session's control plane (tests/support/controlplane.py): the API server reports the pinned
 release, takes the project's CRD and the examples, and its controllers and scheduler do their part

@@ -23,7 +23,8 @@ import pytest
 from kvoffload.analysis.measurements import Measurements, VariantSample
 from kvoffload.api.status import HistoryEntry, KVOffloadPolicyStatus, Phase
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.lab.demo import (
+from kvoffload.policy.ladder import build_ladder
+from kvoffload_lab.demo import (
     SCENARIOS,
     Progress,
     decisions_from,
@@ -35,7 +36,6 @@ from kvoffload.lab.demo import (
     progress_line,
     sample_from,
 )
-from kvoffload.policy.ladder import build_ladder
 from tests.support import paths
 from tests.support.controlplane import Kube
 
@@ -149,7 +149,7 @@ def test_a_sample_takes_replicas_from_the_status_and_figures_from_prometheus() -
 
 
 def test_a_sample_keeps_what_offload_bought_for_the_variants_that_run() -> None:
-    from kvoffload.lab.demo import Bought
+    from kvoffload_lab.demo import Bought
 
     bought = Bought(
         ttft_p50={"stable": 0.05, "canary": 0.03, "ghost": 1.0},

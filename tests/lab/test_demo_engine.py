@@ -1,15 +1,17 @@
-"""``kvoffload demo --engine sglang``: the demo policy on SGLang, sized as HiCache takes it."""
+"""``kvoffload demo --engine``: the demo policy on SGLang, sized as HiCache takes it."""
 
 from __future__ import annotations
 
+import click
 import pytest
 
-from kvoffload.lab.cluster.localcluster import LAB_TENANCY
-from kvoffload.lab.demo import DemoError, default_policy_path, load_policy_doc, on_engine
 from kvoffload.policy.engine_config import engine_args
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.renderable import check_renderable
+from kvoffload_lab.cluster.localcluster import LAB_TENANCY
+from kvoffload_lab.commands import demo as demo_command
+from kvoffload_lab.demo import DEMO_ENGINES, DemoError, default_policy_path, load_policy_doc, on_engine
 
 
 def test_the_demo_policy_on_sglang_takes_whole_gigabytes_and_renders() -> None:
@@ -39,3 +41,9 @@ def test_an_sglang_policy_is_not_turned_back_into_vllm() -> None:
     doc = on_engine(load_policy_doc(default_policy_path()), "sglang")
     with pytest.raises(DemoError, match="give a policy for vllm"):
         on_engine(doc, "vllm")
+
+
+def test_the_demo_offers_every_engine_it_can_move_the_policy_onto() -> None:
+    choices = next(p for p in demo_command.params if p.name == "engine").type
+    assert isinstance(choices, click.Choice)
+    assert tuple(choices.choices) == DEMO_ENGINES

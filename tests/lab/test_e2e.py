@@ -26,10 +26,10 @@ import pytest_asyncio
 
 from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_LEVEL, LABEL_POLICY
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.lab.cluster.localcluster import stop_operator
-from kvoffload.lab.promserver import free_port
 from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder
+from kvoffload_lab.cluster.localcluster import stop_operator
+from kvoffload_lab.promserver import free_port
 from tests.support.cluster import (
     APIS,
     POLICY_API_VERSION,

@@ -21,9 +21,9 @@ import pytest
 import pytest_asyncio
 
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.lab.load import replay
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import render_deployment
+from kvoffload_lab.load import replay
 from tests.lab.test_e2e import CLIMB, in_namespace, in_phase, policy_doc
 from tests.support.cluster import LOAD_SCALE, Cluster, OperatorProcess, either_cluster, eventually, reuse_trace
 

@@ -1,6 +1,6 @@
 """End to end, no fault injected: a CPU tier that slows an engine on its own is rolled back (issue 11, part 3).
 
-Why the tier hurts, in the emulator's model (``kvoffload.lab.engine``), with no constant changed:
+Why the tier hurts, in the emulator's model (``kvoffload_lab.engine``), with no constant changed:
 
 - The engines are priced as the L40S (estimated profile, PCIe Gen4) serving Qwen3-0.6B. Its eager prefill is
   launch-bound: a 4,000-token miss costs 56 ms, hardly more than the forward's fixed 53 ms. A prompt restored

@@ -29,14 +29,10 @@ import pytest_asyncio
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvoffload.analysis.assess import look_alpha_of
-from kvoffload.analysis.dialects import (
-    NEWEST,
-    SOURCE_EXTERNAL_KV_TRANSFER,
-    SOURCE_LOCAL_CACHE_HIT,
-    SOURCE_LOCAL_COMPUTE,
-)
 from kvoffload.analysis.payoff import SubWindow, payoff_row
 from kvoffload.api.rollout import AnalysisSpec
+from kvoffload.engines.dialect import SOURCE_EXTERNAL_KV_TRANSFER, SOURCE_LOCAL_CACHE_HIT, SOURCE_LOCAL_COMPUTE
+from kvoffload.engines.vllm.dialect import NEWEST
 from tests.lab.test_e2e import level_index, policy_doc
 from tests.support.cluster import Cluster, OperatorProcess, either_cluster, load_on, status_of
 from tests.support.engines import Engine, EngineFactory

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import pytest_asyncio
 
-from kvoffload.lab.demo import SGLANG_IMAGE
+from kvoffload_lab.demo import SGLANG_IMAGE
 from tests.lab.test_e2e import canary_on, decisions, deployment, events_of, in_phase, level_hash, policy_doc
 from tests.support.cluster import Cluster, OperatorProcess, either_cluster, eventually, load_on
 

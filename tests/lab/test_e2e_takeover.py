@@ -28,9 +28,9 @@ from kvoffload.api.conventions import (
 )
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.main import main
-from kvoffload.lab.load import replay
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import render_deployment
+from kvoffload_lab.load import replay
 from tests.lab.test_e2e import decisions, deployment, in_phase, policy_doc
 from tests.support.cluster import (
     LOAD_SCALE,

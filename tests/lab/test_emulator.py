@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.lab.engine.config import ConfigError
-from kvoffload.lab.engine.faults import Faults, apply_faults
-from kvoffload.lab.engine.flags import parse_argv
-from kvoffload.lab.engine.kvengine import KVEngine, tokenize
+from kvoffload_lab.engine.config import ConfigError
+from kvoffload_lab.engine.faults import Faults, apply_faults
+from kvoffload_lab.engine.flags import parse_argv
+from kvoffload_lab.engine.kvengine import KVEngine, tokenize
 from tests.support import paths
 from tests.support.engines import Engine, EngineFactory
 

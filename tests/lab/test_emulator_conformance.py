@@ -23,12 +23,13 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.analysis import dialects
 from kvoffload.api.quantity import GIB
-from kvoffload.lab.engine.costmodel import Price
-from kvoffload.lab.engine.flags import parse_argv
-from kvoffload.lab.engine.kvengine import Admission
-from kvoffload.lab.engine.metrics import EngineMetrics
+from kvoffload.engines import dialect as dialects
+from kvoffload.engines.vllm import dialect as vllm_dialects
+from kvoffload_lab.engine.costmodel import Price
+from kvoffload_lab.engine.flags import parse_argv
+from kvoffload_lab.engine.kvengine import Admission
+from kvoffload_lab.engine.metrics import EngineMetrics
 from tests.support import paths
 from tests.support.engines import EngineFactory
 
@@ -98,7 +99,7 @@ def sample_names(text: str) -> set[str]:
 @pytest.mark.parametrize("version", ["0.12.0", "0.16.0", "0.24.0", "0.32.0", "0.33.0", "0.34.0"])
 def test_offload_series_match_the_dialect_table(version: str) -> None:
     present = sample_names(emulator_text("--kv-offloading-size", "0.5", "--vllm-version", version))
-    dialect = dialects.dialect_for(version)
+    dialect = vllm_dialects.dialect_for(version)
     for name in dialect.offload_families():
         assert dialects.has_family(name, present), name
     # What the emulator shows, confirmed, is what the table says for that version.
@@ -111,8 +112,8 @@ def test_older_dialects_rename_itl_and_kv_usage() -> None:
     assert "vllm:inter_token_latency_seconds_bucket" not in present
     assert "vllm:kv_cache_usage_perc" in present
     assert "vllm:prompt_tokens_by_source_total" not in present
-    confirmed = dialects.confirm_dialect(dialects.dialect_for(None), present)
-    old = dialects.dialect_for("0.10.1")
+    confirmed = dialects.confirm_dialect(vllm_dialects.dialect_for(None), present)
+    old = vllm_dialects.dialect_for("0.10.1")
     assert (confirmed.itl, confirmed.kv_cache_usage, confirmed.prompt_tokens_by_source) == (
         old.itl,
         old.kv_cache_usage,
@@ -194,7 +195,7 @@ def test_under_tiering_the_chunk_counters_are_served_per_tier(version: str) -> N
         assert {s.labels["tier"] for s in samples} == {"0:primary", "1:fs"}
         assert families[family].type == "counter"
     present = sample_names(emulator_text("--kv-transfer-config", TIERED, "--vllm-version", version))
-    dialect = dialects.dialect_for(version)
+    dialect = vllm_dialects.dialect_for(version)
     assert dialects.confirm_dialect(dialect, present) == dialect
     info = families.get("vllm:kv_offload_config_info")
     if version == "0.32.0":

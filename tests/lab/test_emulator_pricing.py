@@ -8,11 +8,11 @@ import random
 import pytest
 
 from kvoffload.economics.profileload import shipped_profile
-from kvoffload.lab.engine.config import ConfigError
-from kvoffload.lab.engine.costmodel import SEED_FIT, SEED_HELD_OUT, fit_laptop
-from kvoffload.lab.engine.flags import parse_argv
-from kvoffload.lab.engine.kvengine import KVEngine
 from kvoffload.policy.catalog import find_gpu_class, find_model
+from kvoffload_lab.engine.config import ConfigError
+from kvoffload_lab.engine.costmodel import SEED_FIT, SEED_HELD_OUT, fit_laptop
+from kvoffload_lab.engine.flags import parse_argv
+from kvoffload_lab.engine.kvengine import KVEngine
 
 MODEL = "Qwen/Qwen3-0.6B"
 KV = 114_688

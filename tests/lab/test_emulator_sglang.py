@@ -28,11 +28,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.lab.engine.config import ConfigError, EngineConfig
-from kvoffload.lab.engine.flags import parse_argv
-from kvoffload.lab.engine.kvengine import KVEngine
-from kvoffload.lab.engine.server import Emulator
-from kvoffload.lab.engine.sglangmetrics import SGLANG_FAMILIES, SGLangMetrics
+from kvoffload_lab.engine.config import ConfigError, EngineConfig
+from kvoffload_lab.engine.flags import parse_argv
+from kvoffload_lab.engine.kvengine import KVEngine
+from kvoffload_lab.engine.server import Emulator
+from kvoffload_lab.engine.sglangmetrics import SGLANG_FAMILIES, SGLangMetrics
 from tests.support import paths
 from tests.support.engines import Engine, EngineFactory
 

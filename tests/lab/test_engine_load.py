@@ -12,12 +12,12 @@ import pytest
 
 from kvoffload.economics.profile import GIB
 from kvoffload.economics.profileload import shipped_profile
-from kvoffload.lab.engine.config import ConfigError
-from kvoffload.lab.engine.costmodel import both_ways_factor
-from kvoffload.lab.engine.flags import parse_argv
-from kvoffload.lab.engine.kvengine import KVEngine
-from kvoffload.lab.engine.pcie import Link
-from kvoffload.lab.engine.scheduler import Request, Scheduler, run_virtual
+from kvoffload_lab.engine.config import ConfigError
+from kvoffload_lab.engine.costmodel import both_ways_factor
+from kvoffload_lab.engine.flags import parse_argv
+from kvoffload_lab.engine.kvengine import KVEngine
+from kvoffload_lab.engine.pcie import Link
+from kvoffload_lab.engine.scheduler import Request, Scheduler, run_virtual
 
 MODEL = "Qwen/Qwen3-0.6B"
 H200 = "nvidia-h200-141gb"

@@ -45,10 +45,10 @@ import pytest_asyncio
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, LABEL_CONFIG_HASH, LABEL_LEVEL, LABEL_POLICY, PLURAL
 from kvoffload.api.webhook import CONFIGURATION_NAME, validating_webhook_configuration
-from kvoffload.lab.cluster.kubeapi import APPLY_PATCH, FIELD_MANAGER, KubeAPIError, object_path
-from kvoffload.lab.cluster.kubecluster import KubeCluster
-from kvoffload.lab.cluster.podengine import PodEngine
-from kvoffload.lab.controlplane import default_bin_dir, free_port, missing_binaries
+from kvoffload_lab.cluster.kubeapi import APPLY_PATCH, FIELD_MANAGER, KubeAPIError, object_path
+from kvoffload_lab.cluster.kubecluster import KubeCluster
+from kvoffload_lab.cluster.podengine import PodEngine
+from kvoffload_lab.controlplane import default_bin_dir, free_port, missing_binaries
 from tests.lab.test_e2e import CLIMB, level_hash, level_index, policy_doc
 from tests.support.cluster import POLICY_API_VERSION, Cluster, OperatorProcess, eventually, load_on
 from tests.support.controlplane import unavailable

@@ -26,12 +26,12 @@ import yaml
 
 from kvoffload.api.conventions import LABEL_LEVEL, LABEL_POLICY
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.lab.cluster.nodekubelet import gpu_classes_named
-from kvoffload.lab.cluster.nodes import LABEL_LAB_NODE, node_manifest, node_name
-from kvoffload.lab.promserver import free_port
 from kvoffload.policy.catalog import GPU_CLASSES, find_gpu_class
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import render_deployment
+from kvoffload_lab.cluster.nodekubelet import gpu_classes_named
+from kvoffload_lab.cluster.nodes import LABEL_LAB_NODE, node_manifest, node_name
+from kvoffload_lab.promserver import free_port
 from tests.support import paths
 from tests.support.cluster import (
     ENGINE_GPU_KV_BLOCKS,

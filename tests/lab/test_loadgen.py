@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kvoffload.lab.load import TraceRequest, block_tokens, prompt_tokens, read_trace, route, schedule, session_key
+from kvoffload_lab.load import TraceRequest, block_tokens, prompt_tokens, read_trace, route, schedule, session_key
 
 
 def test_bundled_trace_is_the_mooncake_conversation_trace() -> None:

@@ -12,13 +12,14 @@ import pytest
 from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_LEVEL
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.controller.kubestate import parse_deployment, parse_pod
-from kvoffload.lab.cluster.deployments import rolling_limits
-from kvoffload.lab.cluster.localcluster import LAB_TENANCY, LocalCluster
-from kvoffload.lab.cluster.podengine import ANNOTATION_PORT, vllm_serve_args
 from kvoffload.policy.engine_config import engine_args
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
 from kvoffload.policy.render import render_deployment
+from kvoffload_lab.cluster.deployments import rolling_limits
+from kvoffload_lab.cluster.localcluster import LAB_TENANCY, LocalCluster
+from kvoffload_lab.cluster.podengine import ANNOTATION_PORT
+from kvoffload_lab.cluster.speakers import emulate_options
 from tests.support import paths
 from tests.support.cluster import eventually
 
@@ -69,17 +70,17 @@ async def health(url: str) -> int:
 def test_the_engine_runs_exactly_the_rendered_vllm_serve_arguments(policy: KVOffloadPolicy) -> None:
     for level in build_ladder(policy.spec):
         container = render_deployment(policy, level, 1)["spec"]["template"]["spec"]["containers"][0]
-        assert vllm_serve_args(container) == engine_args(policy, level)
+        assert emulate_options(container)[1] == engine_args(policy, level)
 
 
 def test_plain_vllm_serve_commands_are_understood_too() -> None:
-    assert vllm_serve_args({"args": ["--model", "m"]}) == ["--model", "m"]
-    assert vllm_serve_args({"command": ["vllm", "serve"], "args": ["m", "--port", "1"]}) == ["m", "--port", "1"]
+    assert emulate_options({"args": ["--model", "m"]})[1] == ["--model", "m"]
+    assert emulate_options({"command": ["vllm", "serve"], "args": ["m", "--port", "1"]})[1] == ["m", "--port", "1"]
 
 
 def test_a_container_that_does_not_run_vllm_serve_is_refused() -> None:
     with pytest.raises(RuntimeError, match="vllm serve"):
-        vllm_serve_args({"command": ["python", "app.py"]})
+        emulate_options({"command": ["python", "app.py"]})
 
 
 def test_rolling_limits_follow_the_deployment_strategy(policy: KVOffloadPolicy) -> None:

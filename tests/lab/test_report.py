@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.lab.capacity import Capacity
-from kvoffload.lab.report import (
+from kvoffload_lab.capacity import Capacity
+from kvoffload_lab.report import (
     CAPACITY_LABEL,
     Decision,
     Sample,

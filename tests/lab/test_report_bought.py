@@ -10,9 +10,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from kvoffload.lab.demo import Bought, SavedMeter, bought_queries
-from kvoffload.lab.engine.scheduler import run_virtual
-from kvoffload.lab.report import Sample, Timeline, markdown, summary_json
+from kvoffload_lab.demo import Bought, SavedMeter, bought_queries
+from kvoffload_lab.engine.scheduler import run_virtual
+from kvoffload_lab.report import Sample, Timeline, markdown, summary_json
 from tests.lab.test_engine_load import CPU_TIER, ENGINE, SLOW_LINK, conversations, scheduler
 
 SECONDS = 120.0
@@ -95,7 +95,7 @@ def test_the_saved_meter_turns_engine_totals_into_a_rate_per_role() -> None:
 
 
 def test_the_queries_read_vllms_ttft_histogram_and_the_external_source() -> None:
-    from kvoffload.analysis.dialects import dialect_for
+    from kvoffload.engines.vllm.dialect import dialect_for
 
     q = bought_queries(dialect_for("0.32.0"), "default", "demo", "20s")
     assert q["ttft_p50"].startswith("histogram_quantile(0.5, sum by (le, kvoffload_io_config_hash) (rate(vllm:time_to")

@@ -16,13 +16,14 @@ from kvoffload.api.quantity import GIB
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.controller.kubestate import parse_pod
 from kvoffload.engines.sglang.command import option_table
-from kvoffload.lab.cluster import sglangargs
-from kvoffload.lab.cluster.localcluster import LocalCluster
-from kvoffload.lab.cluster.podengine import ANNOTATION_PORT, LocalClusterError, vllm_serve_args
-from kvoffload.lab.engine.config import SPEAK_SGLANG
-from kvoffload.lab.engine.flags import parse_argv
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.render import render_deployment
+from kvoffload_lab.cluster import sglangargs
+from kvoffload_lab.cluster.localcluster import LocalCluster
+from kvoffload_lab.cluster.podengine import ANNOTATION_PORT, LocalClusterError
+from kvoffload_lab.cluster.speakers import emulate_options
+from kvoffload_lab.engine.config import SPEAK_SGLANG
+from kvoffload_lab.engine.flags import parse_argv
 from tests.policy.render_policies import sglang_policies, sglang_policy
 from tests.support.cluster import ENGINE_GPU_KV_BLOCKS, eventually
 
@@ -54,7 +55,7 @@ def test_every_level_of_a_rendered_sglang_policy_becomes_the_emulators_options(
     spec = policy.spec
     rendered = render_deployment(policy, level, 1)["spec"]["template"]["spec"]["containers"][0]
     assert rendered["command"] == LAUNCH
-    args = vllm_serve_args(rendered)
+    args = emulate_options(rendered)[1]
     config, _, ignored = parse_argv(args)
     assert ignored == []
     assert config.speak == SPEAK_SGLANG
@@ -96,7 +97,7 @@ def test_the_ladder_of_a_file_tier_policy_grows_tier_by_tier() -> None:
     policy = sglang_policies()["pilot-and-file-tier"]
     sizes = []
     for index in range(len(build_ladder(policy.spec))):
-        config, _, _ = parse_argv(vllm_serve_args(container(policy, index)))
+        config, _, _ = parse_argv(emulate_options(container(policy, index))[1])
         sizes.append((config.cpu_bytes, len(config.secondary_tiers)))
     assert sizes == [(None, 0), (8 * 10**9, 0), (64 * 10**9, 0), (64 * 10**9, 1)]
 
@@ -175,12 +176,12 @@ def test_what_cannot_be_translated_is_refused_naming_the_flag(
 ) -> None:
     pod = {"command": LAUNCH, "args": [*MODEL, *extra], "env": env}
     with pytest.raises(LocalClusterError, match=f"SGLang engine in the lab: {flag or '--hicache-storage-backend'}"):
-        vllm_serve_args(pod)
+        emulate_options(pod)
 
 
 def test_a_missing_model_path_is_refused() -> None:
     with pytest.raises(LocalClusterError, match="--model-path"):
-        vllm_serve_args({"command": LAUNCH, "args": ["--port", "8000"]})
+        emulate_options({"command": LAUNCH, "args": ["--port", "8000"]})
 
 
 def test_the_translated_and_ignored_flags_are_sglangs_own() -> None:
@@ -197,7 +198,7 @@ def test_the_translated_and_ignored_flags_are_sglangs_own() -> None:
 
 
 def test_a_vllm_container_is_untouched() -> None:
-    assert vllm_serve_args({"command": ["vllm", "serve"], "args": ["m", "--port", "1"]}) == ["m", "--port", "1"]
+    assert emulate_options({"command": ["vllm", "serve"], "args": ["m", "--port", "1"]})[1] == ["m", "--port", "1"]
     assert not sglangargs.is_sglang(["python3", "-m", "vllm.entrypoints.openai.api_server"])
     assert sglangargs.is_sglang(["/usr/bin/python3", "-m", "sglang.launch_server"])
 

@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PAUSE, PLURAL
-from kvoffload.lab.controlplane import ControlPlane
+from kvoffload_lab.controlplane import ControlPlane
 from tests.controller.test_operator_kopf import quick_spec
 from tests.support.receiver import Receiver
 

@@ -19,7 +19,8 @@ import helm_python as helm
 import pytest
 import yaml
 
-from kvoffload.analysis.dialects import HISTOGRAM_SUFFIXES, NEWEST
+from kvoffload.engines.dialect import HISTOGRAM_SUFFIXES
+from kvoffload.engines.vllm.dialect import NEWEST
 from tests.support import paths
 
 pytestmark = pytest.mark.prometheus
@@ -156,7 +157,7 @@ def test_the_engine_series_the_rules_read_are_vllm_0_32_s_names_in_the_dialect_t
     assert used
     for name in used:
         base = next((name.removesuffix(s) for s in HISTOGRAM_SUFFIXES if name.endswith(s)), name)
-        assert base in known, f"{name} is not a vLLM {NEWEST.name} series of analysis/dialects.py"
+        assert base in known, f"{name} is not a vLLM {NEWEST.name} series of engines/vllm/dialect.py"
 
 
 def test_every_alert_names_the_policy_and_its_namespace_or_is_about_the_operator() -> None:

@@ -20,11 +20,12 @@ import requests
 import yaml
 from click.testing import CliRunner
 
-from kvoffload.analysis.dialects import HISTOGRAM_SUFFIXES, NEWEST
 from kvoffload.api.conventions import ANNOTATION_TIER_CAPACITY, LABEL_LEVEL
 from kvoffload.cli.main import main
-from kvoffload.lab.cluster.localcluster import LocalCluster, running_operator
-from kvoffload.lab.promserver import free_port
+from kvoffload.engines.dialect import HISTOGRAM_SUFFIXES
+from kvoffload.engines.vllm.dialect import NEWEST
+from kvoffload_lab.cluster.localcluster import LocalCluster, running_operator
+from kvoffload_lab.promserver import free_port
 from tests.lab.test_e2e import canary_on, in_phase, policy_doc
 from tests.support import paths
 from tests.support.cluster import ENGINE_GPU_KV_BLOCKS, eventually, load_on
@@ -134,7 +135,7 @@ def test_the_engine_series_it_reads_are_vllm_0_32_s_names_in_the_dialect_table()
     assert used
     for name in used:
         base = next((name.removesuffix(s) for s in HISTOGRAM_SUFFIXES if name.endswith(s)), name)
-        assert base in known, f"{name} is not a vLLM {NEWEST.name} series of analysis/dialects.py"
+        assert base in known, f"{name} is not a vLLM {NEWEST.name} series of engines/vllm/dialect.py"
 
 
 # --- the chart's ConfigMap ----------------------------------------------------------------------

@@ -18,7 +18,7 @@ import yaml
 
 from kvoffload.api.status import Phase
 from kvoffload.controller.metrics import API_OPERATIONS, OperatorMetrics, PolicySeries
-from kvoffload.lab.promserver import free_port
+from kvoffload_lab.promserver import free_port
 from tests.support import paths
 from tests.support.prometheus import PrometheusServer, require_prometheus
 

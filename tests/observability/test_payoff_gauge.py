@@ -13,6 +13,7 @@ from kvoffload.api.status import AnalysisStatus, KVOffloadPolicyStatus, MetricRe
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
 from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.sized import size_policy
 from tests.support import paths
 
 DEMO = paths.ROOT / "examples" / "demo-two-tier.yaml"
@@ -53,7 +54,9 @@ def test_the_payoff_of_the_canary_s_level_is_published_measured_and_forecast() -
         forecast_saving_ms=31.5,
     )
     metrics = OperatorMetrics()
-    metrics.publish_policy("uid", PolicySeries.of("llm", "chat", canary_status(nvme, row), policy.spec, ladder))
+    metrics.publish_policy(
+        "uid", PolicySeries.of("llm", "chat", canary_status(nvme, row), policy.spec, size_policy(policy))
+    )
     who = (("policy", "chat"), ("policy_namespace", "llm"))
     assert scraped(metrics, "kvoffload_payoff_saving_ms") == {
         (("level", "nvme"), *who, ("source", "forecast")): 31.5,
@@ -63,6 +66,8 @@ def test_the_payoff_of_the_canary_s_level_is_published_measured_and_forecast() -
     assert scraped(metrics, "kvoffload_analysis_p_value") == {(("metric", "payoff"), *who): 4e-9}
     # Without a fitted saving or a forecast there is nothing to show, and the next analysis takes it away.
     unmeasured = row.model_copy(update={"canary": None, "forecast_saving_ms": None, "interval": None})
-    metrics.publish_policy("uid", PolicySeries.of("llm", "chat", canary_status(nvme, unmeasured), policy.spec, ladder))
+    metrics.publish_policy(
+        "uid", PolicySeries.of("llm", "chat", canary_status(nvme, unmeasured), policy.spec, size_policy(policy))
+    )
     assert scraped(metrics, "kvoffload_payoff_saving_ms") == {}
     assert "# TYPE kvoffload_payoff_saving_ms gauge" in generate_latest(metrics.registry).decode()

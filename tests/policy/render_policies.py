@@ -10,10 +10,10 @@ from typing import Any
 import yaml
 
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.lab.demo import SGLANG_IMAGE
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.loading import load_policy, parse_policy
 from kvoffload.policy.tenancy import Tenancy
+from kvoffload_lab.demo import SGLANG_IMAGE
 from tests.support import paths
 
 ROOT = paths.ROOT

@@ -9,11 +9,11 @@ import yaml
 from pydantic import ValidationError
 
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.lab.demo import planned_seconds
 from kvoffload.policy.catalog import find_gpu_class, find_model
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy as load_any_policy
 from kvoffload.policy.tenancy import Tenancy
+from kvoffload_lab.demo import planned_seconds
 from tests.policy.render_policies import RENDER_TENANCY
 from tests.support import paths
 from tests.support.crd_admission import admit

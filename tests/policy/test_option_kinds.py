@@ -1,11 +1,12 @@
 """Which engine options the operator manages and which load code, derived from the engines' own option tables.
 
-vLLM 0.32-0.34's (``api/data/vllm-options.json``) and SGLang 0.5.23's (``engines/sglang/data/sglang-options.json``)
-tables list every dest their parsers have. Each dest whose name says it touches the GPU memory share, the KV
-pool or the host pool (:data:`MEMORY`) must be managed or exempted below with a reason; each dest whose name
-says it loads code (:data:`CODE`) must be a code-loading option (refused unless the cluster admin allows it),
-managed, or exempted with a reason. A new engine release that adds such an option fails here until someone
-decides, as the managed flags do against the real parsers (tests/realvllm/test_managed_flags.py).
+vLLM 0.32-0.34's (``engines/vllm/data/vllm-options.json``) and SGLang 0.5.23's
+(``engines/sglang/data/sglang-options.json``) tables list every dest their parsers have. Each dest whose name says
+it touches the GPU memory share, the KV pool or the host pool (:data:`MEMORY`) must be managed or exempted below
+with a reason; each dest whose name says it loads code (:data:`CODE`) must be a code-loading option (refused unless
+the cluster admin allows it), managed, or exempted with a reason. A new engine release that adds such an option
+fails here until someone decides, as the managed flags do against the real parsers
+(tests/realvllm/test_managed_flags.py).
 """
 
 from __future__ import annotations
@@ -17,21 +18,13 @@ from typing import Any
 
 import pytest
 
-from kvoffload.api.serving import EngineName
-from kvoffload.api.vllmflags import (
-    CODE_LOADING_DESTS,
-    MANAGED_DESTS,
-    OptionTable,
-    cel_managed_pattern,
-    judge_extra_args,
-    option_dest,
-    option_table,
-)
 from kvoffload.engines import ENGINES
+from kvoffload.engines.options import OptionTable, judge_extra_args, option_dest
 from kvoffload.engines.sglang import command as sglang
-from kvoffload.lab.demo import SGLANG_IMAGE
+from kvoffload.engines.vllm.flags import CODE_LOADING_DESTS, MANAGED_DESTS, managed_pattern, option_table
 from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.tenancy import Tenancy, check_tenancy
+from kvoffload_lab.demo import SGLANG_IMAGE
 from tests.policy.render_policies import policy_object
 
 # Names that say a dest sets the GPU memory share, sizes the KV pool or holds host memory.
@@ -208,7 +201,7 @@ def test_spellings_of_a_code_option_are_refused_as_the_parser_reads_them() -> No
 
 
 def test_the_cel_pattern_refuses_the_newly_managed_vllm_flags_but_no_code_option() -> None:
-    pattern = re.compile(cel_managed_pattern())
+    pattern = re.compile(managed_pattern())
     for arg in ("--kv-cache-memory-bytes=80G", "--num_gpu_blocks_override", "--enable-sleep-mode"):
         assert pattern.match(arg), arg
     # The admin's allowance is not the CRD's to see: code options are the webhook's and the operator's.
@@ -216,8 +209,8 @@ def test_the_cel_pattern_refuses_the_newly_managed_vllm_flags_but_no_code_option
 
 
 def test_each_engine_says_its_code_options_and_the_admin_may_name_only_those() -> None:
-    assert ENGINES[EngineName.VLLM].code_options == CODE_LOADING_DESTS
-    assert ENGINES[EngineName.SGLANG].code_options == sglang.CODE_LOADING_DESTS
+    assert ENGINES["vllm"].code_options == CODE_LOADING_DESTS
+    assert ENGINES["sglang"].code_options == sglang.CODE_LOADING_DESTS
     assert Tenancy(code_options=("--trust-remote-code", "custom_weight_loader", "worker-cls")).problems() == []
     (problem,) = Tenancy(code_options=("--trust-remote-cod",)).problems()
     assert "--allowed-code-option '--trust-remote-cod'" in problem

@@ -138,6 +138,14 @@ REFUSED = [
     ),
     ({"metadata": {"labels": {"ok": "not a value"}}}, "spec.podTemplate.metadata.labels['ok']"),
     ({"volumes": [{"name": "dshm", "emptyDir": {}}]}, "spec.podTemplate.volumes[0].name"),
+    ({"volumes": [{"name": "engine-config", "emptyDir": {}}]}, "spec.podTemplate.volumes[0].name"),
+    (
+        {
+            "volumes": [{"name": "v", "emptyDir": {}}],
+            "volumeMounts": [{"name": "v", "mountPath": "/etc/kvoffload/engine"}],
+        },
+        "spec.podTemplate.volumeMounts[0].mountPath",
+    ),
     ({"volumes": [{"name": "kv-nvme", "emptyDir": {}}]}, "spec.podTemplate.volumes[0].name"),
     ({"volumes": [{"name": "ram", "emptyDir": {"medium": "Memory"}}]}, "spec.podTemplate.volumes[0].emptyDir.medium"),
     ({"volumeMounts": [{"name": "nowhere", "mountPath": "/data"}]}, "spec.podTemplate.volumeMounts[0].name"),

@@ -164,6 +164,6 @@ def test_sglang_flags_vllm_lacks_are_taken() -> None:
 
 def test_the_operator_judges_an_sglang_policy_on_sglangs_series() -> None:
     policy = sglang_policies()["pilot-and-file-tier"]
-    dialect, hashes = judge_resolved(policy)
+    dialect, sized = judge_resolved(policy)
     assert dialect.ttft == "sglang:time_to_first_token_seconds"
-    assert len(set(hashes.values())) == len(build_ladder(policy.spec)) == 4
+    assert len(set(sized.level_hashes.values())) == len(build_ladder(policy.spec)) == 4

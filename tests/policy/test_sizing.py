@@ -24,7 +24,8 @@ from kvoffload.policy.kvshape import (
 )
 from kvoffload.policy.ladder import build_ladder, find_level
 from kvoffload.policy.loading import parse_policy
-from kvoffload.policy.sizing import WarningCode, check_policy, plan_spec
+from kvoffload.policy.nodefit import check_policy
+from kvoffload.policy.sizing import WarningCode, plan_spec
 from kvoffload.policy.startup import (
     MAX_STRETCHED_PROGRESS_DEADLINE_SECONDS,
     PIN_SECONDS_PER_GIB,

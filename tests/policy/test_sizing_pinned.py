@@ -16,16 +16,10 @@ import pytest
 
 from kvoffload.api.quantity import GIB, MIB
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
-from kvoffload.policy.hostmemory import (
-    SHM_EXTRA_BYTES,
-    engine_pinned_bytes,
-    engine_version,
-    host_memory,
-    per_layer_pinned_bytes,
-    pins_per_layer,
-)
+from kvoffload.engines.vllm.hostmemory import engine_version, per_layer_pinned_bytes, pins_per_layer
+from kvoffload.policy.hostmemory import SHM_EXTRA_BYTES, engine_pinned_bytes, host_memory
 from kvoffload.policy.ladder import build_ladder, find_level
-from kvoffload.policy.sizing import check_policy
+from kvoffload.policy.nodefit import check_policy
 
 BASE: dict[str, Any] = {
     "model": {"name": "Qwen/Qwen3-0.6B", "image": "vllm/vllm-openai:v0.26.0", "maxModelLen": 8192},

@@ -21,7 +21,7 @@ import pytest
 
 from kvoffload.api.errors import PolicyError
 from kvoffload.api.quantity import GIB
-from kvoffload.api.serving import Backend, EngineName
+from kvoffload.api.serving import Backend
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.policy.engine_config import engine_args
 from kvoffload.policy.ladder import Level, build_ladder
@@ -69,7 +69,7 @@ def table_policies() -> dict[str, KVOffloadPolicy]:
 
 def rendered_cases() -> list[Rendered]:
     # SGLang's are checked by SGLang's own parser (tests/sglang).
-    cases = [Rendered(c.id, c.policy, c.level) for c in level_cases() if c.policy.spec.engine == EngineName.VLLM]
+    cases = [Rendered(c.id, c.policy, c.level) for c in level_cases() if c.policy.spec.engine == "vllm"]
     for name, policy in table_policies().items():
         cases += [Rendered(f"table-{name}/{lv.index}-{lv.name}", policy, lv) for lv in build_ladder(policy.spec)]
     return cases

@@ -10,17 +10,18 @@ from typing import Any
 import pytest
 
 from kvoffload.api.errors import PolicyError
-from kvoffload.api.serving import EngineName
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.engines import ENGINES
 from kvoffload.engines.engine import Setting
+from kvoffload.policy.adoptwarnings import workload_warnings
 from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder, find_level
 from kvoffload.policy.render import render_deployment
 from kvoffload.policy.renderable import check_renderable
+from kvoffload.policy.sized import Sized, size_policy
 from kvoffload.policy.templating import render_input
 from kvoffload.policy.tenancy import Tenancy, check_tenancy
-from kvoffload.policy.workload import adopt, workload_warnings
+from kvoffload.policy.workload import adopt
 from tests.policy.workload_cases import (
     NAMES,
     TENANCY,
@@ -32,8 +33,8 @@ from tests.policy.workload_cases import (
     policy_object,
 )
 
-VLLM = ENGINES[EngineName.VLLM]
-SGLANG = ENGINES[EngineName.SGLANG]
+VLLM = ENGINES["vllm"]
+SGLANG = ENGINES["sglang"]
 
 
 def paths_of(caught: pytest.ExceptionInfo[PolicyError]) -> list[str]:
@@ -76,9 +77,9 @@ def test_each_workloads_engine_is_recognised_from_its_container(name: str, engin
 
 def test_a_policy_that_names_no_engine_takes_the_containers_and_is_validated_as_such() -> None:
     before = policy("sglang")
-    assert before.spec.engine == EngineName.VLLM  # the default, until the container is read
+    assert before.spec.engine == "vllm"  # the default, until the container is read
     taken = adopted("sglang")
-    assert taken.spec.engine == EngineName.SGLANG
+    assert taken.spec.engine == "sglang"
     assert "engine" in taken.spec.model_fields_set
     assert taken.spec.model_dump(exclude={"engine"}) == before.spec.model_dump(exclude={"engine"})  # nothing else
 
@@ -124,7 +125,7 @@ def test_an_engine_named_in_the_spec_reads_a_container_it_cannot_recognise_by_im
     assert paths_of(caught) == ["spec.workloadRef"]
     obj_policy = policy_object("production-stack")
     obj_policy["spec"]["engine"] = "vllm"
-    assert adopt(parsed(obj_policy), obj).spec.engine == EngineName.VLLM
+    assert adopt(parsed(obj_policy), obj).spec.engine == "vllm"
 
 
 # --- the offload flags, however spelt ------------------------------------------------------------------------
@@ -302,16 +303,20 @@ def test_the_sglang_containers_own_flags_are_checked_too() -> None:
 # --- what the derived pods change, and the pod around them ---------------------------------------------------------
 
 
+def warnings_of(taken: KVOffloadPolicy) -> list[str]:
+    return workload_warnings(taken, size_policy(taken))
+
+
 def test_the_warnings_name_the_flags_and_variables_each_level_replaces() -> None:
-    warnings = workload_warnings(adopted("production-stack"))
+    warnings = warnings_of(adopted("production-stack"))
     assert warnings == [
         "container 'vllm' sets --kv-transfer-config, which every level replaces with its own offload flags",
         "container 'vllm' sets LMCACHE_LOG_LEVEL, LMCACHE_LOCAL_CPU, LMCACHE_MAX_LOCAL_CPU_SIZE, which every level "
         "replaces with its own offload variables",
     ]
-    assert workload_warnings(adopted("llm-d")) == []
-    assert "--enable-hierarchical-cache, --hicache-ratio" in workload_warnings(adopted("sglang"))[0]
-    assert workload_warnings(policy("sglang")) == []  # not read yet
+    assert warnings_of(adopted("llm-d")) == []
+    assert "--enable-hierarchical-cache, --hicache-ratio" in warnings_of(adopted("sglang"))[0]
+    assert workload_warnings(policy("sglang"), Sized("sglang", ())) == []  # not read yet
 
 
 def test_the_warnings_tell_what_the_pod_keeps_though_the_spec_would_differ() -> None:
@@ -322,7 +327,7 @@ def test_the_warnings_tell_what_the_pod_keeps_though_the_spec_would_differ() -> 
     )
     pol = policy_object("llm-d")
     pol["spec"]["gpu"]["nodeSelector"] = {"pool": "gpu"}
-    warnings = workload_warnings(adopt(parsed(pol), obj))
+    warnings = warnings_of(adopt(parsed(pol), obj))
     assert len(warnings) == 4, warnings
     assert "sets no context length" in warnings[0]
     assert "spec.gpu.nodeSelector and spec.gpu.tolerations are not applied" in warnings[1]

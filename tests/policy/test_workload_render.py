@@ -407,9 +407,10 @@ def test_render_workload_prints_the_derived_level_and_warns_on_stderr(name: str)
     level = find_level(build_ladder(taken.spec), index=2)
     assert result.stdout == dump_yaml(render_level(taken, level))
     warnings = [line.removeprefix("warning: ") for line in result.stderr.splitlines()]
-    from kvoffload.policy.workload import workload_warnings
+    from kvoffload.policy.adoptwarnings import workload_warnings
+    from kvoffload.policy.sized import size_policy
 
-    assert warnings == workload_warnings(taken)
+    assert warnings == workload_warnings(taken, size_policy(taken))
 
 
 def test_render_workload_defaults_to_the_top_level_and_docs_load_as_yaml() -> None:

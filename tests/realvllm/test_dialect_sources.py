@@ -2,7 +2,7 @@
 
 Every family the analysis reads for a release is registered, by that name, somewhere in that release's
 ``vllm/`` package; and the families 0.34 added over 0.33 are exactly the ones the 0.34 row of
-``analysis/dialects.py`` names as not read. vLLM registers its families with literal names (counters
+``engines/vllm/dialect.py`` names as not read. vLLM registers its families with literal names (counters
 without ``_total``), so a scan of the string literals finds each one.
 """
 
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from kvoffload.analysis import dialects
+from kvoffload.engines import dialect as dialects
+from kvoffload.engines.vllm import dialect as vllm_dialects
 
 pytestmark = pytest.mark.realvllm
 
@@ -55,15 +56,15 @@ def read_by(dialect: dialects.Dialect) -> set[str]:
 @pytest.mark.parametrize("version", list(SOURCES))
 def test_every_family_the_analysis_reads_is_registered_by_that_release(version: str) -> None:
     names = registered(version)
-    missing = [n for n in sorted(read_by(dialects.dialect_for(version))) if n.removesuffix("_total") not in names]
+    missing = [n for n in sorted(read_by(vllm_dialects.dialect_for(version))) if n.removesuffix("_total") not in names]
     assert not missing
 
 
 def test_034_adds_only_families_the_analysis_does_not_read() -> None:
     added = registered("0.34.0") - registered("0.33.0")
     assert added == ADDED_IN_034
-    newest = dialects.dialect_for("0.34.0")
+    newest = vllm_dialects.dialect_for("0.34.0")
     assert newest.name == "0.34"
-    assert newest is dialects.NEWEST
+    assert newest is vllm_dialects.NEWEST
     assert not {n.removesuffix("_total") for n in read_by(newest)} & added
-    assert read_by(newest) == read_by(dialects.dialect_for("0.33.0"))
+    assert read_by(newest) == read_by(vllm_dialects.dialect_for("0.33.0"))

@@ -1,7 +1,7 @@
 """The flags the operator manages, judged against vLLM's own serve parser: 0.32, 0.33 and 0.34.
 
-``kvoffload.api.vllmflags`` judges ``spec.model.extraArgs`` with an option table taken from vLLM's parsers
-(``operator/kvoffload/api/data/vllm-options.json``, made by ``scripts/vllm_options.py``) and a walk that needs
+``kvoffload.engines.vllm.flags`` judges ``spec.model.extraArgs`` with an option table taken from vLLM's parsers
+(``operator/kvoffload/engines/vllm/data/vllm-options.json``, made by ``scripts/vllm_options.py``) and a walk that needs
 no vLLM. Here, per vLLM release, one subprocess of that release's python (``.venv-vllm``, with ``.vllm-033`` or
 ``.vllm-034`` first on ``PYTHONPATH``) builds the serve parser, lists every option string argparse matches, and
 parses every argument list below with ``FlexibleArgumentParser.parse_args``, reporting which settings each one
@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from kvoffload.api.vllmflags import CODE_LOADING_DESTS, MANAGED_DESTS, judge_extra_args, option_table
+from kvoffload.engines.vllm.flags import CODE_LOADING_DESTS, MANAGED_DESTS, judge_extra_args, option_table
 
 pytestmark = pytest.mark.realvllm
 
@@ -253,7 +253,9 @@ def _missing(what: str) -> None:
 
 def _release_options(version: str) -> dict[str, Any]:
     """The committed table's options of one release."""
-    raw = json.loads((resources.files("kvoffload.api") / "data" / "vllm-options.json").read_text(encoding="utf-8"))
+    raw = json.loads(
+        (resources.files("kvoffload.engines.vllm") / "data" / "vllm-options.json").read_text(encoding="utf-8")
+    )
     assert version in raw["versions"]
     return {o: {"dest": e["dest"], "nargs": e["nargs"]} for o, e in raw["options"].items() if version in e["versions"]}
 

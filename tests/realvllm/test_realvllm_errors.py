@@ -14,8 +14,9 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from kvoffload.analysis.dialects import LABEL_FINISHED_REASON, NEWEST
 from kvoffload.analysis.errorgate import failed_share, http_failed_share
+from kvoffload.engines.dialect import LABEL_FINISHED_REASON
+from kvoffload.engines.vllm.dialect import NEWEST
 from tests.support.vllm import TINY_MODEL_NAME, http_get
 
 pytestmark = pytest.mark.realvllm

@@ -28,7 +28,7 @@ from kvoffload.rollout.decide import decide
 from kvoffload.rollout.observations import Observations, PodObservation, VariantObservation
 from kvoffload.rollout.plan import Plan
 from kvoffload.rollout.replicas import canary_replicas
-from tests.rollout.test_rollout import T0, crafted, level_hashes, make_spec
+from tests.rollout.test_rollout import T0, crafted, make_spec, sized_plan
 from tests.rollout.test_rollout_properties import specs
 
 
@@ -109,7 +109,7 @@ def observations(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus | None
 
     return Observations(
         generation=1,
-        level_hashes=level_hashes(spec),
+        sized=sized_plan(spec),
         stable=of(status.stable if status else None),
         canary=of(status.canary if status else None),
         retiring=tuple(cluster.observe(r.level_name, r.config_hash) for r in (status.retiring if status else [])),

@@ -28,7 +28,7 @@ from kvoffload.rollout.observe import NOT_JUDGED, would_apply
 from kvoffload.rollout.plan import Event, Plan, RetiringPlan, VariantPlan, Variants
 from kvoffload.rollout.preflight import RestorePrice
 from kvoffload.rollout.warmup import analysis_subject
-from tests.rollout.test_rollout import BASE_SPEC, T0, World, level_hashes
+from tests.rollout.test_rollout import BASE_SPEC, T0, World, sized_plan
 
 SELECTOR = {"matchLabels": {"app": "team-vllm"}}
 
@@ -75,7 +75,7 @@ class Fleet:
         analysed = status is not None and status.stable is not None and status.observed_generation == self.generation
         assessment = measurements = None
         if analysed:
-            subject = analysis_subject(self.spec, status, self.now)
+            subject = analysis_subject(self.spec, build_ladder(self.spec), status, self.now)
             assert status is not None
             measurements = Measurements(canary=self.sample if status.canary is not None else None, stable=self.sample)
             assessment = assess(
@@ -90,7 +90,7 @@ class Fleet:
             )
         observations = Observations(
             generation=self.generation,
-            level_hashes=level_hashes(self.spec),
+            sized=sized_plan(self.spec),
             assessment=assessment,
             measurements=measurements,
             price=self.price if analysed else None,
@@ -272,9 +272,7 @@ def test_turning_observe_only_on_starts_an_observed_ladder_from_gpu_only() -> No
     assert before.mode is Mode.STEP
     assert cond.find(before.conditions, OBSERVING) is None
     spec = observe_spec()
-    observations = Observations(
-        generation=2, level_hashes=level_hashes(spec), fleet=FleetObservation("app=team-vllm", pods())
-    )
+    observations = Observations(generation=2, sized=sized_plan(spec), fleet=FleetObservation("app=team-vllm", pods()))
     plan = decide(spec, before, observations, world.now)
     assert plan.status.history[-1].decision == Decision.OBSERVE_SWITCHED
     assert "left as they are, never deleted" in plan.status.history[-1].message

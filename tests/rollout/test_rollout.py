@@ -34,10 +34,11 @@ from kvoffload.api.conventions import (
     STALLED,
     Reason,
 )
-from kvoffload.api.quantity import GIB, parse_duration
+from kvoffload.api.quantity import GIB, parse_duration, to_quantity
 from kvoffload.api.status import KVOffloadPolicyStatus, MetricResult, Mode, Phase, Verdict
 from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.sized import Sized, size_spec
 from kvoffload.policy.startup import progress_deadline_seconds
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.decide import decide, invalid
@@ -95,6 +96,12 @@ def _deep_copy(obj: Any) -> Any:
 def level_hashes(spec: KVOffloadPolicySpec) -> dict[int, str]:
     """What the renderer would hash: the level's tiers and the image (rollout settings do not render)."""
     return {lv.index: f"{lv.name}-{lv.cpu_bytes}-{spec.model.image.rsplit(':', 1)[-1]}" for lv in build_ladder(spec)}
+
+
+def sized_plan(spec: KVOffloadPolicySpec, policy: str = "chat") -> Sized:
+    """The spec's sized plan as the cycle hands it to decide, its config hashes from ``level_hashes``."""
+    hashes = level_hashes(spec)
+    return size_spec(spec, policy, lambda level, _: hashes[level.index])
 
 
 # --- traffic, as Prometheus would show it --------------------------------------------
@@ -198,7 +205,7 @@ class World:
             )
         return Observations(
             generation=self.generation,
-            level_hashes=level_hashes(self.spec),
+            sized=sized_plan(self.spec),
             annotations=dict(self.annotations),
             stable=stable,
             canary=canary,
@@ -226,7 +233,7 @@ class World:
             if self.crafted_stable is not None or busy is not None:
                 measurements = Measurements(canary=busy, stable=self.crafted_stable)
         elif traffic is not None:
-            subject = analysis_subject(self.spec, self.status, self.now)
+            subject = analysis_subject(self.spec, build_ladder(self.spec), self.status, self.now)
             has_canary = self.status is not None and self.status.canary is not None
             # A variant with no replicas has no series: Prometheus shows nothing for it.
             variants = self.plan.variants if self.plan is not None else None
@@ -1030,10 +1037,18 @@ def test_conditions_keep_last_transition_time_across_holds():
     assert again.last_transition_time == since
 
 
-def test_decide_rejects_observations_without_every_level_hash():
+def test_decide_writes_the_host_memory_and_selector_from_the_sized_plan():
+    # Status has one author: decide writes hostMemory (the running level that needs the most) and the selector.
     spec = make_spec()
-    with pytest.raises(KeyError, match="level_hashes"):
-        decide(spec, None, Observations(generation=1, level_hashes={0: "x"}), T0)
+    sized = sized_plan(spec, "team-chat")
+    plan = decide(spec, None, Observations(generation=1, sized=sized), T0)
+    assert plan.status.selector == "kvoffload.io/policy=team-chat"
+    assert plan.variants is not None
+    assert plan.variants.canary is None
+    memory = sized[plan.variants.stable.level].memory
+    assert plan.status.host_memory is not None
+    assert plan.status.host_memory.request == to_quantity(memory.request)
+    assert plan.status.host_memory.pinned == to_quantity(memory.pinned)
 
 
 def test_every_status_decide_writes_fits_the_crd_status_schema():

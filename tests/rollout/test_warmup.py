@@ -21,6 +21,7 @@ from kvoffload.analysis.measurements import Measurements, VariantSample
 from kvoffload.api.conventions import Reason
 from kvoffload.api.status import AnalysisStatus, KVOffloadPolicyStatus, MetricResult, Mode, Phase, Verdict, WarmupStatus
 from kvoffload.api.types import KVOffloadPolicySpec
+from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout.decide import decide
 from kvoffload.rollout.record import evidence_of
 from kvoffload.rollout.warmup import analysis_subject
@@ -78,7 +79,7 @@ def tick(world: World, canary_of: Canary = issue_9, stable: VariantSample = WARM
         canary = canary_of((world.now - st.stage.started_at).total_seconds())
     has_stable = st is None or st.stable is None or st.stable.replicas > 0
     measurements = Measurements(canary=canary, stable=stable if has_stable else None)
-    subject = analysis_subject(world.spec, st, world.now)
+    subject = analysis_subject(world.spec, build_ladder(world.spec), st, world.now)
     assessment = assess(
         world.spec,
         subject.level,
@@ -206,9 +207,11 @@ def test_judged_from_the_analysis_window_after_the_warm_up_end() -> None:
     assert w.warm_at == world.now
     assert w.judged_from == world.now + timedelta(seconds=WINDOW_S)
     # neither at the end of the warm-up nor one second before judgedFrom; from judgedFrom on
-    assert not analysis_subject(world.spec, world.st, world.now).comparing
-    assert not analysis_subject(world.spec, world.st, w.judged_from - timedelta(seconds=1)).comparing
-    assert analysis_subject(world.spec, world.st, w.judged_from).comparing
+    assert not analysis_subject(world.spec, build_ladder(world.spec), world.st, world.now).comparing
+    assert not analysis_subject(
+        world.spec, build_ladder(world.spec), world.st, w.judged_from - timedelta(seconds=1)
+    ).comparing
+    assert analysis_subject(world.spec, build_ladder(world.spec), world.st, w.judged_from).comparing
     while world.now + timedelta(seconds=2) < w.judged_from:
         tick(world, cold_start, STABLE)
         last = world.st.last_analysis
@@ -323,7 +326,7 @@ def test_the_error_gate_acts_at_once_during_the_warm_up() -> None:
     failing = replace(WARM, finished={"stop": 200.0, "error": 200.0})
     healthy = replace(WARM, finished={"stop": 400.0, "error": 0.0})
     for _ in range(20):
-        subject = analysis_subject(world.spec, world.st, world.now + timedelta(seconds=2))
+        subject = analysis_subject(world.spec, build_ladder(world.spec), world.st, world.now + timedelta(seconds=2))
         assert not subject.comparing  # still warming: 10 minutes
         tick(world, lambda _: failing, healthy)
         if world.phase is Phase.ROLLED_BACK:

@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
-from kvoffload.analysis.dialects import SGLANG
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.engines.sglang.command import GB, LAUNCH
+from kvoffload.engines.sglang.dialect import SGLANG
 from kvoffload.policy.ladder import Level, build_ladder
 from kvoffload.policy.render import render_deployment
 from tests.policy.render_policies import sglang_policies

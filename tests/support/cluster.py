@@ -2,7 +2,7 @@
 
 ``local_cluster`` is a running :class:`kvoffload.localcluster.LocalCluster` in the test's
 event loop, with small GPU KV caches on its engines so offloading pays. :func:`either_cluster`
-gives the same on the real control plane (:class:`kvoffload.lab.cluster.kubecluster.KubeCluster`
+gives the same on the real control plane (:class:`kvoffload_lab.cluster.kubecluster.KubeCluster`
 on the session's ``control_plane``, in a namespace of its own): a test module that overrides
 ``local_cluster`` with it, parametrized over :data:`APIS`, runs each test on both. ``operator`` starts
 ``kvoffload run -A --standalone`` against it as a subprocess (tests may SIGKILL it and call
@@ -26,9 +26,9 @@ import pytest
 import pytest_asyncio
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND
-from kvoffload.lab.cluster.kubecluster import KubeCluster
-from kvoffload.lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
-from kvoffload.lab.load import TraceRequest, replay
+from kvoffload_lab.cluster.kubecluster import KubeCluster
+from kvoffload_lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
+from kvoffload_lab.load import TraceRequest, replay
 from tests.support.prometheus import require_prometheus
 
 POLICY_API_VERSION = f"{API_GROUP}/{API_VERSION}"

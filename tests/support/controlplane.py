@@ -1,6 +1,6 @@
 """pytest fixtures: ONE real Kubernetes control plane per test session, and a real kubectl to drive it.
 
-``control_plane`` starts :class:`kvoffload.lab.controlplane.ControlPlane` (etcd, kube-apiserver,
+``control_plane`` starts :class:`kvoffload_lab.controlplane.ControlPlane` (etcd, kube-apiserver,
 kube-controller-manager, kube-scheduler; about 4 s) the first time a test asks for it, and stops
 it when the session ends, checking that none of its processes is left running. Every test that
 needs the real server shares it, so a test must not assume an empty cluster: it makes its own
@@ -32,8 +32,8 @@ import kubernetes.client
 import kubernetes.config
 import pytest
 
-from kvoffload.lab import promoperator
-from kvoffload.lab.controlplane import ControlPlane, default_bin_dir, missing_binaries
+from kvoffload_lab import promoperator
+from kvoffload_lab.controlplane import ControlPlane, default_bin_dir, missing_binaries
 from tests.support import paths
 from tests.support.summary import report
 
@@ -168,7 +168,7 @@ def control_plane(tmp_path_factory: pytest.TempPathFactory, pytestconfig: pytest
     missing = missing_binaries()
     if missing:
         unavailable(f"no {', '.join(missing)} in {default_bin_dir()}: run scripts/build-kube.sh")
-    # The lab's clusters on it run the real Prometheus Operator (kvoffload.lab.promoperator).
+    # The lab's clusters on it run the real Prometheus Operator (kvoffload_lab.promoperator).
     if gone := promoperator.missing():
         unavailable(f"no {', '.join(gone)} in {default_bin_dir()}: run scripts/build-prometheus-operator.sh")
     report(pytestconfig, f"lab: {promoperator.version()} (built from tools/prometheus-operator)")

@@ -1,7 +1,7 @@
 """Faults for end-to-end scenarios: a control plane whose etcd and kube-apiserver can be restarted, and proxies
 that stand between the operator and what it talks to, so a test can make them slow, failing or conflicting.
 
-- :class:`RestartablePlane`: :class:`kvoffload.lab.controlplane.ControlPlane` with :meth:`RestartablePlane.restart`,
+- :class:`RestartablePlane`: :class:`kvoffload_lab.controlplane.ControlPlane` with :meth:`RestartablePlane.restart`,
   which stops one component (SIGTERM, or SIGKILL as a crash) and starts it again with the same arguments, ports
   and data directory, then waits until it (and the API server, for etcd) answers healthy again.
 - :class:`PrometheusProxy`: plain HTTP on 127.0.0.1 in front of a real Prometheus, switched at will between
@@ -36,8 +36,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from kvoffload.lab.cluster.kubeapi import tls_context
-from kvoffload.lab.controlplane import HOST, ControlPlane, ControlPlaneError, free_port
+from kvoffload_lab.cluster.kubeapi import tls_context
+from kvoffload_lab.controlplane import HOST, ControlPlane, ControlPlaneError, free_port
 
 BODY_READ_S = 30.0
 """How long a proxy here waits for a client's request body."""

@@ -35,8 +35,8 @@ import pytest_asyncio
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND, PLURAL
 from kvoffload.controller.gateway import KubernetesGateway, RetryPolicy
-from kvoffload.lab.cluster.kubeemu import KubeEmulator, serve, write_kubeconfig
-from kvoffload.lab.processes import KILL_WAIT_S
+from kvoffload_lab.cluster.kubeemu import KubeEmulator, serve, write_kubeconfig
+from kvoffload_lab.processes import KILL_WAIT_S
 
 T = TypeVar("T")
 

@@ -24,11 +24,12 @@ from typing import Any, TypeVar
 
 import pytest
 
-from kvoffload.analysis.dialects import NEWEST, Dialect
 from kvoffload.analysis.queries import Target
-from kvoffload.lab import promserver
-from kvoffload.lab.engine import families
-from kvoffload.lab.promserver import PROMETHEUS_BIN, SCRAPE_INTERVAL_S, PrometheusError, free_port  # noqa: F401  (re-exported)
+from kvoffload.engines.dialect import Dialect
+from kvoffload.engines.vllm.dialect import NEWEST
+from kvoffload_lab import promserver
+from kvoffload_lab.engine import families
+from kvoffload_lab.promserver import PROMETHEUS_BIN, SCRAPE_INTERVAL_S, PrometheusError, free_port  # noqa: F401  (re-exported)
 
 T = TypeVar("T")
 
@@ -165,14 +166,22 @@ def _level_labels(engine: SyntheticEngine) -> str:
 
 
 def synthetic_target(
-    namespace: str, policy: str, window: str = "2m", *args: Any, with_canary: bool = True, **kwargs: Any
+    namespace: str,
+    policy: str,
+    window: str = "2m",
+    dialect: Dialect = NEWEST,
+    *args: Any,
+    with_canary: bool = True,
+    **kwargs: Any,
 ) -> Target:
-    """A Target whose stable and canary are the synthetic engines of variant ``stable`` and ``canary``."""
+    """A Target whose stable and canary are the synthetic engines of variant ``stable`` and ``canary``; vLLM's newest
+    dialect unless given."""
     return Target(
         namespace,
         policy,
         window,
         *args,
+        dialect=dialect,
         stable_hash="stable",
         canary_hash="canary" if with_canary else None,
         **kwargs,

@@ -1,4 +1,4 @@
-"""pytest fixture: the real Kubernetes control plane (:mod:`kvoffload.lab.controlplane`) with the project's CRD.
+"""pytest fixture: the real Kubernetes control plane (:mod:`kvoffload_lab.controlplane`) with the project's CRD.
 
 ``real_cluster`` starts kube-apiserver v1.37.2, etcd and the controllers from ``.kube-bin`` (or
 ``$KVOFFLOAD_KUBE_BIN``; ``scripts/build-kube.sh`` builds them) once per test module, posts the
@@ -18,7 +18,7 @@ import kubernetes.config
 import pytest
 
 from kvoffload.api.crd import CRD_NAME, crd_manifest
-from kvoffload.lab.controlplane import ControlPlane, default_bin_dir, missing_binaries
+from kvoffload_lab.controlplane import ControlPlane, default_bin_dir, missing_binaries
 
 
 @pytest.fixture(scope="module")

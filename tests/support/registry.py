@@ -29,7 +29,7 @@ import pytest
 import requests
 import yaml
 
-from kvoffload.lab.controlplane import default_bin_dir
+from kvoffload_lab.controlplane import default_bin_dir
 from tests.support.controlplane import unavailable
 from tests.support.engines import free_port
 from tests.support.paths import ROOT

@@ -10,7 +10,7 @@ import pytest
 from tests.support.paths import ROOT
 
 MOONCAKE = {
-    "mooncake-conversation.jsonl": ROOT / "operator" / "kvoffload" / "lab" / "data" / "mooncake-conversation.jsonl.gz",
+    "mooncake-conversation.jsonl": ROOT / "lab" / "kvoffload_lab" / "data" / "mooncake-conversation.jsonl.gz",
     "mooncake-synthetic.jsonl": ROOT / "tests" / "data" / "traces" / "mooncake-synthetic.jsonl.gz",
 }
 """Each trace's name in the traces' README, and its file."""

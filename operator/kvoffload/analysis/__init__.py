@@ -1,1 +1,2 @@
-"""Analysis: measurements, assess(), vLLM's metric dialects, the Prometheus provider and the hub."""
+"""Analysis: measurements, assess(), the queries in an engine's metric dialect (``engines/dialect.py``), the
+Prometheus provider and the hub."""

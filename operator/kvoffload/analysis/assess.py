@@ -16,7 +16,6 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 
-from kvoffload.analysis.dialects import CACHED_SOURCE_DISK, CACHED_SOURCE_HOST
 from kvoffload.analysis.errorgate import ERROR_SHARE, ERROR_SHARE_INCREASE, error_rows
 from kvoffload.analysis.evidence import look_alpha
 from kvoffload.analysis.latencygate import Gate, Side, budget_row, ratio_row
@@ -33,6 +32,7 @@ from kvoffload.api.quantity import parse_duration
 from kvoffload.api.rollout import AnalysisSpec, PayoffGate, RolloutSpec
 from kvoffload.api.status import AnalysisStatus, BaselineStatus, MetricResult, Verdict
 from kvoffload.api.types import KVOffloadPolicySpec
+from kvoffload.engines.dialect import CACHED_SOURCE_DISK, CACHED_SOURCE_HOST
 from kvoffload.policy.ladder import Level
 
 # Metric names, as they appear in status.lastAnalysis.metrics and the CLI table.
@@ -221,6 +221,12 @@ def assess(
             baseline.itl_p99 if baseline else None,
         ),
     ):
+        if gate.name == ITL_P99 and measurements.no_itl is not None:
+            unjudged = f"not judged: {measurements.no_itl}"
+            add(ITL_P99, None, None, gate.budget, None, unjudged, gated=False)
+            if canary is not None and stable_side:
+                add(ITL_RATIO, None, None, limit, None, unjudged, gated=False)
+            continue
         side = Side(_num(getattr(subject, attr)), getattr(subject, hist_attr), _num(subject.requests))
         other = Side(_num(getattr(stable, attr)), getattr(stable, hist_attr), _num(stable.requests))
         judged = budget_row(
@@ -315,7 +321,7 @@ def assess(
                 s_hits,
                 0.0,
                 None,
-                "this vLLM exports no per-source cache counters (not gated)",
+                "the engines export no per-source cache counters (not gated)",
                 gated=False,
             )
         elif not warmed_up:

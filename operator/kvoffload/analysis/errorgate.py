@@ -34,7 +34,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from kvoffload.analysis.dialects import FAILED_REASONS, HTTP_SERVER_ERROR
 from kvoffload.analysis.evidence import (
     Sureness,
     difference_test,
@@ -46,6 +45,7 @@ from kvoffload.analysis.evidence import (
 )
 from kvoffload.api.rollout import ErrorsSpec
 from kvoffload.api.status import MetricResult
+from kvoffload.engines.dialect import FAILED_REASONS, HTTP_SERVER_ERROR
 
 ERROR_SHARE = "errorShare"
 ERROR_SHARE_INCREASE = "errorShareIncrease"
@@ -180,7 +180,7 @@ def error_rows(
     budget = errors.max_share
     if not subject.counts:
         # Nothing to judge, ever, where the engines export neither count.
-        add(ERROR_SHARE, shares, budget, None, f"no vllm:request_success_total for the {who} (not gated)", gated=False)
+        add(ERROR_SHARE, shares, budget, None, f"no finished-request counts for the {who} (not gated)", gated=False)
     elif subject.judged is None:
         add(
             ERROR_SHARE,
@@ -213,7 +213,7 @@ def error_rows(
         return rows
     limit = errors.max_increase
     if not c.counts or not s.counts:
-        msg = "canary - stable failed share needs vllm:request_success_total on both (not gated)"
+        msg = "canary - stable failed share needs finished-request counts on both (not gated)"
         add(ERROR_SHARE_INCREASE, (None, None), limit, None, msg, gated=False)
     elif c.judged is None or s.judged is None:
         msg = (

@@ -115,6 +115,9 @@ class Measurements:
     stable: VariantSample | None
     error: str | None = None
     """Set when Prometheus could not answer; the verdict is then Inconclusive."""
+    no_itl: str | None = None
+    """Why no inter-token latency can be measured (the engine's dialect has no such series); the ITL rows are then
+    not judged, by name, rather than Inconclusive forever."""
 
 
 def has_series(sample: VariantSample | None) -> bool:

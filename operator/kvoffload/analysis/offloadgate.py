@@ -6,15 +6,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from kvoffload.analysis.dialects import (
+from kvoffload.analysis.measurements import VariantSample, _num, _ratio
+from kvoffload.api.quantity import GIB
+from kvoffload.engines.dialect import (
     LABEL_CPU_NUM_CHUNKS,
     LABEL_CPU_SIZE_BYTES,
+    LABEL_OFFLOADING_BACKEND,
+    LABEL_OFFLOADING_SIZE,
     LABEL_TIER,
     TIER_PRIMARY,
     secondary_tier_label,
 )
-from kvoffload.analysis.measurements import VariantSample, _num, _ratio
-from kvoffload.api.quantity import GIB
 from kvoffload.policy.ladder import Level
 
 TIER_HIT_SHARE = "tierHitShare"
@@ -118,10 +120,10 @@ def _allocated_check(subject: VariantSample, level: Level, who: str) -> tuple[bo
 def _live_config_message(subject: VariantSample, level: Level, who: str) -> str:
     """What vllm:cache_config_info says the subject runs, and whether it matches the level."""
     if not subject.config:
-        return f"no vllm:cache_config_info for the {who}"
-    size = subject.config.get("kv_offloading_size", "None")
-    backend = subject.config.get("kv_offloading_backend", "None")
-    seen = f"{who} runs kv_offloading_size={size} kv_offloading_backend={backend}"
+        return f"no cache config series for the {who}"
+    size = subject.config.get(LABEL_OFFLOADING_SIZE, "None")
+    backend = subject.config.get(LABEL_OFFLOADING_BACKEND, "None")
+    seen = f"{who} runs {LABEL_OFFLOADING_SIZE}={size} {LABEL_OFFLOADING_BACKEND}={backend}"
     # Only the plain CPU-tier command line sets --kv-offloading-size; tiered levels use a connector config.
     if level.secondary_tiers:
         return seen

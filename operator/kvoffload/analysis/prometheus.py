@@ -26,16 +26,6 @@ import requests
 from urllib3.exceptions import InsecureRequestWarning
 from urllib3.util.retry import Retry
 
-from kvoffload.analysis.dialects import (
-    LABEL_CPU_NUM_CHUNKS,
-    LABEL_CPU_SIZE_BYTES,
-    LABEL_FINISHED_REASON,
-    LABEL_HTTP_STATUS,
-    LABEL_OFFLOADING_BACKEND,
-    LABEL_OFFLOADING_SIZE,
-    LABEL_TIER,
-    Dialect,
-)
 from kvoffload.analysis.evidence import Histogram
 from kvoffload.analysis.measurements import WORKLOAD_QUANTILES, Measurements, Percentiles, VariantSample, WorkloadSample
 from kvoffload.analysis.payoff import SubWindow
@@ -79,6 +69,16 @@ from kvoffload.analysis.queries import (
 )
 from kvoffload.api.promql import escape_label_value, render_matchers
 from kvoffload.api.quantity import parse_duration
+from kvoffload.engines.dialect import (
+    LABEL_CPU_NUM_CHUNKS,
+    LABEL_CPU_SIZE_BYTES,
+    LABEL_FINISHED_REASON,
+    LABEL_HTTP_STATUS,
+    LABEL_OFFLOADING_BACKEND,
+    LABEL_OFFLOADING_SIZE,
+    LABEL_TIER,
+    Dialect,
+)
 
 log = logging.getLogger(__name__)
 
@@ -331,7 +331,9 @@ class PrometheusProvider:
             for t in members:
                 if fleet is not None:  # grouped by namespace alone: one sample, both roles
                     stable = _sample(collected.get((t.namespace, "", "")), window_s, t.workload)
-                    out[t.key] = Measurements(canary=stable if t.canary_hash is not None else None, stable=stable)
+                    out[t.key] = Measurements(
+                        canary=stable if t.canary_hash is not None else None, stable=stable, no_itl=_no_itl(t)
+                    )
                     continue
                 stable_key = (t.namespace, t.policy, t.stable_hash or "")
                 stable = _sample(collected.get(stable_key), window_s, t.workload, _sub_windows(payoff, t, stable_key))
@@ -341,7 +343,7 @@ class PrometheusProvider:
                     canary = _sample(
                         collected.get(canary_key), window_s, t.workload, _sub_windows(payoff, t, canary_key)
                     )
-                out[t.key] = Measurements(canary=canary, stable=stable)
+                out[t.key] = Measurements(canary=canary, stable=stable, no_itl=_no_itl(t))
         return out
 
     def _payoff(
@@ -464,8 +466,9 @@ class PrometheusProvider:
         return list(_in_turn(self._pool, one, exprs, QUERY_CONCURRENCY))
 
     def present_metric_names(self, target: Target | None = None) -> frozenset[str]:
-        """The ``vllm:`` series names in Prometheus, for one target's engines when given; empty on error."""
-        matcher = '__name__=~"vllm:.+"'
+        """The engine series names in Prometheus (those namespaced with a colon, as ``vllm:`` and ``sglang:`` are),
+        for one target's engines when given; empty on error. ``confirm_dialect`` reads those of its dialect."""
+        matcher = '__name__=~".+:.+"'
         if target is not None:
             matcher += (
                 f", {self.labels.namespace}={escape_label_value(target.namespace)}"
@@ -482,6 +485,13 @@ class PrometheusProvider:
         if not isinstance(names, list):
             return frozenset()
         return frozenset(str(n) for n in names)
+
+
+def _no_itl(target: Target) -> str | None:
+    """Why ``target``'s engines show no inter-token latency, or None when they do."""
+    if target.dialect.itl is not None:
+        return None
+    return f"the {target.dialect.name} series have no inter-token latency"
 
 
 def _sub_windows(

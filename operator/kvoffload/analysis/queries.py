@@ -22,9 +22,12 @@ which no target asks for them sends exactly what it sent before.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kvoffload.analysis.dialects import (
+from kvoffload.analysis.measurements import WORKLOAD_QUANTILES
+from kvoffload.api.promql import pods_regex, render_matchers
+from kvoffload.api.quantity import parse_duration
+from kvoffload.engines.dialect import (
     CACHED_SOURCE_DEVICE,
     CACHED_SOURCE_DISK,
     CACHED_SOURCE_HOST,
@@ -36,16 +39,13 @@ from kvoffload.analysis.dialects import (
     LABEL_HTTP_STATUS,
     LABEL_OFFLOADING_BACKEND,
     LABEL_OFFLOADING_SIZE,
+    LABEL_SOURCE,
     LABEL_TIER,
-    NEWEST,
     SOURCE_EXTERNAL_KV_TRANSFER,
     SOURCE_LOCAL_CACHE_HIT,
     SOURCE_LOCAL_COMPUTE,
     Dialect,
 )
-from kvoffload.analysis.measurements import WORKLOAD_QUANTILES
-from kvoffload.api.promql import pods_regex, render_matchers
-from kvoffload.api.quantity import parse_duration
 
 PolicyKey = tuple[str, str]
 """(namespace, policy name)."""
@@ -74,7 +74,8 @@ class Target:
     policy: str
     window: str = "2m"
     """The rate() window, a duration such as ``2m`` (spec.analysis.window)."""
-    dialect: Dialect = NEWEST
+    dialect: Dialect = field(kw_only=True)
+    """The series the policy's engines export (``Engine.dialect``, confirmed against Prometheus)."""
     extra_matchers: str | None = None
     """Label matchers added to every query, e.g. ``cluster="prod"`` (spec.prometheus.extraMatchers)."""
     stable_hash: str | None = None
@@ -199,13 +200,15 @@ def build_queries(
     def relabel(expr: str, to: str, value: str, source: str = "", regex: str = "") -> str:
         return f'label_replace({expr}, "{to}", "{value}", "{source}", "{regex}")'
 
+    # An engine without per-token gaps (dialect.itl None) gets no ITL queries: assess() says its rows are not judged.
+    itl = dialect.itl_bucket
     queries = [
         Query("requests", increase(f"{dialect.ttft}_count")),
         Query("ttft_p99", f"histogram_quantile(0.99, sum by (le, {by}) (rate({dialect.ttft_bucket}{s()}[{w}])))"),
-        Query("itl_p99", f"histogram_quantile(0.99, sum by (le, {by}) (rate({dialect.itl_bucket}{s()}[{w}])))"),
+        *([Query("itl_p99", f"histogram_quantile(0.99, sum by (le, {by}) (rate({itl}{s()}[{w}])))")] if itl else []),
         # The buckets themselves (issue 37): the judge weighs every request of both variants, not two p99s.
         Query("ttft_histogram", increase(dialect.ttft_bucket, "", f"le, {by}")),
-        Query("itl_histogram", increase(dialect.itl_bucket, "", f"le, {by}")),
+        *([Query("itl_histogram", increase(itl, "", f"le, {by}"))] if itl else []),
         Query("kv_usage", f"avg by ({by}) (avg_over_time({dialect.kv_cache_usage}{s()}[{w}]))"),
     ]
     if dialect.prefix_cache_hits and dialect.prefix_cache_queries:
@@ -242,24 +245,24 @@ def build_queries(
         queries.append(Query("http_responses", f"sum by ({by}, {LABEL_HTTP_STATUS}) ({codes})"))
     if dialect.prompt_tokens_by_source:
         name = dialect.prompt_tokens_by_source
-        external = increase(name, f'source="{SOURCE_EXTERNAL_KV_TRANSFER}"')
+        external = increase(name, f'{LABEL_SOURCE}="{SOURCE_EXTERNAL_KV_TRANSFER}"')
         queries.append(Query("external_share", f"{external} / {increase(name)}"))
     if dialect.prompt_tokens_cached_by_source:
         cached, label = dialect.prompt_tokens_cached_by_source, dialect.cached_source_label
         host, disk = dialect.cached_tier_sources
         tiers = f'{label}=~"{host}|{disk}"'
-        if (label, host, disk) == ("source", CACHED_SOURCE_HOST, CACHED_SOURCE_DISK):
-            queries.append(Query("tier_hits", increase(cached, tiers, f"{by}, source")))
-        else:  # the engine's label and values, read as vLLM's: source host and disk
-            hits = relabel(f"increase({cached}{s(tiers)}[{w}])", "source", "$1", label, "(.*)")
+        if (label, host, disk) == (LABEL_SOURCE, CACHED_SOURCE_HOST, CACHED_SOURCE_DISK):
+            queries.append(Query("tier_hits", increase(cached, tiers, f"{by}, {LABEL_SOURCE}")))
+        else:  # the engine's label and values, read as the vocabulary's: source host and disk
+            hits = relabel(f"increase({cached}{s(tiers)}[{w}])", LABEL_SOURCE, "$1", label, "(.*)")
             hits = relabel(
-                relabel(hits, "source", CACHED_SOURCE_HOST, "source", host),
-                "source",
+                relabel(hits, LABEL_SOURCE, CACHED_SOURCE_HOST, LABEL_SOURCE, host),
+                LABEL_SOURCE,
                 CACHED_SOURCE_DISK,
-                "source",
+                LABEL_SOURCE,
                 disk,
             )
-            queries.append(Query("tier_hits", f"sum by ({by}, source) ({hits})"))
+            queries.append(Query("tier_hits", f"sum by ({by}, {LABEL_SOURCE}) ({hits})"))
         if dialect.external_from_cached:
             # No hit yet shows no series: read that as a share of 0, not as no share.
             prompt = increase(dialect.prompt_tokens)
@@ -291,7 +294,9 @@ def build_queries(
             "workload.e2e": dialect.e2e_bucket,
         }
         queries.extend(
-            Query(f, workload_quantiles(f"sum by (le, {by}) (rate({name}{s()}[{w}]))")) for f, name in buckets.items()
+            Query(f, workload_quantiles(f"sum by (le, {by}) (rate({name}{s()}[{w}]))"))
+            for f, name in buckets.items()
+            if name is not None
         )
         hits, looked_up = increase(dialect.prefix_cache_hits), increase(dialect.prefix_cache_queries)
         queries += [
@@ -300,8 +305,11 @@ def build_queries(
             ),
             Query("workload.prefix_cache_hit_rate", f"{hits} / {looked_up}"),
             Query("workload.kv_usage_max", f"max by ({by}) (max_over_time({dialect.kv_cache_usage}{s()}[{w}]))"),
-            Query("workload.preemptions_per_second", f"sum by ({by}) (rate({dialect.num_preemptions}{s()}[{w}]))"),
         ]
+        if dialect.num_preemptions is not None:
+            queries.append(
+                Query("workload.preemptions_per_second", f"sum by ({by}) (rate({dialect.num_preemptions}{s()}[{w}]))")
+            )
     return tuple(queries)
 
 
@@ -350,7 +358,7 @@ def payoff_query(
             (SOURCE_LOCAL_CACHE_HIT, "local_hit"),
             (SOURCE_EXTERNAL_KV_TRANSFER, "external"),
         ):
-            matcher = f'source="{source}"'
+            matcher = f'{LABEL_SOURCE}="{source}"'
             parts.append(named(f"sum by ({by}) ({inc(name, matcher)})", value))
     elif dialect.external_from_cached and dialect.prompt_tokens_cached_by_source:
         cached, label = dialect.prompt_tokens_cached_by_source, dialect.cached_source_label

@@ -3,23 +3,61 @@ offload tiers, and the Deployment a policy may take over (``spec.workloadRef``);
 
 from __future__ import annotations
 
-import re
+import json
+from dataclasses import dataclass
 from enum import StrEnum
+from importlib import resources
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from kvoffload.api.fields import DnsLabel, Model, Name, NonNegativeQuantity, Quantity, cel_list, cel_rules
 from kvoffload.api.podspec import EmptyDirSource, EnvVar, HostPathSource, PVCSource, Toleration
-from kvoffload.api.vllmflags import cel_managed_pattern, judge_extra_args
 
 # Ladder level names the operator uses itself (see ladder.py).
 RESERVED_LEVEL_NAMES = frozenset({"gpu-only", "cpu-pilot", "cpu"})
 
 
-class EngineName(StrEnum):
-    VLLM = "vllm"
-    SGLANG = "sglang"
+@dataclass(frozen=True)
+class KnownEngine:
+    """A serving engine ``spec.engine`` may name, as ``api/data/engines.json`` lists it."""
+
+    name: str
+    title: str
+    managed_patterns: tuple[str, ...]
+    """RE2 patterns of an ``extraArgs`` item that spells one of the engine's managed flags outright (several where
+    one would cost more than the API server allows a rule)."""
+
+
+def _engine_table() -> tuple[str, tuple[KnownEngine, ...]]:
+    # api is the bottom floor and may not ask engines/: scripts/engine_tables.py writes the file from the registered
+    # engines, and a test fails when it differs.
+    raw: dict[str, Any] = json.loads(
+        (resources.files("kvoffload.api") / "data" / "engines.json").read_text(encoding="utf-8")
+    )
+    engines = tuple(KnownEngine(e["name"], e["title"], tuple(e["managedPatterns"])) for e in raw["engines"])
+    return str(raw["default"]), engines
+
+
+DEFAULT_ENGINE, KNOWN_ENGINES = _engine_table()
+ENGINE_NAMES: tuple[str, ...] = tuple(e.name for e in KNOWN_ENGINES)
+
+
+def managed_flag_rules() -> list[tuple[str, str, str]]:
+    """The spec's CEL rules on ``model.extraArgs``, one per engine and pattern: each applies its engine's pattern
+    only to a policy of that engine. The webhook and the operator judge the rest (aliases, abbreviations, values
+    read as the model), with the engine's own option table (``Engine.judge_extra_args``, in policy/tenancy.py)."""
+    return [
+        (
+            f"self.engine != '{e.name}' || !has(self.model.extraArgs)"
+            f" || self.model.extraArgs.all(a, !a.matches('{pattern}'))",
+            f"may not set a flag the operator manages ({e.title}'s model, port, parallelism, memory and offload "
+            "flags, however spelt); set the matching spec field instead",
+            ".model.extraArgs",
+        )
+        for e in KNOWN_ENGINES
+        for pattern in e.managed_patterns
+    ]
 
 
 class KVCacheDtype(StrEnum):
@@ -88,20 +126,6 @@ class ConfigMapRef(Model):
     key: str = Field(default="config.json", min_length=1, max_length=253, description="Key holding config.json.")
 
 
-_MANAGED_SPELLING = re.compile(cel_managed_pattern())
-_MANAGED_MESSAGE = (
-    "may not set a flag the operator manages (its model, port, parallelism, memory and offload flags, however "
-    "spelt); set the matching spec field instead"
-)
-
-
-def _not_a_managed_flag(arg: str) -> str:
-    if _MANAGED_SPELLING.match(arg):
-        found = judge_extra_args([arg])
-        raise ValueError(found[0].message if found else _MANAGED_MESSAGE)
-    return arg
-
-
 class ModelSpec(Model):
     """What vLLM serves and how."""
 
@@ -132,14 +156,13 @@ class ModelSpec(Model):
     config_map: ConfigMapRef | None = Field(
         default=None, description="A ConfigMap holding the model's HF config.json, instead of the catalog."
     )
-    # 64 items of 2,048 characters keep the CEL rule's regular expression within the API server's cost budget.
-    extra_args: list[Annotated[str, Field(max_length=2048), AfterValidator(_not_a_managed_flag)]] = Field(
+    # 64 items of 2,048 characters keep the CEL rules' regular expressions (managed_flag_rules, on the spec, where
+    # they see spec.engine) within the API server's cost budget (scripts/engine_tables.py, MAX_PATTERN).
+    extra_args: list[Annotated[str, Field(max_length=2048)]] = Field(
         default_factory=list,
         max_length=64,
-        description="More `vllm serve` arguments; none may set a value the operator manages, however spelt.",
-        # The CEL rule catches managed flags spelt outright; the webhook and the operator judge the rest
-        # (aliases, abbreviations, values read as the model: api/vllmflags.py, in policy/tenancy.py).
-        json_schema_extra=cel_rules((f"self.all(a, !a.matches('{cel_managed_pattern()}'))", _MANAGED_MESSAGE)),
+        description="More arguments for the engine's command line; none may set a value the operator manages, "
+        "however spelt (the engine's own option table judges them).",
     )
     env: list[EnvVar] = Field(default_factory=list, max_length=128, description="More environment variables.")
 

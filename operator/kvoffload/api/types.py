@@ -20,13 +20,16 @@ from kvoffload.api.promql import TemplateError, render_matchers
 from kvoffload.api.quantity import parse_quantity
 from kvoffload.api.rollout import AnalysisSpec, RolloutSpec
 from kvoffload.api.serving import (
+    DEFAULT_ENGINE,
+    ENGINE_NAMES,
+    KNOWN_ENGINES,
     AdoptedWorkload,
-    EngineName,
     GPUSpec,
     ModelSpec,
     OffloadSpec,
     ResourceSpec,
     WorkloadRef,
+    managed_flag_rules,
 )
 from kvoffload.api.status import KVOffloadPolicyStatus
 
@@ -131,13 +134,16 @@ class KVOffloadPolicySpec(Model):
                 "rollout.preflight.promptTokens must be at most model.maxModelLen",
                 ".rollout.preflight",
             ),
+            *managed_flag_rules(),
         )
     )
 
-    engine: EngineName = Field(
-        default=EngineName.VLLM,
-        description="The serving engine: vllm (`vllm serve`, its native OffloadingConnector or LMCache) or sglang "
-        "(`sglang.launch_server` with its hierarchical cache; one filesystem tier through its file backend).",
+    engine: str = Field(
+        default=DEFAULT_ENGINE,
+        description="The serving engine, which renders its own command line, offload settings and metric queries: "
+        + ", ".join(f"{e.name} ({e.title})" for e in KNOWN_ENGINES)
+        + ". docs/engines.md says what each supports.",
+        json_schema_extra={"enum": list(ENGINE_NAMES)},
     )
     model: ModelSpec = Field(description="The model and engine.")
     gpu: GPUSpec = Field(description="The GPU class and count per replica.")
@@ -164,6 +170,13 @@ class KVOffloadPolicySpec(Model):
         "awaiting kvoffload.io/promote and an invalid spec (absent: no notification). Changing it starts no "
         "new ladder.",
     )
+
+    @field_validator("engine")
+    @classmethod
+    def _known_engine(cls, name: str) -> str:
+        if name not in ENGINE_NAMES:
+            raise ValueError(f"{name!r} is no engine the operator knows: name one of {', '.join(ENGINE_NAMES)}")
+        return name
 
     @model_validator(mode="after")
     def _cross_field(self) -> KVOffloadPolicySpec:

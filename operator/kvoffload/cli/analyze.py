@@ -79,13 +79,15 @@ def analyze(
     from dataclasses import replace
 
     from kvoffload.analysis.assess import assess
-    from kvoffload.analysis.dialects import confirm_dialect, policy_dialect
     from kvoffload.analysis.payoff import payoff_sub_window
     from kvoffload.analysis.prometheus import PrometheusProvider
     from kvoffload.analysis.queries import LabelNames, Target
+    from kvoffload.api.errors import PolicyError
     from kvoffload.api.quantity import parse_duration
     from kvoffload.api.status import Verdict
     from kvoffload.cli.statusview import metric_rows
+    from kvoffload.engines import engine_for
+    from kvoffload.engines.dialect import confirm_dialect
     from kvoffload.policy.engine_config import config_hash
     from kvoffload.policy.ladder import build_ladder, find_level
     from kvoffload.policy.loading import load_policy
@@ -111,9 +113,10 @@ def analyze(
         below = [lv for lv in ladder[: chosen.index] if not lv.canary_only]
         stable = below[-1] if below else chosen
     try:
-        dialect = policy_dialect(spec)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc), param_hint="spec.model.vllmVersion") from None
+        dialect = engine_for(spec).dialect(spec)
+    except PolicyError as exc:
+        (first, *_) = exc.errors
+        raise click.BadParameter(first.message, param_hint=first.path) from None
 
     provider = PrometheusProvider(
         prometheus_url or spec.prometheus.url,
@@ -127,8 +130,8 @@ def analyze(
         namespace,
         policy.metadata.name,
         spec.analysis.window,
-        dialect,
         spec.prometheus.extra_matchers,
+        dialect=dialect,
         stable_hash=config_hash(policy, stable),
         canary_hash=None if guard else config_hash(policy, chosen),
     )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import importlib
+import importlib.util
 import sys
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 import click
@@ -17,33 +18,52 @@ from kvoffload.cli.render import crd, plan, render
 from kvoffload.cli.run import run
 from kvoffload.cli.simulate import simulate
 
-LAB_COMMANDS = ("cluster", "demo", "emulate")
-"""Commands that live in the lab (``kvoffload.lab.commands``), loaded only when asked for."""
+COMMAND_GROUP = "kvoffload.commands"
+"""The entry-point group through which another distribution (the lab, ``kvoffload-lab``) adds subcommands."""
+
+LAB_COMMANDS = ("calibrate", "cluster", "demo", "emulate")
+"""The commands the lab adds: listed even where it is not installed, to say what to install."""
+
+INSTALL_THE_LAB = "pip install kvoffload-lab (from a clone: pip install -e ./lab)"
 
 
 class _Commands(click.Group):
-    """The operator's commands, plus the lab's, which are imported only when used or listed."""
+    """The operator's commands, plus those other distributions register in :data:`COMMAND_GROUP`, each
+    imported only when used or listed."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        return sorted([*super().list_commands(ctx), *LAB_COMMANDS])
+        return sorted({*super().list_commands(ctx), *LAB_COMMANDS, *_registered()})
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in LAB_COMMANDS:
-            return super().get_command(ctx, cmd_name)
+        own = super().get_command(ctx, cmd_name)
+        if own is not None:
+            return own
+        registered = _registered().get(cmd_name)
+        if registered is None:
+            return _needs_the_lab(cmd_name, []) if cmd_name in LAB_COMMANDS else None
         try:
-            lab = importlib.import_module("kvoffload.lab.commands")
-        except ModuleNotFoundError as exc:  # the operator image ships without the lab
-            return _needs_the_lab(cmd_name, [exc.name or "kvoffload.lab"])
-        missing: list[str] = lab.missing_modules(cmd_name)
+            command = registered.load()
+        except ModuleNotFoundError as exc:  # registered, but what it imports is not installed
+            return _needs_the_lab(cmd_name, [exc.name or registered.module])
+        if not isinstance(command, click.Command):
+            raise click.ClickException(f"{registered.value} (entry point {cmd_name!r}) is not a click command")
+        # A registered command may name the modules it needs beyond the operator's: checked before it starts.
+        requires: tuple[str, ...] = tuple(getattr(command, "requires", ()))
+        missing = [name for name in requires if importlib.util.find_spec(name) is None]
         if missing:
             return _needs_the_lab(cmd_name, missing)
-        command: click.Command = getattr(lab, cmd_name)
         return command
+
+
+def _registered() -> dict[str, EntryPoint]:
+    """The subcommands installed distributions register, by name."""
+    return {point.name: point for point in entry_points(group=COMMAND_GROUP)}
 
 
 def _needs_the_lab(name: str, missing: list[str]) -> click.Command:
     """A stand-in for a lab command that cannot run here: it says what to install and exits 2."""
-    message = f"kvoffload {name} needs the lab: pip install 'kvoffload[lab]' (missing: {', '.join(missing)})"
+    lacking = f" (missing: {', '.join(missing)})" if missing else ""
+    message = f"kvoffload {name} needs the lab: {INSTALL_THE_LAB}{lacking}"
 
     def refuse(**_: Any) -> None:
         click.echo(message, err=True)
@@ -55,7 +75,7 @@ def _needs_the_lab(name: str, missing: list[str]) -> click.Command:
         context_settings={"ignore_unknown_options": True, "allow_extra_args": True},
         params=[click.Argument(["args"], nargs=-1, type=click.UNPROCESSED)],
         help=message,
-        short_help="needs the lab: pip install 'kvoffload[lab]'",
+        short_help="needs the lab: pip install kvoffload-lab",
     )
 
 
@@ -68,28 +88,6 @@ def main() -> None:
     Start with `kvoffload demo` to watch the whole loop on this machine, or
     `kvoffload plan FILE` to size a policy.
     """
-
-
-@main.command(
-    context_settings={"ignore_unknown_options": True, "allow_extra_args": True, "help_option_names": []},
-    short_help="Measure a GPU's offload costs into a profile (needs a GPU and PyTorch).",
-)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-def calibrate(args: tuple[str, ...]) -> None:
-    """Measure this GPU's pinned transfers, pinning rate, prefill and decode into a cost profile.
-
-    Runs `python -m kvoffload.economics.calibrate ARGS` (see `kvoffload calibrate --help`). With
-    --engine-url, measures a running engine's time to first token instead (`kvoffload calibrate
-    --engine-url URL --help`).
-    """
-    if any(a == "--engine-url" or a.startswith("--engine-url=") for a in args):
-        from kvoffload.cli.calibrate import engine_calibrate
-
-        engine_calibrate.main(list(args), prog_name="kvoffload calibrate")
-        return
-    from kvoffload.economics import calibrate as calibration
-
-    sys.exit(calibration.main(list(args)))
 
 
 main.add_command(plan)

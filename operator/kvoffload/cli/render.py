@@ -10,7 +10,6 @@ from typing import Any
 import click
 
 from kvoffload.api.errors import FieldError, PolicyError
-from kvoffload.api.serving import EngineName
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.cli.common import (
     EXIT_BAD_INPUT,
@@ -23,7 +22,8 @@ from kvoffload.cli.common import (
     reports_bad_input,
     resource_name,
 )
-from kvoffload.engines import engine_for
+from kvoffload.engines import ENGINES, engine_for
+from kvoffload.policy.sized import Sized
 from kvoffload.policy.tenancy import Tenancy
 
 WORKLOAD_FILE = click.option(
@@ -72,19 +72,21 @@ def plan(
     """
     from kvoffload.economics.breakeven import plan_economics
     from kvoffload.economics.enginecost import plan_forecast
+    from kvoffload.policy.adoptwarnings import workload_warnings
     from kvoffload.policy.loading import iter_documents, load_policy
-    from kvoffload.policy.sizing import format_plan, plan_policy, resolve_config_map
+    from kvoffload.policy.plantable import format_plan
+    from kvoffload.policy.sizing import plan_policy, resolve_config_map
 
     policy = resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file))
-    policy, warnings = adopted(policy, file, workload_file, tenancy)
-    policy = judged(policy, file)
+    policy, sized = judged(adopted(policy, file, workload_file, tenancy), file)
+    warnings = workload_warnings(policy, sized)
     result = plan_policy(policy)
     economics = plan_economics(result, prompt_tokens)
-    if policy.spec.engine != EngineName.VLLM and "error" not in economics:
-        # The profiles time vLLM's loads (a 64 KiB page per layer and block, one batched DMA); not this engine's.
-        economics["note"] = (
-            f"the restore is priced as vLLM moves the KV; {engine_for(policy.spec).title}'s own path is not modelled"
-        )
+    engine = engine_for(policy.spec)
+    if not engine.restore_profiled and "error" not in economics:
+        # The profiles time one engine's loads (a 64 KiB page per layer and block, one batched DMA); not this one's.
+        timed = ", ".join(e.title for e in ENGINES.values() if e.restore_profiled)
+        economics["note"] = f"the restore is priced as {timed} moves the KV; {engine.title}'s own path is not modelled"
     forecast = plan_forecast(gpu_class or result.gpu_class, policy.spec, prompt_tokens)
     if output in STRUCTURED:
         document = result.model_dump(mode="json", by_alias=True)
@@ -119,27 +121,24 @@ def _forecast_line(forecast: dict[str, Any]) -> str:
     )
 
 
-def judged(policy: KVOffloadPolicy, file: Path) -> KVOffloadPolicy:
+def judged(policy: KVOffloadPolicy, file: Path) -> tuple[KVOffloadPolicy, Sized]:
     """``policy``, once judged as the operator and its webhook judge it (it renders, its vLLM version has a
-    dialect, every level can be sized); PolicyError naming the fields otherwise."""
+    dialect, every level can be sized), and its sized plan; PolicyError naming the fields otherwise."""
     from kvoffload.controller.judging import judge_resolved
 
     try:
-        judge_resolved(policy)
+        _, sized = judge_resolved(policy)
     except PolicyError as exc:
         raise PolicyError(exc.errors, str(file)) from None
-    return policy
+    return policy, sized
 
 
-def adopted(
-    policy: KVOffloadPolicy, file: Path, workload_file: Path | None, tenancy: Tenancy
-) -> tuple[KVOffloadPolicy, list[str]]:
+def adopted(policy: KVOffloadPolicy, file: Path, workload_file: Path | None, tenancy: Tenancy) -> KVOffloadPolicy:
     """``policy`` with the Deployment its spec.workloadRef names read from ``workload_file``, judged against
-    ``tenancy`` as the operator judges it, and the warnings about it; the policy as it is without workloadRef.
-    PolicyError names the field."""
+    ``tenancy`` as the operator judges it; the policy as it is without workloadRef. PolicyError names the field."""
     from kvoffload.policy.loading import iter_documents
     from kvoffload.policy.tenancy import check_tenancy
-    from kvoffload.policy.workload import WHERE, adopt, workload_warnings
+    from kvoffload.policy.workload import WHERE, adopt
 
     ref = policy.spec.workload_ref
     if ref is None:
@@ -147,7 +146,7 @@ def adopted(
             raise PolicyError(
                 [FieldError(WHERE, f"--workload {workload_file}: the policy has no workloadRef")], str(file)
             )
-        return policy, []
+        return policy
     if workload_file is None:
         raise PolicyError(
             [FieldError(WHERE, f"the policy takes over Deployment {ref.name}: pass --workload DEPLOYMENT.yaml")],
@@ -179,7 +178,7 @@ def adopted(
         raise PolicyError(exc.errors, str(file)) from None
     if problems := check_tenancy(policy, tenancy):
         raise PolicyError(problems, str(file))
-    return policy, workload_warnings(policy)
+    return policy
 
 
 def _economics_line(economics: dict[str, Any]) -> str:
@@ -226,7 +225,8 @@ def render(
     never lowered), /dev/shm and the tier volumes changed, and the operator's labels and annotations added. What
     it replaces of the team's own (their offload flags, say) is printed as warnings on stderr.
     """
-    from kvoffload.policy.ladder import build_ladder, find_level
+    from kvoffload.policy.adoptwarnings import workload_warnings
+    from kvoffload.policy.ladder import find_level
     from kvoffload.policy.loading import iter_documents, load_policy
     from kvoffload.policy.render import dump_yaml, render_level
     from kvoffload.policy.sizing import resolve_config_map
@@ -238,15 +238,16 @@ def render(
         click.echo("warning: --stage is deprecated; use --level NAME", err=True)
         level = stage
     policy = resolve_config_map(load_policy(file, tenancy), iter_documents(file), str(file))
-    policy, warnings = adopted(policy, file, workload_file, tenancy)
-    policy = judged(policy, file)
+    policy, sized = judged(adopted(policy, file, workload_file, tenancy), file)
+    warnings = workload_warnings(policy, sized)
     try:
-        ladder = build_ladder(policy.spec)
+        ladder = sized.ladder
         chosen = find_level(ladder, index=int(level)) if level and level.isdigit() else find_level(ladder, name=level)
     except KeyError as exc:
         click.echo(f"{file}: {exc.args[0]}", err=True)
         sys.exit(EXIT_BAD_INPUT)
-    text = dump_yaml(render_level(policy, chosen, monitor_labels))  # whole text first: nothing printed on error
+    # The whole text first: nothing printed on error.
+    text = dump_yaml(render_level(policy, sized[chosen.index], monitor_labels))
     for warning in warnings:
         click.echo(f"warning: {warning}", err=True)
     click.echo(text, nl=False)

@@ -1,6 +1,6 @@
-"""Writing the policy's children: one Deployment per ladder level (shrinking ones first), its Service and its
-PodMonitor, each only when what it is rendered from changed (``kvoffload.io/render-input``) or, for the Service
-and PodMonitor, after the resync period."""
+"""Writing the policy's children: one Deployment per ladder level (shrinking ones first), with the ConfigMap of its
+engine's config files where the engine reads some, its Service and its PodMonitor, each only when what it is
+rendered from changed (``kvoffload.io/render-input``) or, for the Service and PodMonitor, after the resync period."""
 
 from __future__ import annotations
 
@@ -19,8 +19,16 @@ from kvoffload.controller.gateway import PolicyRef
 from kvoffload.controller.kubestate import DeploymentState, OwnedWorkloads, resource_version
 from kvoffload.controller.owned import level_deployment
 from kvoffload.controller.settings import ControllerSettings
+from kvoffload.engines import engine_for
 from kvoffload.policy.ladder import Level
-from kvoffload.policy.render import deployment_name, render_deployment, render_pod_monitor, render_service
+from kvoffload.policy.render import (
+    deployment_name,
+    render_config_map,
+    render_deployment,
+    render_pod_monitor,
+    render_service,
+)
+from kvoffload.policy.sized import Sized
 from kvoffload.rollout.observations import PodMonitorRef
 from kvoffload.rollout.plan import Variants
 
@@ -53,25 +61,26 @@ class ChildWriter(ControllerBase):
         self,
         ctx: Reconcile,
         policy: KVOffloadPolicy,
-        ladder: list[Level],
+        sized: Sized,
         variants: Variants,
         owned: OwnedWorkloads,
         key: str,
     ) -> bool:
         """Write the level Deployments that differ from the plan, the shrinking ones first; True if none did.
 
-        A role's Deployment is rendered (server-side apply); a draining level's and an adopted legacy one's
-        are only scaled, so their pods never restart; one the plan does not name, or names at 0, goes.
-        A Deployment whose render input and replicas are the plan's is not rendered at all."""
+        A role's Deployment is rendered (server-side apply), after its engine's ConfigMap where the engine reads
+        config files; a draining level's and an adopted legacy one's are only scaled, so their pods never restart;
+        one the plan does not name, or names at 0, goes, and its ConfigMap with it. A Deployment whose render input
+        and replicas are the plan's is not rendered at all."""
         steps: list[tuple[int, str, Callable[[], Awaitable[object]]]] = []
         kept: set[str] = set()
         wanted: list[tuple[str, str, int, bool]] = [
-            (ladder[vp.level].name, vp.config_hash, vp.replicas, True)
+            (sized[vp.level].level.name, vp.config_hash, vp.replicas, True)
             for vp in (variants.stable, variants.canary)
             if vp is not None
         ]
         wanted += [(r.level_name, r.config_hash, r.replicas, False) for r in variants.retiring]
-        levels = {lv.name: lv for lv in ladder}
+        levels = {s.level.name: s for s in sized}
         for level_name, config_hash_, replicas, rendered in wanted:
             current = level_deployment(owned, ctx.ref.name, level_name, config_hash_)
             name = current.name if current is not None else deployment_name(ctx.ref.name, level_name)
@@ -86,12 +95,19 @@ class ChildWriter(ControllerBase):
                 continue
             if current is not None and _up_to_date(current, key, replicas):
                 continue
-            manifest = with_digest(render_deployment(policy, levels[level_name], replicas), key)
+            config = render_config_map(policy, levels[level_name])
+            # the ConfigMap first: the new pods mount it
+            manifests = [
+                with_digest(m, key)
+                for m in (config, render_deployment(policy, levels[level_name], replicas))
+                if m is not None
+            ]
             grows = replicas - (current.replicas if current is not None else 0)
-            steps.append((grows, f"apply {name}", _bind(self._apply, ctx, manifest)))
-        for d in owned.deployments:
-            if d.name not in kept:
-                steps.append((-d.replicas, f"delete {d.name}", _bind(self._delete, ctx, d.name)))
+            steps.append((grows, f"apply {name}", _bind(self._apply_all, ctx, manifests)))
+        going = [d for d in owned.deployments if d.name not in kept]
+        files = bool(going) and _reads_config_files(policy, sized.ladder)
+        for d in going:
+            steps.append((-d.replicas, f"delete {d.name}", _bind(self._delete, ctx, (d.name, files))))
         for _, what, run in sorted(steps, key=lambda s: s[0]):  # stable sort: shrink before grow
             log.debug("%s: %s", ctx.ref, what)
             await run()
@@ -149,6 +165,10 @@ class ChildWriter(ControllerBase):
             "the PodMonitor kind is not served (no Prometheus Operator?): scrape the engines another way",
         )
 
+    async def _apply_all(self, ctx: Reconcile, manifests: list[dict[str, Any]]) -> None:
+        for manifest in manifests:
+            await self._apply(ctx, manifest)
+
     async def _apply(self, ctx: Reconcile, manifest: dict[str, Any]) -> None:
         stored = await self._api("apply", self.gateway.apply(manifest, ctx.ref), ctx.ref)
         if manifest["kind"] == "Deployment":
@@ -158,9 +178,13 @@ class ChildWriter(ControllerBase):
         stored = await self._api("scale", self.gateway.scale_owned(target[0], target[1], ctx.ref), ctx.ref)
         self.workloads.wrote(ctx.ref, target[0], resource_version(stored))
 
-    async def _delete(self, ctx: Reconcile, name: str) -> None:
+    async def _delete(self, ctx: Reconcile, target: tuple[str, bool]) -> None:
+        """Delete a level's Deployment, then, where the engine reads config files, its ConfigMap (same name)."""
+        name, files = target
         await self._api("delete", self.gateway.delete_owned("Deployment", name, ctx.ref), ctx.ref)
         self.workloads.deleted(ctx.ref, name)
+        if files:
+            await self._api("delete", self.gateway.delete_owned("ConfigMap", name, ctx.ref), ctx.ref)
 
 
 def with_digest(manifest: dict[str, Any], render_input: str | None = None) -> dict[str, Any]:
@@ -171,6 +195,13 @@ def with_digest(manifest: dict[str, Any], render_input: str | None = None) -> di
     meta = manifest["metadata"]
     stamps = {ANNOTATION_APPLIED: digest} | ({ANNOTATION_RENDER_INPUT: render_input} if render_input else {})
     return {**manifest, "metadata": {**meta, "annotations": {**(meta.get("annotations") or {}), **stamps}}}
+
+
+def _reads_config_files(policy: KVOffloadPolicy, ladder: list[Level]) -> bool:
+    """Whether the policy's engine reads config files on any level, so a Deployment that goes has a ConfigMap to
+    take with it. A policy whose engine reads none asks nothing more of the API server than before."""
+    engine = engine_for(policy.spec)
+    return any(engine.config_files(policy, level) for level in ladder)
 
 
 def _up_to_date(current: DeploymentState, render_input: str, replicas: int) -> bool:

@@ -19,7 +19,7 @@ from kvoffload.controller.gateway import KubernetesGateway, PolicyRef
 from kvoffload.controller.metrics import OperatorMetrics
 from kvoffload.controller.settings import ControllerSettings
 from kvoffload.controller.workloads import Workloads
-from kvoffload.policy.ladder import Level
+from kvoffload.policy.sized import Sized
 from kvoffload.rollout.observations import WorkloadObservation
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,8 @@ class Reconcile:
     started: float = field(default_factory=time.perf_counter)
     spec: KVOffloadPolicySpec | None = None
     """The parsed spec (model shape resolved), once it parsed."""
-    ladder: list[Level] = field(default_factory=list)
+    sized: Sized | None = None
+    """The spec's sized plan (its ladder, host memory, deadlines and config hashes), once it parsed."""
     notifications: NotificationsSpec | None = None
     """The sinks the policy chose (read on its own from an invalid spec, so that Invalid is told too)."""
     workload: WorkloadObservation | None = None

@@ -7,7 +7,7 @@ method is a coroutine that runs the blocking call in a worker thread, retries
 conflicts and transient failures with bounded, jittered exponential backoff, and never
 changes or deletes an object that the policy does not own.
 
-Children (Deployments, the Service, the PodMonitor) are written by server-side apply,
+Children (Deployments and their engines' ConfigMaps, the Service, the PodMonitor) are written by server-side apply,
 as field manager ``kvoffload`` (:data:`FIELD_MANAGER`): the operator states the fields it
 renders, the API server merges them into the object and removes the ones it rendered
 before and renders no more, and every field another manager set (an annotation, a
@@ -75,7 +75,12 @@ PLURALS: dict[tuple[str, str], str] = {
     (POLICY_API_VERSION, KIND): PLURAL,
 }
 # Children that apply()/delete_owned() manage, by kind.
-CHILD_KINDS: dict[str, str] = {"Deployment": "apps/v1", "Service": "v1", "PodMonitor": "monitoring.coreos.com/v1"}
+CHILD_KINDS: dict[str, str] = {
+    "Deployment": "apps/v1",
+    "ConfigMap": "v1",  # a level's engine config files (policy/render.py, render_config_map)
+    "Service": "v1",
+    "PodMonitor": "monitoring.coreos.com/v1",
+}
 
 RETRIABLE_STATUSES = frozenset({0, 409, 429, 500, 502, 503, 504})
 

@@ -8,14 +8,13 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from kvoffload.analysis.dialects import Dialect, policy_dialect
 from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.policy.engine_config import config_hash
-from kvoffload.policy.hostmemory import host_memory
-from kvoffload.policy.kvshape import SizingError, tier_capacity_tokens
-from kvoffload.policy.ladder import build_ladder
+from kvoffload.engines import engine_for
+from kvoffload.engines.dialect import Dialect
+from kvoffload.policy.kvshape import SizingError
 from kvoffload.policy.renderable import check_renderable
+from kvoffload.policy.sized import Sized, size_policy
 
 log = logging.getLogger(__name__)
 
@@ -34,24 +33,18 @@ def judging(who: object) -> Iterator[None]:
         raise PolicyError([FieldError("(object)", f"the operator could not judge this policy: {exc!r}")]) from None
 
 
-def judge_resolved(policy: KVOffloadPolicy) -> tuple[Dialect, dict[int, str]]:
+def judge_resolved(policy: KVOffloadPolicy) -> tuple[Dialect, Sized]:
     """What is left to judge of a parsed policy (``parse_policy``: the models and ``check_policy``)
     once its ``model.configMap`` is read: that it renders, its vLLM version, and that every level
-    can be sized. Returns the metric dialect and the config hash of each ladder level (by index);
-    raises PolicyError naming the fields. No I/O: the admission webhook runs it too."""
+    can be sized. Returns the metric dialect and the sized plan (``policy.sized``: every ladder level's host
+    memory, capacity, deadlines and config hash); raises PolicyError naming the fields. No I/O: the admission
+    webhook runs it too."""
     problems = check_renderable(policy)
     if problems:
         raise PolicyError(problems)
+    dialect = engine_for(policy.spec).dialect(policy.spec)  # a PolicyError names the field it cannot read
     try:
-        dialect = policy_dialect(policy.spec)
-    except ValueError as exc:
-        raise PolicyError([FieldError("spec.model.vllmVersion", str(exc))]) from None
-    hashes: dict[int, str] = {}
-    try:
-        for level in build_ladder(policy.spec):
-            hashes[level.index] = config_hash(policy, level)
-            host_memory(policy.spec, level)
-            tier_capacity_tokens(policy.spec, level)
+        sized = size_policy(policy)
     except SizingError as exc:
         raise PolicyError([FieldError(exc.path, str(exc).removeprefix(f"{exc.path}: "))]) from None
-    return dialect, hashes
+    return dialect, sized

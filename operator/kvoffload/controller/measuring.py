@@ -9,7 +9,6 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from functools import lru_cache
 
-from kvoffload.analysis.dialects import confirm_dialect
 from kvoffload.analysis.hub import MeasurementHub, PrometheusSource
 from kvoffload.analysis.measurements import Measurements
 from kvoffload.analysis.queries import Target
@@ -25,6 +24,7 @@ from kvoffload.economics.breakeven import DEFAULT_PROMPT_TOKENS, breakeven
 from kvoffload.economics.enginecost import saving_us_per_token
 from kvoffload.economics.profile import Profile, ProfileError
 from kvoffload.economics.profileload import shipped_profile
+from kvoffload.engines.dialect import confirm_dialect
 from kvoffload.policy.kvshape import SizingError, kv_bytes_per_token
 from kvoffload.policy.tenancy import url_under
 from kvoffload.rollout.observations import TokenCheck

@@ -80,10 +80,7 @@ from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.controller.apierrors import ApiUnavailableError, MissingObjectError
 from kvoffload.controller.health import Health, serve
 from kvoffload.notify.sink import Result
-from kvoffload.policy.hostmemory import host_memory
-from kvoffload.policy.kvshape import tier_capacity_tokens
-from kvoffload.policy.ladder import Level
-from kvoffload.policy.startup import progress_deadline_seconds
+from kvoffload.policy.sized import Sized
 
 POLICY_LABELS = ("policy_namespace", "policy")
 """The labels naming a policy; none is a target label, which a scrape without honorLabels would rename."""
@@ -210,10 +207,11 @@ class PolicySeries:
         name: str,
         status: KVOffloadPolicyStatus,
         spec: KVOffloadPolicySpec | None = None,
-        ladder: Sequence[Level] = (),
+        sized: Sized | None = None,
     ) -> PolicySeries:
-        """The series of a policy after a cycle; ``spec``/``ladder`` are None/empty when the spec is invalid
-        (then nothing sized is published: no variants, capacity or deadline)."""
+        """The series of a policy after a cycle, its sized figures read from the cycle's sized plan; ``spec`` and
+        ``sized`` are None when the spec is invalid (then nothing sized is published: no variants, capacity or
+        deadline)."""
         newest: dict[str, tuple[str, float]] = {}
         for entry in status.history:  # oldest first: the newest of each decision wins
             newest[entry.decision] = (entry.stage, entry.time.timestamp())
@@ -241,8 +239,9 @@ class PolicySeries:
             ),
             evidence=tuple(sure),
         )
-        if spec is None or not ladder:
+        if spec is None or sized is None or not len(sized):
             return series
+        ladder = sized.ladder
         payoff_row = next((m for m in rows if m.name == PAYOFF and m.dry_run is None), None)
         canary = status.canary
         if payoff_row is not None and canary is not None and 0 <= canary.level < len(ladder):
@@ -253,17 +252,14 @@ class PolicySeries:
         variants = []
         for variant, vs in (("stable", status.stable), ("canary", status.canary)):
             if vs is not None and 0 <= vs.level < len(ladder):
-                level = ladder[vs.level]
-                pinned = host_memory(spec, level).pinned
-                variants.append(VariantSeries(variant, level.name, vs.replicas, pinned))
-        capacity = tuple(
-            (level.name, tier, tokens) for level in ladder for tier, tokens in tier_capacity_tokens(spec, level).items()
-        )
-        deadline = stage_deadline(spec, status, ladder)
+                level = sized[vs.level]
+                variants.append(VariantSeries(variant, level.level.name, vs.replicas, level.memory.pinned))
+        capacity = tuple((s.level.name, tier, tokens) for s in sized for tier, tokens in s.capacity.items())
+        deadline = stage_deadline(spec, status, sized)
         return replace(series, variants=tuple(variants), tier_capacity=capacity, stage_deadline=deadline)
 
 
-def stage_deadline(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus, ladder: Sequence[Level]) -> float | None:
+def stage_deadline(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus, sized: Sized) -> float | None:
     """When the running baseline or step should have ended on its own, in Unix seconds; None when none runs.
 
     The stage's start, plus its planned length (``baselineDuration`` or ``stepDuration``), plus the
@@ -283,10 +279,10 @@ def stage_deadline(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus, lad
     if progressing is not None and progressing.reason == Reason.AWAITING_PROMOTION:
         return None
     running = status.canary if status.canary is not None else status.stable
-    if running is None or not 0 <= running.level < len(ladder):
+    if running is None or not 0 <= running.level < len(sized):
         return None
     planned = spec.rollout.baseline_duration if status.mode is Mode.BASELINE else spec.rollout.step_duration
-    budget = parse_duration(planned) + progress_deadline_seconds(spec, ladder[running.level])
+    budget = parse_duration(planned) + sized[running.level].progress_deadline_seconds
     end: datetime = stage.started_at + timedelta(seconds=budget)
     return end.timestamp()
 

@@ -20,7 +20,7 @@ def fleet_measurements(fleet: FleetObservation, namespace: str, measurements: Me
         error = f"observe-only: no pod in namespace {namespace} matches spec.rollout.observe.selector {fleet.selector}"
     elif not_scraped(measurements):
         error = (
-            f"observe-only: Prometheus holds no vLLM series of the {len(fleet.pods)} pod(s) {fleet.selector} in "
+            f"observe-only: Prometheus holds no engine series of the {len(fleet.pods)} pod(s) {fleet.selector} in "
             f"namespace {namespace}: is the fleet scraped, its series labelled namespace and pod?"
         )
     else:

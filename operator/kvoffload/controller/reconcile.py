@@ -39,9 +39,9 @@ at once, so a restart over a large fleet does not rewrite every policy's childre
 Kubernetes API failures raise ``ReconcileError`` (after counting them, and an Event
 where a person can act on it); the handler turns that into a retry.
 
-``status.hostMemory`` is the per-replica host memory of the running level that needs
-the most: the stable level's, or the canary's while a canary needs more. That is the
-figure the nodes must have room for during the step.
+The sized plan (``policy.sized``: every ladder level's host memory, capacity, deadlines and config hash) is
+worked out once per render input, beside its dialect, and handed to ``decide`` (which writes the whole status from
+it, ``status.hostMemory`` and ``status.selector`` included), to the Deployments rendered and to the metrics.
 """
 
 from __future__ import annotations
@@ -51,51 +51,40 @@ import logging
 import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 from pydantic import ValidationError
 
 from kvoffload.analysis.assess import assess
-from kvoffload.analysis.dialects import Dialect
 from kvoffload.analysis.hub import MeasurementHub
 from kvoffload.analysis.measurements import not_scraped
 from kvoffload.analysis.payoff import payoff_since, payoff_sub_window
 from kvoffload.analysis.queries import Target
 from kvoffload.api.conventions import (
     HAND_BACK_FINALIZER,
-    LABEL_POLICY,
     RELEASE,
 )
-from kvoffload.api.errors import FieldError, PolicyError
+from kvoffload.api.errors import PolicyError
 from kvoffload.api.notifications import NotificationsSpec
-from kvoffload.api.quantity import parse_duration, to_quantity
-from kvoffload.api.status import HostMemoryStatus, Mode
-from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
-from kvoffload.controller.apierrors import MissingObjectError
+from kvoffload.api.quantity import parse_duration
+from kvoffload.api.status import Mode
+from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.controller.bodies import plain_body, unpacked_body
 from kvoffload.controller.children import CHILDREN, ChildWriter
 from kvoffload.controller.custommetrics import judged_with_custom
 from kvoffload.controller.cycle import Reconcile
 from kvoffload.controller.gateway import KubernetesGateway, PolicyRef
-from kvoffload.controller.judging import judge_resolved, judging
+from kvoffload.controller.inputs import InputReader
 from kvoffload.controller.measuring import Measuring, forecast_saving, restore_price
 from kvoffload.controller.metrics import OperatorMetrics, PolicySeries
 from kvoffload.controller.owned import fleet_measurements, observe_roles, pod_observation
 from kvoffload.controller.settings import ControllerSettings, SecretLocation
 from kvoffload.controller.statuswrite import RESTING_MODES, StatusWriter
-from kvoffload.controller.takeover import give_back, hand_back, hand_over, observed, taker_problem
+from kvoffload.controller.takeover import give_back, hand_back, hand_over
 from kvoffload.controller.workloads import Workloads
 from kvoffload.notify.notifier import Notifier
-from kvoffload.policy.catalog import ConfigError, architecture_from_configmap_data
-from kvoffload.policy.hostmemory import host_memory
-from kvoffload.policy.kvshape import with_architecture
-from kvoffload.policy.ladder import Level, build_ladder
-from kvoffload.policy.loading import parse_policy
-from kvoffload.policy.templating import render_input
-from kvoffload.policy.tenancy import check_tenancy
-from kvoffload.policy.workload import adopt, workload_warnings
 from kvoffload.rollout.decide import decide, invalid
 from kvoffload.rollout.observations import (
     FleetObservation,
@@ -103,7 +92,7 @@ from kvoffload.rollout.observations import (
     TokenCheck,
 )
 from kvoffload.rollout.observe import observing, would_apply
-from kvoffload.rollout.plan import Plan, Variants
+from kvoffload.rollout.plan import Plan
 from kvoffload.rollout.preflight import prompt_tokens_for
 from kvoffload.rollout.record import evidence_of
 from kvoffload.rollout.release import is_released, released, taking_over_again
@@ -123,17 +112,7 @@ def utc_now() -> datetime:
     return datetime.now(UTC)
 
 
-@dataclass(frozen=True)
-class _Judged:
-    """What one policy's render input (``render_input``) was judged to give: its metric dialect and the config
-    hash of each ladder level. Pure functions of the input, so they are worked out once per input."""
-
-    key: str
-    dialect: Dialect
-    level_hashes: dict[int, str]
-
-
-class Controller(ChildWriter, StatusWriter, Measuring):
+class Controller(InputReader, ChildWriter, StatusWriter, Measuring):
     """Reconciles KVOffloadPolicies. One instance serves every policy; calls for one policy must not overlap
     (the handlers hold a per-policy lock)."""
 
@@ -165,7 +144,7 @@ class Controller(ChildWriter, StatusWriter, Measuring):
         self._unserved: dict[str, float] = {}
         self._told_unserved: set[tuple[str, str]] = set()
         # policy uid -> what its render input was judged to give, while the input stays the same.
-        self._judged: dict[str, _Judged] = {}
+        self._judged = {}
         self._rng = random.Random()
         # Token Secrets the API server refused to let us read: when, and what the condition says.
         self._forbidden: dict[SecretLocation, tuple[float, TokenCheck]] = {}
@@ -188,7 +167,7 @@ class Controller(ChildWriter, StatusWriter, Measuring):
             plan = await self._cycle(ctx)
         finally:
             self.metrics.cycle_seconds.observe(time.perf_counter() - ctx.started)
-        series = PolicySeries.of(ctx.ref.namespace, ctx.ref.name, plan.status, ctx.spec, ctx.ladder)
+        series = PolicySeries.of(ctx.ref.namespace, ctx.ref.name, plan.status, ctx.spec, ctx.sized)
         self.metrics.publish_policy(ctx.ref.uid, series)
         return plan
 
@@ -233,9 +212,8 @@ class Controller(ChildWriter, StatusWriter, Measuring):
 
         # The models hold the rest of the body now: the dict goes while the cycle waits (200 cycles may).
         ctx.body = {"metadata": meta}
-        spec = policy.spec
-        ladder = build_ladder(spec)
-        ctx.spec, ctx.ladder, ctx.notifications = spec, ladder, spec.notifications
+        spec, sized = policy.spec, judged.sized
+        ctx.spec, ctx.sized, ctx.notifications = spec, sized, spec.notifications
         if spec.workload_ref is not None and RELEASE in (meta.get("annotations") or {}):
             plan = await self._release(ctx, spec.workload_ref.name, meta, generation)
             await self._finish(ctx, plan)
@@ -243,14 +221,14 @@ class Controller(ChildWriter, StatusWriter, Measuring):
         if is_released(ctx.status):
             assert ctx.status is not None
             ctx.status = taking_over_again(ctx.status)
-        level_hashes, dialect = judged.level_hashes, judged.dialect
+        dialect = judged.dialect
         owned = await self._api("list", self.workloads.owned(ctx.ref), ctx.ref)
         stable_seen, canary_seen, retiring_seen = observe_roles(owned, ctx.ref.name, ctx.status)
         fleet = await self._observed_fleet(ctx, spec) if observing(spec) else None
 
         assessment = measurements = price = token = None
         if self._analysis_due(policy, ctx, generation):
-            subject = analysis_subject(spec, ctx.status, ctx.now)
+            subject = analysis_subject(spec, sized.ladder, ctx.status, ctx.now)
             in_baseline = ctx.status is None or ctx.status.mode is Mode.BASELINE
             stable_role = ctx.status.stable if ctx.status is not None else None
             canary_role = ctx.status.canary if ctx.status is not None else None
@@ -308,7 +286,7 @@ class Controller(ChildWriter, StatusWriter, Measuring):
 
         observations = Observations(
             generation=generation,
-            level_hashes=level_hashes,
+            sized=sized,
             annotations=dict(meta.get("annotations") or {}),
             stable=stable_seen,
             canary=canary_seen,
@@ -321,16 +299,9 @@ class Controller(ChildWriter, StatusWriter, Measuring):
             fleet=fleet,
             workload=ctx.workload,
         )
-        decided = decide(spec, ctx.status, observations, ctx.now)
-        variants = decided.variants
+        plan = decide(spec, ctx.status, observations, ctx.now)
+        status, variants = plan.status, plan.variants
         assert variants is not None  # decide always plans Deployments
-        status = decided.status.model_copy(
-            update={
-                "host_memory": _host_memory(policy, ladder, variants),
-                "selector": f"{LABEL_POLICY}={ctx.ref.name}",  # every engine of the policy, whatever its level
-            }
-        )
-        plan = Plan(status=status, variants=variants, events=decided.events, requeue_after=decided.requeue_after)
         if observing(spec):
             # Observe-only, the one gate: no Deployment, Service or PodMonitor is written, created or deleted;
             # Events say what would have been. The policy's own status and Events are all that is written.
@@ -338,7 +309,7 @@ class Controller(ChildWriter, StatusWriter, Measuring):
             plan = replace(plan, events=(*plan.events, *would))
         else:
             first_meeting = not any((ctx.ref.uid, kind) in self._children for kind, _ in CHILDREN)
-            unchanged = await self._apply_deployments(ctx, policy, ladder, variants, owned, judged.key)
+            unchanged = await self._apply_deployments(ctx, policy, sized, variants, owned, judged.key)
             if first_meeting and unchanged and owned.deployments:
                 self._defer_children(ctx.ref.uid, judged.key)
             await self._apply_shared(ctx, policy, judged.key)
@@ -358,59 +329,6 @@ class Controller(ChildWriter, StatusWriter, Measuring):
             selector,
             tuple(pod_observation(p, config_hash=None) for p in pods if not p.terminating),
         )
-
-    async def _parse(self, ctx: Reconcile) -> tuple[KVOffloadPolicy, _Judged]:
-        """The policy, with a ConfigMap architecture resolved, and what its input gives (judged once per input:
-        ``judge_resolved`` and the level config hashes); PolicyError names fields."""
-        obj = {k: v for k, v in ctx.body.items() if k != "status"}  # status is ours, not input
-        with judging(ctx.ref):
-            policy = parse_policy(obj, f"{ctx.ref.namespace}/{ctx.ref.name}", self.settings.judged_tenancy)
-        spec = policy.spec
-        ref = spec.model.config_map
-        if ref is not None and spec.model.architecture is None:
-            path = "spec.model.configMap"
-            try:
-                text = await self._api(
-                    "read_configmap", self.gateway.read_configmap(ctx.ref.namespace, ref.name, ref.key), ctx.ref
-                )
-                arch = architecture_from_configmap_data({ref.key: text}, ref.key)
-            except MissingObjectError as exc:
-                raise PolicyError([FieldError(path, str(exc))]) from None
-            except ConfigError as exc:
-                raise PolicyError([FieldError(path, f"ConfigMap {ref.name!r} key {ref.key!r}: {exc}")]) from None
-            policy = policy.model_copy(update={"spec": with_architecture(spec, arch)})
-        if spec.workload_ref is not None:
-            policy = await self._adopted(ctx, policy)
-        key = render_input(policy)
-        known = self._judged.get(ctx.ref.uid)
-        if known is None or known.key != key:
-            with judging(ctx.ref):
-                known = _Judged(key, *judge_resolved(policy))
-            self._judged[ctx.ref.uid] = known
-            for warning in workload_warnings(policy):  # once per input: what the derived levels change
-                await self.gateway.emit_event(ctx.ref, "Warning", "WorkloadAdjusted", warning)
-        return policy, known
-
-    async def _adopted(self, ctx: Reconcile, policy: KVOffloadPolicy) -> KVOffloadPolicy:
-        """The policy with the Deployment its spec.workloadRef names read in (``ctx.workload`` too)."""
-        ref = policy.spec.workload_ref
-        assert ref is not None
-        path = "spec.workloadRef.name"
-        try:
-            deployment = await self._api(
-                "read_deployment", self.gateway.read_deployment(ctx.ref.namespace, ref.name), ctx.ref
-            )
-        except MissingObjectError as exc:
-            raise PolicyError([FieldError(path, str(exc))]) from None
-        if (problem := taker_problem(deployment, ctx.ref.name)) is not None:
-            raise PolicyError([FieldError(path, problem)])
-        with judging(ctx.ref):
-            policy = adopt(policy, deployment)
-            # The admin's allow-lists judge the referenced pod as they judge a rendered one.
-            if errors := check_tenancy(policy, self.settings.judged_tenancy):
-                raise PolicyError(errors)
-        ctx.workload = observed(policy, deployment)
-        return policy
 
     async def _release(self, ctx: Reconcile, name: str, meta: Mapping[str, Any], generation: int | None) -> Plan:
         """``kvoffload.io/release``: the Deployment given back, Ready, before the operator's own engines go."""
@@ -434,20 +352,6 @@ class Controller(ChildWriter, StatusWriter, Measuring):
         ref = PolicyRef.from_body(body)
         waiting: str | None = await self._api("hand_back", hand_back(self.gateway, body), ref)
         return waiting
-
-
-def _host_memory(policy: KVOffloadPolicy, ladder: list[Level], variants: Variants) -> HostMemoryStatus:
-    """Per replica, for the running level that needs the most (the canary's while it needs more)."""
-    levels = [ladder[variants.stable.level]]
-    if variants.canary is not None:
-        levels.append(ladder[variants.canary.level])
-    biggest = max((host_memory(policy.spec, level) for level in levels), key=lambda m: m.request)
-    return HostMemoryStatus(
-        pinned=to_quantity(biggest.pinned),
-        shm=to_quantity(biggest.shm),
-        request=to_quantity(biggest.request),
-        limit=to_quantity(biggest.limit),
-    )
 
 
 def _chosen_sinks(body: Mapping[str, Any]) -> NotificationsSpec | None:

@@ -1,6 +1,6 @@
 """Versioned cost profiles of a GPU class: what moving, pinning and recomputing KV costs there.
 
-A profile is either ``measured`` (``python -m kvoffload.economics.calibrate`` on the GPU)
+A profile is either ``measured`` (the lab's ``kvoffload calibrate``, on the GPU)
 or ``estimated`` (derived from a measured one by published specifications, see
 ``estimated.derive_estimated``). The shipped ones live in ``profiles/<gpu-class>.json`` beside
 this module and ship in the wheel as package data.

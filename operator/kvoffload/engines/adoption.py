@@ -3,7 +3,7 @@ are in the container's command line, what they set, and how a level's offload fl
 
 A flag is read by what it sets (its argparse ``dest`` in the engine's option table), not by how it is spelt: long
 names with ``_`` or ``-``, ``--flag=value``, aliases and unique abbreviations, as the engine's parser reads them
-(``api/vllmflags.py`` says how). Pure: the engines' own modules subclass :class:`Adopts`.
+(``engines/options.py`` says how). Pure: the engines' own modules subclass :class:`Adopts`.
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from kvoffload.api.types import KVOffloadPolicySpec
-from kvoffload.api.vllmflags import OptionTable, candidates, option_dest, option_like
 from kvoffload.engines.engine import DerivedContainer, Rung, Served, Setting
+from kvoffload.engines.options import OptionTable, candidates, option_dest, option_like
 
 _SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "busybox"})
 _SHELL_OPERATORS = frozenset({";", "&&", "||", "|", "&", ";;", "(", ")"})

@@ -15,11 +15,14 @@ from typing import Any, Protocol
 from kvoffload.api.errors import FieldError
 from kvoffload.api.serving import SecondaryTier
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
-from kvoffload.api.vllmflags import ArgProblem
+from kvoffload.engines.dialect import Dialect
+from kvoffload.engines.options import ArgProblem
 
 # The port every engine serves on: the probes, the Service and the PodMonitor use it.
 PORT = 8000
 SHM_PATH = "/dev/shm"
+# Where an engine's config files (``Engine.config_files``) are mounted, read-only, from the level's ConfigMap.
+CONFIG_DIR = "/etc/kvoffload/engine"
 
 
 class Rung(Protocol):
@@ -86,6 +89,17 @@ class Engine(Protocol):
         """The engine container's name."""
         ...
 
+    @property
+    def metrics_path(self) -> str:
+        """Where the engine serves Prometheus' text format (the PodMonitor scrapes it)."""
+        ...
+
+    @property
+    def restore_profiled(self) -> bool:
+        """Whether the shipped GPU profiles (``economics/profile.py``) time this engine's own KV restore path;
+        where not, ``kvoffload plan`` says its restore is priced as a profiled engine's."""
+        ...
+
     def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
         """Whether the pinned CPU pool lives in /dev/shm (so the emptyDir must hold it)."""
         ...
@@ -95,7 +109,22 @@ class Engine(Protocol):
         them too)."""
         ...
 
+    def pinned_bytes(self, spec: KVOffloadPolicySpec, rung: Rung, layers: int | None) -> int:
+        """Host bytes the engine pins for the rung's CPU tier, before overheadFactor (0 without one). ``layers`` is
+        the model's attention layers, None while unknown (a ``configMap`` not read yet)."""
+        ...
+
+    def config_files(self, policy: KVOffloadPolicy, rung: Rung) -> dict[str, str]:
+        """The files the engine reads its options from for ``rung`` (file name -> text), mounted read-only at
+        ``CONFIG_DIR`` from the level's ConfigMap; empty where the command line says everything."""
+        ...
+
     def command(self, spec: KVOffloadPolicySpec) -> list[str]: ...
+
+    def dialect(self, spec: KVOffloadPolicySpec) -> Dialect:
+        """The series this policy's engines export and how to read them (``engines/dialect.py``); raises PolicyError
+        naming the field where the policy names a release that is not one."""
+        ...
 
     def args(self, policy: KVOffloadPolicy, rung: Rung) -> list[str]:
         """The engine's arguments: managed flags, offload flags for ``rung``, then ``spec.model.extraArgs``."""
@@ -112,6 +141,13 @@ class Engine(Protocol):
     @property
     def code_options(self) -> Mapping[str, str]:
         """The engine's options that load code (dest -> why): refused in ``extraArgs`` unless the admin allows them."""
+        ...
+
+    @property
+    def managed_flags(self) -> Sequence[str]:
+        """Every spelling of the flags the operator manages (long names and aliases): the CRD's CEL rules refuse them
+        spelt outright in ``extraArgs`` (``api/data/engines.json``, ``scripts/engine_tables.py``); the rest
+        (abbreviations, values) is :meth:`judge_extra_args`'s."""
         ...
 
     def eager(self, spec: KVOffloadPolicySpec) -> bool:

@@ -16,7 +16,7 @@ from kvoffload.api.serving import AdoptedWorkload
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.engines import SHM_PATH, engine_for
 from kvoffload.engines.engine import DerivedContainer
-from kvoffload.policy.hostmemory import SHM_EXTRA_BYTES, host_memory
+from kvoffload.policy.hostmemory import SHM_EXTRA_BYTES, HostMemory
 from kvoffload.policy.ladder import Level
 from kvoffload.policy.volumes import disk_scratch_bytes, tier_volume, under, volume_name
 from kvoffload.policy.workload import WHERE, adopted_container
@@ -72,14 +72,14 @@ def raise_to(values: dict[str, Any], key: str, floor: int) -> None:
         values[key] = to_quantity(floor)
 
 
-def adopted_resources(spec: KVOffloadPolicySpec, level: Level, resources: Any) -> dict[str, Any]:
+def adopted_resources(level: Level, sized: HostMemory, resources: Any) -> dict[str, Any]:
     """The user's resources with memory raised to the sized host memory, never lowered, and the level's disk
     scratch added to ephemeral storage. A missing request is the limit (the API server defaults it so); a missing
     limit is no limit, which stays."""
     out: dict[str, Any] = copy.deepcopy(resources) if isinstance(resources, dict) else {}
     requests: dict[str, Any] = out.get("requests") or {}
     limits: dict[str, Any] = out.get("limits") or {}
-    memory = host_memory(spec, level).request
+    memory = sized.request
     if "memory" in requests or "memory" not in limits:
         raise_to(requests, "memory", memory)
     if "memory" in limits:
@@ -97,9 +97,9 @@ def adopted_resources(spec: KVOffloadPolicySpec, level: Level, resources: Any) -
     return out
 
 
-def adopted_volumes(spec: KVOffloadPolicySpec, level: Level, pod: dict[str, Any], container: dict[str, Any]) -> None:
+def adopted_volumes(level: Level, memory: HostMemory, pod: dict[str, Any], container: dict[str, Any]) -> None:
     """The level's /dev/shm (the user's memory emptyDir there, grown to size if smaller) and tier volumes."""
-    shm = host_memory(spec, level).shm or SHM_EXTRA_BYTES
+    shm = memory.shm or SHM_EXTRA_BYTES
     volumes: list[dict[str, Any]] = pod.setdefault("volumes", [])
     mounts: list[dict[str, Any]] = container.setdefault("volumeMounts", [])
     own = memory_emptydir(pod, container)
@@ -117,7 +117,7 @@ def adopted_volumes(spec: KVOffloadPolicySpec, level: Level, pod: dict[str, Any]
 
 
 def derived_pod(
-    spec: KVOffloadPolicySpec, level: Level, workload: AdoptedWorkload
+    spec: KVOffloadPolicySpec, level: Level, memory: HostMemory, workload: AdoptedWorkload
 ) -> tuple[dict[str, Any], dict[str, Any], DerivedContainer]:
     """The referenced pod template for ``level`` (before the operator's labels and annotations), its engine
     container in it, and what the engine changed in that container."""
@@ -128,8 +128,8 @@ def derived_pod(
     for field, value in (("command", derived.command), ("args", derived.args), ("env", derived.env)):
         if value is not None:
             container[field] = value
-    container["resources"] = adopted_resources(spec, level, container.get("resources"))
-    adopted_volumes(spec, level, pod, container)
+    container["resources"] = adopted_resources(level, memory, container.get("resources"))
+    adopted_volumes(level, memory, pod, container)
     return template, container, derived
 
 

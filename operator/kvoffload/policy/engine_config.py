@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from kvoffload.api.errors import FieldError, PolicyError
@@ -18,7 +18,7 @@ from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.engines import SHM_PATH, engine_for
 from kvoffload.policy.catalog import GPUClass, find_gpu_class
 from kvoffload.policy.derive import derived_pod
-from kvoffload.policy.hostmemory import SHM_EXTRA_BYTES, host_memory
+from kvoffload.policy.hostmemory import SHM_EXTRA_BYTES, HostMemory, host_memory
 from kvoffload.policy.ladder import Level
 from kvoffload.policy.volumes import disk_scratch_bytes, tier_volume, volume_name
 
@@ -73,8 +73,10 @@ def _gpu_class(spec: KVOffloadPolicySpec) -> GPUClass:
     return found
 
 
-def _volumes(spec: KVOffloadPolicySpec, level: Level) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    shm = host_memory(spec, level).shm or SHM_EXTRA_BYTES  # NCCL and torch IPC need /dev/shm too
+def _volumes(
+    spec: KVOffloadPolicySpec, level: Level, memory: HostMemory
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    shm = memory.shm or SHM_EXTRA_BYTES  # NCCL and torch IPC need /dev/shm too
     volumes: list[dict[str, Any]] = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": to_quantity(shm)}}]
     mounts: list[dict[str, Any]] = [{"name": "dshm", "mountPath": SHM_PATH}]
     for i, tier in enumerate(level.secondary_tiers):
@@ -87,8 +89,8 @@ def _volumes(spec: KVOffloadPolicySpec, level: Level) -> tuple[list[dict[str, An
     return volumes, mounts
 
 
-def _resources(spec: KVOffloadPolicySpec, level: Level, gpu: GPUClass) -> dict[str, Any]:
-    memory = to_quantity(host_memory(spec, level).request)
+def _resources(spec: KVOffloadPolicySpec, level: Level, gpu: GPUClass, sized: HostMemory) -> dict[str, Any]:
+    memory = to_quantity(sized.request)
     # request = limit for CPU and memory: Guaranteed QoS, so pinned pages are never
     # the first to go under node pressure.
     # Quantities as strings, as the API server returns them, so GitOps diffs stay quiet.
@@ -117,16 +119,18 @@ class EngineConfig:
     whole derived pod template (before the operator's labels and annotations)."""
     workload: str = ""
     """The adopted pod template's digest (``AdoptedWorkload.digest``); empty without one."""
+    files: dict[str, str] = field(default_factory=dict)
+    """The engine's config files (name -> text), the level's ConfigMap; empty for an engine that reads none."""
 
     @property
     def hash(self) -> str:
         # Not dataclasses.asdict: it would deep-copy the GPU class too, only to drop it (the gpu shows in resources).
-        # What a policy without spec.podTemplate or workloadRef leaves empty is left out, so its hash is the one it
-        # always had.
+        # What a policy without spec.podTemplate or workloadRef, or an engine without config files, leaves empty is
+        # left out, so its hash is the one it always had. The files' text is in: a changed file rolls the pods.
         hashed = {
             f.name: getattr(self, f.name)
             for f in dataclasses.fields(self)
-            if f.name != "gpu" and (f.name not in ("env_from", "pod", "workload") or getattr(self, f.name))
+            if f.name != "gpu" and (f.name not in ("env_from", "pod", "workload", "files") or getattr(self, f.name))
         }
         canonical = json.dumps(hashed, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:10]
@@ -138,35 +142,52 @@ def _image(spec: KVOffloadPolicySpec) -> str:
     return spec.image
 
 
-def engine_config(policy: KVOffloadPolicy, level: Level) -> EngineConfig:
+def engine_config(policy: KVOffloadPolicy, level: Level, memory: HostMemory) -> EngineConfig:
+    """The engine container's config for ``level``, whose host memory is ``memory`` (the sized plan's)."""
     spec = policy.spec
     if spec.workload is not None:
-        return _adopted_engine(policy, level, spec.workload)
+        return _adopted_engine(policy, level, memory, spec.workload)
     overlay = spec.pod_template
     gpu = _gpu_class(spec)
-    volumes, mounts = _volumes(spec, level)
+    volumes, mounts = _volumes(spec, level, memory)
     return EngineConfig(
         image=_image(spec),
         command=engine_for(spec).command(spec),
         args=engine_args(policy, level),
         env=engine_env(spec, level),
-        resources=_resources(spec, level, gpu),
+        resources=_resources(spec, level, gpu, memory),
         volume_mounts=mounts,
         volumes=volumes,
         gpu=gpu,
         env_from=[_dump(e) for e in overlay.env_from] if overlay is not None else [],
         pod=_overlay_pod(overlay),
+        files=engine_for(spec).config_files(policy, level),
     )
 
 
 # --- a Deployment the team runs (spec.workloadRef) ------------------------------------------
 
 
-def _adopted_engine(policy: KVOffloadPolicy, level: Level, workload: AdoptedWorkload) -> EngineConfig:
+def _adopted_engine(
+    policy: KVOffloadPolicy, level: Level, memory: HostMemory, workload: AdoptedWorkload
+) -> EngineConfig:
     """The referenced pod template with only what offload needs changed: the offload flags and variables, memory,
     /dev/shm and the tier volumes. Everything else is the user's, as written."""
     spec = policy.spec
-    template, container, derived = derived_pod(spec, level, workload)
+    engine = engine_for(spec)
+    if engine.config_files(policy, level):
+        # Deriving would have to add a volume and rewrite the team's own option file flag: not done.
+        raise PolicyError(
+            [
+                FieldError(
+                    "spec.workloadRef",
+                    f"{engine.title} reads its options from a config file the operator would mount; a Deployment "
+                    "the team runs cannot be adopted for it: describe the engine with spec.model instead",
+                )
+            ],
+            policy.metadata.name,
+        )
+    template, container, derived = derived_pod(spec, level, memory, workload)
     pod = template["spec"]
     return EngineConfig(
         image=workload.image,
@@ -186,5 +207,6 @@ def _adopted_engine(policy: KVOffloadPolicy, level: Level, workload: AdoptedWork
 def config_hash(policy: KVOffloadPolicy, level: Level) -> str:
     """A short, stable hash of the engine config of a level: image, command, args, env,
     resources and volumes. Replicas and the variant do not enter it, so the same level
-    always gives the same hash (rollback restores a level exactly, by this hash)."""
-    return engine_config(policy, level).hash
+    always gives the same hash (rollback restores a level exactly, by this hash). For one level off the cycle's
+    path (a test, a script); the cycle reads ``SizedLevel.config_hash`` from the sized plan."""
+    return engine_config(policy, level, host_memory(policy.spec, level)).hash

@@ -11,7 +11,7 @@ from pydantic import ValidationError
 
 from kvoffload.api.errors import FieldError, PolicyError, errors_from
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.policy.sizing import check_policy
+from kvoffload.policy.nodefit import check_policy
 from kvoffload.policy.tenancy import DEFAULT_TENANCY, Tenancy, check_tenancy
 
 # The API server takes no request over 3 MiB; a policy file past that is not a policy.

@@ -1,4 +1,5 @@
-"""Rendering: the Kubernetes manifests of one ladder level (Deployment, Service, PodMonitor).
+"""Rendering: the Kubernetes manifests of one ladder level (Deployment, its engine's ConfigMap where the engine
+reads config files, Service, PodMonitor).
 
 Python computes every value (the engine's command line and environment, from ``engines/``;
 sizes, labels and the config hash); the Jinja2 templates
@@ -31,13 +32,14 @@ from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.quantity import parse_duration
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.engines import PORT, engine_for
+from kvoffload.engines.engine import CONFIG_DIR
 from kvoffload.policy.catalog import GPUClass
 from kvoffload.policy.derive import engine_port
 from kvoffload.policy.engine_config import engine_config
-from kvoffload.policy.kvshape import SizingError, tier_capacity_tokens
+from kvoffload.policy.kvshape import SizingError
 from kvoffload.policy.ladder import Level
-from kvoffload.policy.renderable import check_renderable
-from kvoffload.policy.startup import progress_deadline_seconds, startup_seconds
+from kvoffload.policy.renderable import CONFIG_VOLUME, check_renderable
+from kvoffload.policy.sized import SizedLevel, sized_level
 from kvoffload.policy.templating import from_template
 
 STARTUP_PROBE_PERIOD_SECONDS = 10
@@ -77,17 +79,21 @@ def _prometheus_duration(seconds: float) -> str:
     return "".join(parts)
 
 
-def tier_capacity_annotation(policy: KVOffloadPolicy, level: Level) -> str:
-    """The ``kvoffload.io/tier-capacity-tokens`` value of a level's pods: compact JSON, tiers in ladder order.
+def _sized(policy: KVOffloadPolicy, level: Level | SizedLevel) -> SizedLevel:
+    """The level as the sized plan gives it (sized here when a bare ``Level`` is given).
 
     PolicyError names the field when the model's KV shape is unknown (a configMap not read).
     """
     try:
-        capacity = tier_capacity_tokens(policy.spec, level)
+        return sized_level(policy, level)
     except SizingError as exc:
         message = str(exc).removeprefix(f"{exc.path}: ")
         raise PolicyError([FieldError(exc.path, message)], policy.metadata.name) from None
-    return json.dumps(capacity, separators=(",", ":"))
+
+
+def tier_capacity_annotation(sized: SizedLevel) -> str:
+    """The ``kvoffload.io/tier-capacity-tokens`` value of a level's pods: compact JSON, tiers in ladder order."""
+    return json.dumps(dict(sized.capacity), separators=(",", ":"))
 
 
 def _common_labels(policy: KVOffloadPolicy) -> dict[str, str]:
@@ -114,29 +120,55 @@ def deployment_name(policy: str, level: str) -> str:
     return f"{policy}-{level}"
 
 
-def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> dict[str, Any]:
+def _level_labels(policy: KVOffloadPolicy, level: Level, config_hash_: str) -> dict[str, str]:
+    return {**_common_labels(policy), LABEL_LEVEL: level.name, LABEL_CONFIG_HASH: config_hash_}
+
+
+def render_config_map(policy: KVOffloadPolicy, level: Level | SizedLevel) -> dict[str, Any] | None:
+    """The ConfigMap of ``level``'s engine config files (``Engine.config_files``), named and labelled as the level's
+    Deployment, which mounts it at ``CONFIG_DIR``; None where the engine reads no file."""
+    _require_renderable(policy)
+    bare = level.level if isinstance(level, SizedLevel) else level
+    if not engine_for(policy.spec).config_files(policy, bare):
+        return None  # without building the whole container config: most engines read no file
+    sized = _sized(policy, level)
+    engine = engine_config(policy, bare, sized.memory)
+    return from_template(
+        "configmap.yaml.j2",
+        name=deployment_name(policy.metadata.name, bare.name),
+        namespace=policy.metadata.namespace,
+        labels=_level_labels(policy, bare, sized.config_hash),
+        data=engine.files,
+    )
+
+
+def render_deployment(policy: KVOffloadPolicy, level: Level | SizedLevel, replicas: int) -> dict[str, Any]:
     """The engine Deployment ``<policy>-<level>`` running ``level`` with ``replicas`` pods.
 
     Its pods carry only labels that never change while they run (policy, level, config hash), so that a
     role moving from one level to another rewrites no pod template. With an adopted workload
-    (spec.workloadRef), the pod template is the referenced one, derived for the level."""
+    (spec.workloadRef), the pod template is the referenced one, derived for the level. ``level`` from the sized
+    plan (``policy.sized``) is rendered as sized; a bare ``Level`` is sized here."""
     _require_renderable(policy)
     if replicas < 0:
         raise ValueError("replicas must not be negative")
     spec = policy.spec
-    engine = engine_config(policy, level)
+    sized = _sized(policy, level)
+    level = sized.level
+    engine = engine_config(policy, level, sized.memory)
     gpu = engine.gpu
     tiers = ",".join(level.tiers) or "none"
     selector = {LABEL_POLICY: policy.metadata.name, LABEL_LEVEL: level.name}
-    labels = {
-        **_common_labels(policy),
-        LABEL_LEVEL: level.name,
-        LABEL_CONFIG_HASH: engine.hash,
-    }
+    labels = _level_labels(policy, level, sized.config_hash)
+    volumes, volume_mounts = engine.volumes, engine.volume_mounts
+    if engine.files:  # not with spec.workloadRef: engine_config refuses that
+        name = deployment_name(policy.metadata.name, level.name)
+        volumes = [*volumes, {"name": CONFIG_VOLUME, "configMap": {"name": name}}]
+        volume_mounts = [*volume_mounts, {"name": CONFIG_VOLUME, "mountPath": CONFIG_DIR, "readOnly": True}]
     annotations = {
         ANNOTATION_TIERS: tiers,
         # What each tier holds, for KV-aware routers that size their per-pod prefix index.
-        ANNOTATION_TIER_CAPACITY: tier_capacity_annotation(policy, level),
+        ANNOTATION_TIER_CAPACITY: tier_capacity_annotation(sized),
     }
     adopted = spec.workload is not None
     pod = {} if adopted else dict(engine.pod)
@@ -160,7 +192,7 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> d
         # as far as rollout.maxSurge allows. Recreate would take the whole fleet down.
         max_surge=surge,
         max_unavailable=0 if surge else 1,
-        progress_deadline_seconds=math.ceil(progress_deadline_seconds(spec, level)),
+        progress_deadline_seconds=math.ceil(sized.progress_deadline_seconds),
         selector=selector,
         pod_labels=pod_labels,
         pod_annotations=pod_annotations,
@@ -178,12 +210,12 @@ def render_deployment(policy: KVOffloadPolicy, level: Level, replicas: int) -> d
         env_from=engine.env_from,
         port=PORT,
         resources=engine.resources,
-        volume_mounts=engine.volume_mounts,
-        volumes=engine.volumes,
+        volume_mounts=volume_mounts,
+        volumes=volumes,
         # vLLM opens its port only after loading the model and pinning the pool.
         startup={
             "period": STARTUP_PROBE_PERIOD_SECONDS,
-            "failures": max(1, math.ceil(startup_seconds(spec, level) / STARTUP_PROBE_PERIOD_SECONDS)),
+            "failures": max(1, math.ceil(sized.startup_seconds / STARTUP_PROBE_PERIOD_SECONDS)),
         },
     )
     if adopted:
@@ -233,6 +265,7 @@ def render_pod_monitor(policy: KVOffloadPolicy, monitor_labels: Mapping[str, str
         pod_target_labels=list(SERIES_POD_LABELS),
         interval=_prometheus_duration(parse_duration(policy.spec.analysis.interval)),
         sample_limit=SAMPLE_LIMIT,
+        metrics_path=engine_for(policy.spec).metrics_path,
     )
     target = engine_port(policy)
     if target is not None:  # an adopted engine's port is not named http
@@ -245,13 +278,14 @@ def render_pod_monitor(policy: KVOffloadPolicy, monitor_labels: Mapping[str, str
 
 def render(
     policy: KVOffloadPolicy,
-    level: Level,
+    level: Level | SizedLevel,
     role: Variant = "stable",
     replicas: int | None = None,
     monitor_labels: Mapping[str, str] | None = None,
 ) -> list[dict[str, Any]]:
-    """The manifests of one level: its Deployment, then the shared Service (none with spec.workloadRef: the team's
-    own Service selects the derived pods by the labels they keep) and PodMonitor.
+    """The manifests of one level: its engine's ConfigMap (where the engine reads config files), its Deployment, then
+    the shared Service (none with spec.workloadRef: the team's own Service selects the derived pods by the labels
+    they keep) and PodMonitor.
 
     ``replicas`` defaults to what the role would run: spec.replicas as stable, rollout.canaryReplicas as
     canary (the role changes nothing else). Raises PolicyError naming the fields when the policy cannot
@@ -262,13 +296,18 @@ def render(
     if replicas is None:
         replicas = policy.spec.replicas if role == "stable" else policy.spec.rollout.canary_replicas
     service = [render_service(policy)] if policy.spec.workload_ref is None else []
-    return [render_deployment(policy, level, replicas), *service, render_pod_monitor(policy, monitor_labels)]
+    _require_renderable(policy)
+    level = _sized(policy, level)  # once, for the ConfigMap and the Deployment
+    config = render_config_map(policy, level)
+    files = [config] if config is not None else []
+    return [*files, render_deployment(policy, level, replicas), *service, render_pod_monitor(policy, monitor_labels)]
 
 
 def render_level(
-    policy: KVOffloadPolicy, level: Level, monitor_labels: Mapping[str, str] | None = None
+    policy: KVOffloadPolicy, level: Level | SizedLevel, monitor_labels: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:
-    """GitOps output: every replica on ``level`` as the stable Deployment, plus Service and PodMonitor."""
+    """GitOps output: every replica on ``level`` as the stable Deployment (after its ConfigMap, where the engine has
+    one), plus Service and PodMonitor."""
     return render(policy, level, "stable", policy.spec.replicas, monitor_labels)
 
 

@@ -15,6 +15,7 @@ from kvoffload.api.podspec import LabelSelector, NodeSelectorTerm, PodAffinityTe
 from kvoffload.api.serving import SecondaryTier
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.engines import SHM_PATH, engine_for
+from kvoffload.engines.engine import CONFIG_DIR
 from kvoffload.policy.catalog import find_gpu_class, gpu_class_names
 from kvoffload.policy.derive import check_workload
 from kvoffload.policy.volumes import under, volume_name
@@ -218,8 +219,12 @@ def _check_node_term(where: str, term: NodeSelectorTerm) -> list[FieldError]:
     return errors
 
 
+CONFIG_VOLUME = "engine-config"
+"""The volume of the level's ConfigMap (``render.render_config_map``), mounted read-only at ``CONFIG_DIR``."""
+
+
 def _operator_volume_names(spec: KVOffloadPolicySpec) -> set[str]:
-    return {"dshm", *(volume_name(t, i) for i, t in enumerate(spec.offload.secondary_tiers))}
+    return {"dshm", CONFIG_VOLUME, *(volume_name(t, i) for i, t in enumerate(spec.offload.secondary_tiers))}
 
 
 def _check_pod_template(overlay: PodTemplate, spec: KVOffloadPolicySpec, namespace: str) -> list[FieldError]:
@@ -241,7 +246,9 @@ def _check_pod_template(overlay: PodTemplate, spec: KVOffloadPolicySpec, namespa
     for i, volume in enumerate(overlay.volumes):
         at = f"{where}.volumes[{i}]"
         if volume.name in reserved:
-            errors.append(FieldError(f"{at}.name", f"{volume.name} names a volume of the operator (/dev/shm, a tier)"))
+            errors.append(
+                FieldError(f"{at}.name", f"{volume.name} names a volume of the operator (/dev/shm, a tier, its files)")
+            )
         elif volume.name in declared:
             errors.append(FieldError(f"{at}.name", f"{volume.name} is declared twice"))
         declared.add(volume.name)
@@ -253,7 +260,11 @@ def _check_pod_template(overlay: PodTemplate, spec: KVOffloadPolicySpec, namespa
                     "pool; use a disk emptyDir, or raise spec.resources.headroom and ask for it there",
                 )
             )
-    taken = [(SHM_PATH, "/dev/shm"), *((t.path, f"the {t.name} tier") for t in spec.offload.secondary_tiers)]
+    taken = [
+        (SHM_PATH, "/dev/shm"),
+        (CONFIG_DIR, "the engine's option files"),
+        *((t.path, f"the {t.name} tier") for t in spec.offload.secondary_tiers),
+    ]
     for i, mount in enumerate(overlay.volume_mounts):
         at = f"{where}.volumeMounts[{i}]"
         if mount.name not in declared:

@@ -1,6 +1,6 @@
-"""The sizing plan: every ladder level sized, the warnings, the checks no node could pass, and the table
-``kvoffload plan`` prints (docs/design.md, "Sizing"). The figures come from ``kvshape``, ``hostmemory`` and
-``startup``.
+"""The sizing plan: every ladder level sized and the warnings, what ``kvoffload plan`` reports
+(docs/design.md, "Sizing"). The figures come from ``kvshape``, ``hostmemory`` and ``startup``; the checks no
+node could pass are ``nodefit``'s, the table ``plantable``'s.
 """
 
 from __future__ import annotations
@@ -18,20 +18,17 @@ from kvoffload.api.serving import Architecture, Backend
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.policy.catalog import (
     ConfigError,
-    GPUClass,
     architecture_from_configmap_data,
     find_gpu_class,
     find_model,
-    gpu_class_names,
 )
-from kvoffload.policy.hostmemory import host_memory, memory_backed_tier_bytes, pinned_pool_bytes
+from kvoffload.policy.hostmemory import host_memory
 from kvoffload.policy.kvshape import (
     SizingError,
     architecture,
     bytes_per_token,
     kv_dtype_bytes,
     kv_replication,
-    not_in_catalog,
     tokens_held,
     with_architecture,
 )
@@ -43,93 +40,6 @@ from kvoffload.policy.startup import (
     startup_seconds,
     weight_bytes,
 )
-
-# --- checks ------------------------------------------------------------------------
-
-
-def check_fits_node(spec: KVOffloadPolicySpec, gpu: GPUClass) -> list[FieldError]:
-    """What can never be scheduled on a node of the GPU class: more GPUs than a node has, a tier
-    or a pod's memory request larger than the node's whole host memory. Each error names the field
-    to change; empty when every level fits.
-    """
-    errors: list[FieldError] = []
-    node = gpu.host_ram_per_node_bytes
-    where = f"a whole {gpu.name} node's host memory, {format_bytes(node)} ({gpu.host_ram_source})"
-    if spec.gpu.count > gpu.gpus_per_node:
-        errors.append(
-            FieldError(
-                "spec.gpu.count", f"{spec.gpu.count} GPUs per engine, but a {gpu.name} node has {gpu.gpus_per_node}"
-            )
-        )
-    top = build_ladder(spec)[-1]  # the levels only add tiers, so the top one needs the most
-    pool = pinned_pool_bytes(spec, top)
-    if pool > node:
-        factor = spec.offload.overhead_factor
-        pinned = f"{format_bytes(pool)} pinned" + (f" with overheadFactor {factor}" if factor != 1.0 else "")
-        errors.append(
-            FieldError("spec.offload.cpu", f"the CPU tier ({pinned}) is larger than {where}; no node can hold it")
-        )
-    for i, tier in enumerate(top.secondary_tiers):
-        size = quantity_bytes(tier.size)
-        if tier.volume.empty_dir is not None and tier.volume.empty_dir.medium == "Memory" and size > node:
-            errors.append(
-                FieldError(
-                    f"spec.offload.secondaryTiers[{i}].size",
-                    f"the memory-backed tier ({format_bytes(size)}) is larger than {where}; no node can hold it",
-                )
-            )
-    if errors:
-        return errors
-    request = host_memory(spec, top).request
-    if request > node:
-        parts = {
-            "spec.resources.baseMemory": quantity_bytes(spec.resources.base_memory),
-            "spec.offload.cpu": pool,
-            "spec.resources.headroom": quantity_bytes(spec.resources.headroom),
-        }
-        biggest = max(parts, key=lambda k: parts[k])
-        errors.append(
-            FieldError(
-                biggest,
-                f"the memory request of level {top.name}, {format_bytes(request)} per replica (baseMemory "
-                f"{format_bytes(parts['spec.resources.baseMemory'])} + pinned pool {format_bytes(pool)} + headroom "
-                f"{format_bytes(parts['spec.resources.headroom'])}"
-                + (
-                    f" + memory-backed tiers {format_bytes(memory_backed_tier_bytes(top))}"
-                    if memory_backed_tier_bytes(top)
-                    else ""
-                )
-                + f") is more than {where}; no node can schedule it",
-            )
-        )
-    return errors
-
-
-def check_policy(policy: KVOffloadPolicy) -> list[FieldError]:
-    """Problems the schema cannot see (unknown catalog entries, what no node of the GPU class can
-    hold); empty when the policy can be sized and scheduled.
-
-    Only hard errors: things that are merely unwise (a TP size that does not divide
-    the KV heads, a small tier) are ``plan`` warnings.
-    """
-    spec = policy.spec
-    errors: list[FieldError] = []
-    gpu = find_gpu_class(spec.gpu.class_)
-    if gpu is None:
-        errors.append(
-            FieldError(
-                "spec.gpu.class", f"unknown GPU class {spec.gpu.class_!r}; known: {', '.join(gpu_class_names())}"
-            )
-        )
-    else:
-        errors += check_fits_node(spec, gpu)
-    arch = spec.model.architecture
-    if arch is None and spec.model.config_map is None and find_model(spec.model.name) is None:
-        errors.append(FieldError("spec.model.name", not_in_catalog(spec.model.name)))
-    if arch is not None and arch.kv_lora_rank is not None and arch.qk_rope_head_dim is None:
-        errors.append(FieldError("spec.model.architecture.qkRopeHeadDim", "required with kvLoraRank (MLA)"))
-    return errors
-
 
 # --- the whole plan ----------------------------------------------------------------
 
@@ -220,7 +130,8 @@ class SizingPlan(_Out):
     warnings: list[SizingWarning]
 
 
-def _tokens(n: int) -> str:
+def format_tokens(n: int) -> str:
+    """A token count as the plan prints it: ``12,345 tokens``."""
     return f"{n:,} tokens"
 
 
@@ -299,8 +210,8 @@ def plan_spec(spec: KVOffloadPolicySpec, name: str = "", *, architecture_source:
             if tokens < max_len and tier_name not in seen_tiers:
                 warn(
                     WarningCode.TIER_BELOW_MAX_MODEL_LEN,
-                    f"tier {tier_name} holds {_tokens(tokens)}, less than one maxModelLen prompt "
-                    f"({_tokens(max_len)}, {format_bytes(max_len * stored)})",
+                    f"tier {tier_name} holds {format_tokens(tokens)}, less than one maxModelLen prompt "
+                    f"({format_tokens(max_len)}, {format_bytes(max_len * stored)})",
                     level.name,
                 )
             seen_tiers.add(tier_name)
@@ -347,9 +258,9 @@ def plan_spec(spec: KVOffloadPolicySpec, name: str = "", *, architecture_source:
     elif cpu_bytes < gpu_kv:
         warn(
             WarningCode.CPU_TIER_BELOW_GPU_KV_CACHE,
-            f"offload.cpu {format_bytes(cpu_bytes)} ({_tokens(tokens_held(cpu_bytes, stored))}) is smaller than "
-            f"the GPU KV cache (~{format_bytes(gpu_kv)}, {_tokens(gpu_kv // stored)}): blocks the GPU evicts find "
-            "little room, so the CPU tier adds little reuse",
+            f"offload.cpu {format_bytes(cpu_bytes)} ({format_tokens(tokens_held(cpu_bytes, stored))}) is smaller "
+            f"than the GPU KV cache (~{format_bytes(gpu_kv)}, {format_tokens(gpu_kv // stored)}): blocks the GPU "
+            "evicts find little room, so the CPU tier adds little reuse",
         )
     tp = spec.model.tensor_parallel_size
     if arch.kv_lora_rank is not None and tp > 1:
@@ -362,13 +273,13 @@ def plan_spec(spec: KVOffloadPolicySpec, name: str = "", *, architecture_source:
         if replicas > 1:
             warn(
                 WarningCode.TP_REPLICATES_KV,
-                f"tensorParallelSize {tp} is more than numKVHeads {arch.num_kv_heads}: vLLM replicates KV heads, "
+                f"tensorParallelSize {tp} is more than numKVHeads {arch.num_kv_heads}: the engine replicates KV heads, "
                 f"so a token takes {stored:,} B across ranks, not {per_token:,} B",
             )
         if max(tp, arch.num_kv_heads) % min(tp, arch.num_kv_heads):
             warn(
                 WarningCode.TP_DOES_NOT_DIVIDE_KV_HEADS,
-                f"tensorParallelSize {tp} and numKVHeads {arch.num_kv_heads} do not divide: vLLM may refuse "
+                f"tensorParallelSize {tp} and numKVHeads {arch.num_kv_heads} do not divide: the engine may refuse "
                 "the split or leave ranks uneven",
             )
     if entry is not None and entry.sliding_window_layers:
@@ -448,74 +359,3 @@ def resolve_config_map(policy: KVOffloadPolicy, documents: Iterable[Any], source
     except ConfigError as exc:
         raise PolicyError([FieldError(path, f"ConfigMap {ref.name!r} key {ref.key!r}: {exc}")], source) from None
     return policy.model_copy(update={"spec": with_architecture(policy.spec, arch)})
-
-
-# --- the table -----------------------------------------------------------------------
-
-
-def _shape(plan: SizingPlan) -> str:
-    a = plan.architecture
-    if a.kv_lora_rank is not None:
-        return (
-            f"MLA: {a.num_layers} layers × ({a.kv_lora_rank} + {a.qk_rope_head_dim or 0}) × "
-            f"{plan.kv_dtype_bytes} B = {plan.kv_bytes_per_token:,} B/token"
-        )
-    return (
-        f"2 × {a.num_layers} layers × {a.num_kv_heads} KV heads × {a.head_dim} head dim × {plan.kv_dtype_bytes} B "
-        f"= {plan.kv_bytes_per_token:,} B/token"
-    )
-
-
-def _columns(rows: list[list[str]], right: set[int]) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(
-            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths, strict=True))
-        ).rstrip()
-        for r in rows
-    ]
-
-
-def format_plan(plan: SizingPlan) -> str:
-    """The plan as a person reads it: a header, one aligned row per level, then the warnings."""
-    lines = [f"Policy      {plan.policy}", f"Model       {plan.model}  ({plan.architecture_source})"]
-    lines.append(f"KV          {_shape(plan)}")
-    if plan.stored_bytes_per_token != plan.kv_bytes_per_token:
-        lines.append(f"            {plan.stored_bytes_per_token:,} B/token across {plan.tensor_parallel_size} TP ranks")
-    lines.append(f"Max prompt  {_tokens(plan.max_model_len)} = {format_bytes(plan.max_model_len_bytes)} of KV")
-    gpu = f"GPU         {plan.gpu_count} × {plan.gpu_class} ({format_bytes(plan.gpu_memory_bytes)} each)"
-    if plan.gpu_kv_cache_bytes is not None and plan.weight_bytes is not None:
-        gpu += (
-            f"; KV cache ~{format_bytes(max(0, plan.gpu_kv_cache_bytes))} "
-            f"(~{_tokens(plan.gpu_kv_cache_tokens or 0)}) after ~{format_bytes(plan.weight_bytes)} of weights"
-        )
-    lines.append(gpu)
-    lines.append(f"Host RAM    {format_bytes(plan.host_ram_per_replica_bytes)} per replica ({plan.host_ram_source})")
-    lines.append("")
-    rows = [["LEVEL", "TIERS", "CPU TIER", "HOLDS", "PINNED", "/DEV/SHM", "MEMORY REQ=LIMIT", "STARTUP", "DEADLINE"]]
-    for lv in plan.levels:
-        rows.append(
-            [
-                f"{lv.index} {lv.name}" + (" (canary only)" if lv.canary_only else ""),
-                "+".join(lv.tiers) or "-",
-                "-" if lv.cpu_bytes is None else format_bytes(lv.cpu_bytes),
-                "-" if lv.cpu_tokens is None else _tokens(lv.cpu_tokens),
-                format_bytes(lv.pinned_bytes) if lv.pinned_bytes else "-",
-                format_bytes(lv.shm_bytes) if lv.shm_bytes else "-",
-                format_bytes(lv.memory_request_bytes),
-                format_duration(lv.startup_seconds),
-                format_duration(lv.progress_deadline_seconds),
-            ]
-        )
-    lines += _columns(rows, right={2, 3, 4, 5, 6, 7, 8})
-    top = plan.levels[-1].secondary_tiers
-    if top:
-        lines.append("")
-        lines += [f"Tier {t.name}: {format_bytes(t.bytes)}, holds {_tokens(t.tokens)}" for t in top]
-    lines.append("")
-    if plan.warnings:
-        lines.append(f"Warnings ({len(plan.warnings)}):")
-        lines += [f"  - {w}" for w in plan.warnings]
-    else:
-        lines.append("No warnings.")
-    return "\n".join(lines)

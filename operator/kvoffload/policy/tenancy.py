@@ -22,8 +22,7 @@ from kvoffload.api.baseurl import base_url_problem
 from kvoffload.api.errors import FieldError
 from kvoffload.api.quantity import format_duration, parse_duration
 from kvoffload.api.types import KVOffloadPolicy
-from kvoffload.api.vllmflags import option_dest
-from kvoffload.engines import ENGINES, engine_for
+from kvoffload.engines import ENGINES, engine_for, option_dest
 from kvoffload.policy.workload import WHERE, adopted_container
 
 # Hosts that name the node or the cloud's metadata service whatever they resolve to.

@@ -22,9 +22,7 @@ from kvoffload.api.serving import AdoptedWorkload
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
 from kvoffload.engines import ENGINES, Engine, engine_for
 from kvoffload.policy.catalog import find_gpu_class
-from kvoffload.policy.ladder import build_ladder
-from kvoffload.policy.sizing import check_policy
-from kvoffload.policy.startup import startup_seconds
+from kvoffload.policy.nodefit import check_policy
 
 WHERE = "spec.workloadRef"
 # Resources whose quantities the derived levels compare and raise.
@@ -104,7 +102,7 @@ def _with_engine(policy: KVOffloadPolicy, engine: Engine) -> KVOffloadPolicy:
     """The policy validated again with the engine its container runs (so every default and check is that
     engine's)."""
     spec = policy.spec
-    if engine.name == spec.engine.value:
+    if engine.name == spec.engine:
         return policy
     data = spec.model_dump(mode="json", by_alias=True, exclude_unset=True)
     try:
@@ -229,63 +227,4 @@ def adopt(policy: KVOffloadPolicy, deployment: Mapping[str, Any]) -> KVOffloadPo
     return policy.model_copy(update={"spec": policy.spec.with_workload(workload)})
 
 
-def _probe_seconds(probe: Mapping[str, Any]) -> int:
-    """How long a probe lets a container start before the kubelet restarts it (Kubernetes' defaults)."""
-    return int(probe.get("initialDelaySeconds", 0)) + int(probe.get("periodSeconds", 10)) * int(
-        probe.get("failureThreshold", 3)
-    )
-
-
-def workload_warnings(policy: KVOffloadPolicy) -> list[str]:
-    """What the derived levels replace in the referenced pod, or keep though the spec says otherwise: for an
-    Event and for ``kvoffload render --workload``. Empty without an adopted workload."""
-    spec = policy.spec
-    workload = spec.workload
-    if workload is None:
-        return []
-    engine = engine_for(spec)
-    container = adopted_container(workload)
-    name = workload.container
-    ladder = build_ladder(spec)
-    derived = engine.derive(container, spec, ladder[0])
-    found: list[str] = []
-    if derived.removed_flags:
-        found.append(
-            f"container {name!r} sets {', '.join(derived.removed_flags)}, which every level replaces with its own "
-            "offload flags"
-        )
-    if derived.removed_env:
-        found.append(
-            f"container {name!r} sets {', '.join(derived.removed_env)}, which every level replaces with its own "
-            "offload variables"
-        )
-    served = engine.served(container)
-    if served.max_model_len is None:
-        found.append(
-            f"container {name!r} sets no context length: {engine.title} takes the model's own, while the sizing "
-            f"assumes spec.model.maxModelLen ({spec.model.max_model_len})"
-        )
-    if spec.gpu.node_selector or spec.gpu.tolerations:
-        found.append(
-            "spec.gpu.nodeSelector and spec.gpu.tolerations are not applied: the derived pods keep the referenced "
-            "pod's scheduling"
-        )
-    probe = container.get("startupProbe")
-    if isinstance(probe, Mapping):
-        allowed = _probe_seconds(probe)
-        needed = max(startup_seconds(spec, level) for level in ladder)
-        if allowed < needed:
-            found.append(
-                f"container {name!r}'s startupProbe allows {allowed} s; loading the model and pinning the top "
-                f"level's pool may take up to {needed} s, and the derived pods keep the probe as written"
-            )
-    ports = [p.get("containerPort") for p in container.get("ports") or []]
-    if served.port not in ports:
-        found.append(
-            f"container {name!r} declares no containerPort {served.port}, where {engine.title} serves: Prometheus "
-            "finds no target to scrape"
-        )
-    return found
-
-
-__all__ = ["WHERE", "adopt", "adopted_container", "original_replicas", "template_digest", "workload_warnings"]
+__all__ = ["WHERE", "adopt", "adopted_container", "original_replicas", "template_digest"]

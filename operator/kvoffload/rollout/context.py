@@ -21,6 +21,7 @@ from kvoffload.api.status import (
 )
 from kvoffload.api.types import KVOffloadPolicySpec
 from kvoffload.policy.ladder import Level
+from kvoffload.policy.sized import SizedLevel
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.observations import Observations, VariantObservation
 from kvoffload.rollout.plan import Event, VariantPlan
@@ -46,8 +47,11 @@ class Ctx:
     def level_name(self, index: int) -> str:
         return self.ladder[index].name if 0 <= index < len(self.ladder) else f"level {index}"
 
+    def sized(self, level: Level) -> SizedLevel:
+        return self.obs.sized[level.index]
+
     def hash_of(self, level: Level) -> str:
-        return self.obs.level_hashes[level.index]
+        return self.sized(level).config_hash
 
     @property
     def stage(self) -> StageStatus:

@@ -108,7 +108,7 @@ from kvoffload.api.conventions import (
 from kvoffload.api.errors import summary
 from kvoffload.api.status import HistoryEntry, KVOffloadPolicyStatus, Mode
 from kvoffload.api.types import KVOffloadPolicySpec
-from kvoffload.policy.ladder import Level, build_ladder
+from kvoffload.policy.ladder import Level
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.climb import continue_ladder, start_ladder
 from kvoffload.rollout.context import Ctx, Outcome, spec_digest
@@ -130,15 +130,12 @@ def decide(
     """The next step of the ladder for one policy.
 
     Pure: the same inputs give the same Plan, and neither input is changed.
-    ``observations.level_hashes`` must hold every level of ``build_ladder(spec)``
-    (KeyError otherwise). Guarantees: no promotion without a Pass verdict at
+    ``observations.sized`` is the sized plan of ``spec`` (``policy.sized``): its ladder is the one climbed,
+    and the status' hostMemory and selector come from it. Guarantees: no promotion without a Pass verdict at
     the end of a full step (or a manual promote); the fleet never has zero
     replicas; it never asks for more than ``(replicas + maxSurge)`` replicas.
     """
-    ladder = build_ladder(spec)
-    missing = [lv.index for lv in ladder if lv.index not in observations.level_hashes]
-    if missing:
-        raise KeyError(f"observations.level_hashes lacks ladder levels {missing}")
+    ladder = observations.sized.ladder
     current = status if status is not None else KVOffloadPolicyStatus()
     switching = switched(current, spec)
     if switching:

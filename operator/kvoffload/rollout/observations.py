@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from kvoffload.analysis.assess import Assessment
 from kvoffload.analysis.measurements import Measurements
 from kvoffload.api.conventions import Reason
+from kvoffload.policy.sized import Sized
 from kvoffload.rollout.preflight import RestorePrice
 
 
@@ -97,8 +98,9 @@ class Observations:
 
     generation: int | None
     """metadata.generation of the policy."""
-    level_hashes: Mapping[int, str]
-    """Config hash of every ladder level of the current spec, by level index (from the renderer)."""
+    sized: Sized
+    """The current spec's sized plan (``policy.sized``): every ladder level with its host memory, deadlines and
+    config hash, worked out once per render input."""
     annotations: Mapping[str, str] = field(default_factory=dict)
     """The policy's annotations; only the ``kvoffload.io/`` control keys are read."""
     stable: VariantObservation = field(default_factory=VariantObservation)

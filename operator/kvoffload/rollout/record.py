@@ -12,6 +12,7 @@ from kvoffload.api.conventions import (
     ANALYSIS_INCONCLUSIVE,
     DEGRADED,
     INVALID,
+    LABEL_POLICY,
     MANUAL_ANNOTATIONS,
     OFFLOAD_WILL_NOT_PAY,
     PAUSED,
@@ -29,6 +30,7 @@ from kvoffload.api.status import (
     BaselineStatus,
     Condition,
     HistoryEntry,
+    HostMemoryStatus,
     KVOffloadPolicyStatus,
     Mode,
     Percentiles,
@@ -51,7 +53,7 @@ from kvoffload.rollout.context import (
 from kvoffload.rollout.observations import VariantObservation
 from kvoffload.rollout.observe import observe_message, observe_status, observing_condition
 from kvoffload.rollout.pace import capacity_dip, observed_variant, pace
-from kvoffload.rollout.plan import Event, Plan, VariantPlan
+from kvoffload.rollout.plan import Event, Plan, VariantPlan, Variants
 from kvoffload.rollout.takeover import workload_status
 from kvoffload.rollout.texts import display_of, not_scraped_message
 from kvoffload.rollout.warmup import judged_from, warmup_of, warmup_reason
@@ -109,7 +111,8 @@ def write_plan(ctx: Ctx, o: Outcome) -> Plan:
         preflight=_preflight_of(ctx, o),
         observe=observe_status(ctx.spec, ctx.obs.fleet),
         last_analysis=last_analysis,
-        host_memory=ctx.status.host_memory,
+        host_memory=_host_memory(ctx, paced),
+        selector=f"{LABEL_POLICY}={ctx.obs.sized.policy}",  # every engine of the policy, whatever its level
         conditions=conditions,
         history=history[-HISTORY_LIMIT:],
         annotations_seen=dict(seen),
@@ -130,6 +133,19 @@ def write_plan(ctx: Ctx, o: Outcome) -> Plan:
         variants=paced,
         events=(*events, *_token_events(ctx), *_scrape_events(ctx)),
         requeue_after=_requeue_after(ctx, o, seen, paused),
+    )
+
+
+def _host_memory(ctx: Ctx, variants: Variants) -> HostMemoryStatus:
+    """Per replica, for the running level that needs the most (the canary's while it needs more): the figure the
+    nodes must have room for during the step."""
+    levels = [variants.stable.level] + ([variants.canary.level] if variants.canary is not None else [])
+    biggest = max((ctx.obs.sized[index].memory for index in levels), key=lambda m: m.request)
+    return HostMemoryStatus(
+        pinned=to_quantity(biggest.pinned),
+        shm=to_quantity(biggest.shm),
+        request=to_quantity(biggest.request),
+        limit=to_quantity(biggest.limit),
     )
 
 

@@ -11,7 +11,6 @@ from kvoffload.analysis.custom import breach_sustained
 from kvoffload.api.conventions import Decision, Reason
 from kvoffload.api.quantity import format_duration
 from kvoffload.api.status import Mode
-from kvoffload.policy.startup import progress_deadline_seconds
 from kvoffload.rollout.context import Ctx, Outcome, level_below, ready_of, stable_plan, stage_at
 from kvoffload.rollout.observations import PodObservation
 from kvoffload.rollout.plan import Event, VariantPlan
@@ -49,7 +48,7 @@ def _hard_failure(ctx: Ctx) -> tuple[Reason, str] | None:
     for pod in pods:
         if pod.restarts > 0:
             return Reason.CANARY_RESTARTED, f"canary pod {pod.name} restarted {pod.restarts} time(s) {where}"
-    deadline = progress_deadline_seconds(ctx.spec, level)
+    deadline = ctx.sized(level).progress_deadline_seconds
     ready = ready_of(ctx.obs.canary, canary.config_hash)
     wanted = canary_replicas(ctx.spec, ctx.stage.step)
     if ready < wanted and ctx.elapsed >= deadline:

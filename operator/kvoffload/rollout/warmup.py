@@ -9,26 +9,28 @@ requests met), or at ``maxDuration`` at the latest; the canary is judged from on
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime, timedelta
 
 from kvoffload.api.conventions import Reason
 from kvoffload.api.quantity import format_duration, parse_duration
 from kvoffload.api.status import KVOffloadPolicyStatus, Mode, WarmupStatus
 from kvoffload.api.types import KVOffloadPolicySpec
-from kvoffload.policy.ladder import build_ladder
+from kvoffload.policy.ladder import Level
 from kvoffload.rollout.context import Ctx, Outcome, ready_of
 from kvoffload.rollout.observe import observing
 from kvoffload.rollout.plan import AnalysisSubject, Event
 from kvoffload.rollout.replicas import canary_replicas
 
 
-def analysis_subject(spec: KVOffloadPolicySpec, status: KVOffloadPolicyStatus | None, now: datetime) -> AnalysisSubject:
-    """The level to judge and whether its tiers count as warm.
+def analysis_subject(
+    spec: KVOffloadPolicySpec, ladder: Sequence[Level], status: KVOffloadPolicyStatus | None, now: datetime
+) -> AnalysisSubject:
+    """The level of ``ladder`` (the sized plan's) to judge and whether its tiers count as warm.
 
     Warm after the first half of a canary or promotion step. The stable guard
     and the baseline are never warm: they are held to the absolute budgets only.
     """
-    ladder = build_ladder(spec)
     if status is None or status.stable is None or not 0 <= status.stable.level < len(ladder):
         return AnalysisSubject(ladder[0], warmed_up=False)
     if status.canary is None or not 0 <= status.canary.level < len(ladder):

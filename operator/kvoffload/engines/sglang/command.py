@@ -27,9 +27,12 @@ from kvoffload.api.errors import FieldError
 from kvoffload.api.quantity import GIB, quantity_bytes
 from kvoffload.api.serving import Backend, EvictionPolicy, KVCacheDtype
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
-from kvoffload.api.vllmflags import ArgProblem, OptionTable, judge_extra_args, load_option_table
 from kvoffload.engines.adoption import Adopts
+from kvoffload.engines.dialect import Dialect
 from kvoffload.engines.engine import PORT, Rung, managed_env_errors
+from kvoffload.engines.options import ArgProblem, OptionTable, judge_extra_args, load_option_table, managed_flags
+from kvoffload.engines.sglang.dialect import SGLANG as SGLANG_DIALECT
+from kvoffload.engines.sglang.hostmemory import pinned_bytes
 
 LAUNCH = ("python3", "-m", "sglang.launch_server")
 GB = 10**9
@@ -129,6 +132,8 @@ class SGLang(Adopts):
     name = "sglang"
     title = "SGLang"
     container = "sglang"
+    restore_profiled = False
+    metrics_path = "/metrics"
 
     OFFLOAD_DESTS = OFFLOAD_DESTS
     OFFLOAD_ENV_PREFIX = "SGLANG_HICACHE_"
@@ -173,8 +178,17 @@ class SGLang(Adopts):
         # (mem_cache/pool_host/base.py lines 248-257, host_memory.py 136-162).
         return HOST_RESERVE if rung.cpu_bytes is not None else 0
 
+    def pinned_bytes(self, spec: KVOffloadPolicySpec, rung: Rung, layers: int | None) -> int:
+        return pinned_bytes(rung)
+
+    def config_files(self, policy: KVOffloadPolicy, rung: Rung) -> dict[str, str]:
+        return {}
+
     def command(self, spec: KVOffloadPolicySpec) -> list[str]:
         return list(LAUNCH)
+
+    def dialect(self, spec: KVOffloadPolicySpec) -> Dialect:
+        return SGLANG_DIALECT
 
     def args(self, policy: KVOffloadPolicy, rung: Rung) -> list[str]:
         spec = policy.spec
@@ -242,6 +256,10 @@ class SGLang(Adopts):
     @property
     def code_options(self) -> Mapping[str, str]:
         return CODE_LOADING_DESTS
+
+    @property
+    def managed_flags(self) -> Sequence[str]:
+        return managed_flags(option_table(), MANAGED_DESTS)
 
     def eager(self, spec: KVOffloadPolicySpec) -> bool:
         if spec.workload is not None:

@@ -11,13 +11,18 @@ from collections.abc import Collection, Mapping, Sequence
 from decimal import Context, Decimal, Inexact
 from typing import Any
 
-from kvoffload.api.errors import FieldError
+from kvoffload.api.errors import FieldError, PolicyError
 from kvoffload.api.quantity import GIB, quantity_bytes
 from kvoffload.api.serving import Backend, EvictionPolicy, SecondaryTier
 from kvoffload.api.types import KVOffloadPolicy, KVOffloadPolicySpec
-from kvoffload.api.vllmflags import CODE_LOADING_DESTS, ArgProblem, OptionTable, judge_extra_args, option_table
+from kvoffload.api.versions import version_from_image
 from kvoffload.engines.adoption import Adopts, Item
+from kvoffload.engines.dialect import Dialect
 from kvoffload.engines.engine import PORT, SHM_PATH, Rung, managed_env_errors
+from kvoffload.engines.options import ArgProblem, OptionTable
+from kvoffload.engines.vllm.dialect import dialect_for
+from kvoffload.engines.vllm.flags import CODE_LOADING_DESTS, judge_extra_args, managed_flags, option_table
+from kvoffload.engines.vllm.hostmemory import pinned_bytes, pins_per_layer
 
 # vLLM keeps the CPU pool in /dev/shm/vllm_offload_<engine>.mmap (PR 50094) and an
 # OOM-kill leaves it there (issue 57303). The memory emptyDir outlives a container
@@ -173,6 +178,8 @@ class VLLM(Adopts):
     name = "vllm"
     title = "vLLM"
     container = "vllm"
+    restore_profiled = True  # the GPU profiles time vLLM 0.32's loads
+    metrics_path = "/metrics"
 
     OFFLOAD_DESTS = OFFLOAD_DESTS
     OFFLOAD_ENV_PREFIX = "LMCACHE_"
@@ -211,15 +218,28 @@ class VLLM(Adopts):
         ]
 
     def pool_in_shm(self, spec: KVOffloadPolicySpec, rung: Rung) -> bool:
-        # Since PR 50094 (0.27) vLLM's native pool is a /dev/shm file; the sizing handles the older
-        # per-layer pinning (policy/hostmemory.py, pins_per_layer), and LMCache's own buffers.
-        return True
+        # Since PR 50094 (0.27) vLLM's native pool is a /dev/shm file; before it, per-layer tensors pin anonymous
+        # memory (hostmemory.pins_per_layer). LMCache's own buffers are sized as the native pool.
+        return not pins_per_layer(spec, rung)
+
+    def pinned_bytes(self, spec: KVOffloadPolicySpec, rung: Rung, layers: int | None) -> int:
+        return pinned_bytes(spec, rung, layers)
+
+    def config_files(self, policy: KVOffloadPolicy, rung: Rung) -> dict[str, str]:
+        return {}
 
     def host_reserve(self, spec: KVOffloadPolicySpec, rung: Rung) -> int:
         return 0
 
     def command(self, spec: KVOffloadPolicySpec) -> list[str]:
         return list(ENGINE_COMMAND)
+
+    def dialect(self, spec: KVOffloadPolicySpec) -> Dialect:
+        # model.vllmVersion, else the image tag's version; neither: the newest.
+        try:
+            return dialect_for(spec.model.vllm_version or version_from_image(spec.image))
+        except ValueError as exc:
+            raise PolicyError([FieldError("spec.model.vllmVersion", str(exc))]) from None
 
     def args(self, policy: KVOffloadPolicy, rung: Rung) -> list[str]:
         spec = policy.spec
@@ -271,6 +291,10 @@ class VLLM(Adopts):
     @property
     def code_options(self) -> Mapping[str, str]:
         return CODE_LOADING_DESTS
+
+    @property
+    def managed_flags(self) -> Sequence[str]:
+        return managed_flags()
 
     def eager(self, spec: KVOffloadPolicySpec) -> bool:
         if spec.workload is not None:
