@@ -318,14 +318,19 @@ def stop_operator(operator: Operator) -> None:
 
 
 def policy(name: str, namespace: str, prometheus: dict[str, Any], *, config_map: bool = False) -> dict[str, Any]:
+    """A vLLM policy; with ``config_map``, a TensorRT-LLM one whose model shape is read from a ConfigMap (its engine
+    also reads its options from a file: a ConfigMap per level the operator writes)."""
     model: dict[str, Any] = {"name": "Qwen/Qwen3-0.6B", "image": "vllm/vllm-openai:v0.32.0", "maxModelLen": 4096}
+    engine = "vllm"
     if config_map:
         model = {**model, "name": "acme/private-llm", "configMap": {"name": "model-config"}}
+        model["image"], engine = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0", "trtllm"
     return {
         "apiVersion": "kvoffload.io/v1alpha1",
         "kind": "KVOffloadPolicy",
         "metadata": {"name": name, "namespace": namespace},
         "spec": {
+            "engine": engine,
             "model": model,
             "gpu": {"class": "nvidia-l4", "count": 1},
             "replicas": 2,
@@ -410,6 +415,7 @@ def scenario(run: Scenario, tag: str) -> None:
     )
     run.until("the status (the ConfigMap read)", lambda: run.status(chat, TEAM).get("phase") == "Baseline")
     run.until("the stable (gpu-only) Deployment", lambda: get("deployment", f"{chat}-gpu-only", TEAM))
+    run.until("the stable's engine options file", lambda: get("configmap", f"{chat}-gpu-only", TEAM))
     run.until("the Service", lambda: get("service", chat, TEAM))
     run.until("the PodMonitor", lambda: get("podmonitor", chat, TEAM))
     run.until("the policy's own token sent to Prometheus", lambda: f"Bearer {TEAM_TOKEN}" in run.recorder.tokens)
@@ -429,6 +435,7 @@ def scenario(run: Scenario, tag: str) -> None:
     run.until("the canary (cpu) Deployment after a manual promote", lambda: get("deployment", f"{chat}-cpu", TEAM))
     run.annotate(chat, TEAM, ABORT, "1")
     run.until("the canary deleted after an abort", lambda: get("deployment", f"{chat}-cpu", TEAM) is None)
+    run.until("the canary's options file deleted with it", lambda: get("configmap", f"{chat}-cpu", TEAM) is None)
 
     # RolledBack ignores a pause and says so in an Event: the same value twice is the same Event, counted.
     for value in ("a", "b", "a"):
@@ -502,7 +509,8 @@ def test_the_operator_with_the_charts_service_account_runs_a_policy_through_ever
     assert run.operator.forbidden() == []
     # The children went with the policy, through the real garbage collector.
     chat = f"chat-{installed.runs[0]}"
-    for kind, name in (("deployment", f"{chat}-gpu-only"), ("service", chat), ("podmonitor", chat)):
+    children = (("deployment", f"{chat}-gpu-only"), ("configmap", f"{chat}-gpu-only"), ("service", chat))
+    for kind, name in (*children, ("podmonitor", chat)):
         wait_for(lambda kind=kind, name=name: run.get(kind, name, TEAM) is None, f"{kind} {name} collected", 60)
 
 

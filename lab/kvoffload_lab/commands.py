@@ -53,8 +53,9 @@ def emulate(args: tuple[str, ...], port: int, host: str, **options: Any) -> None
 
     Accepts a Deployment's `vllm serve MODEL --flag ...` arguments; flags it does not know
     are ignored with a warning. `--speak sglang` exposes SGLang 0.5.23's /metrics families
-    instead (with `--enable-metrics`, as SGLang), priced the same; the local cluster translates an
-    SGLang container's command line into these options.
+    instead (with `--enable-metrics`, as SGLang), and `--speak trtllm` TensorRT-LLM's at
+    /prometheus/metrics, priced the same; the local cluster translates an SGLang or TensorRT-LLM
+    container's command line (and its config file) into these options.
     """
     import logging
     import time
@@ -127,10 +128,11 @@ def _duration_option(_ctx: click.Context, _param: click.Parameter, value: str | 
 @click.option(
     "--engine",
     # demo.DEMO_ENGINES, spelt out: the CLI loads the demo module only when it runs.
-    type=click.Choice(["vllm", "sglang"]),
+    type=click.Choice(["vllm", "sglang", "trtllm"]),
     default=None,
     help="Run the policy's engines as this engine: sglang renders `sglang.launch_server` with HiCache (CPU sizes "
-    "in whole GB per TP rank), emulated speaking its own metrics. Default: the policy's spec.engine (vllm).",
+    "in whole GB per TP rank), trtllm `trtllm-serve` with its host cache (no file tier), each emulated speaking "
+    "its own metrics. Default: the policy's spec.engine (vllm).",
 )
 @click.option(
     "--give-up-after",

@@ -98,6 +98,7 @@ def prepare_policy(doc: Mapping[str, Any], *, fast: bool, prometheus_url: str) -
 
 
 SGLANG_IMAGE = "lmsysorg/sglang:v0.5.23-cu129"
+TRTLLM_IMAGE = "nvcr.io/nvidia/tensorrt-llm/release:1.2.0"
 
 
 def _on_sglang(spec: dict[str, Any]) -> None:
@@ -119,7 +120,15 @@ def _on_sglang(spec: dict[str, Any]) -> None:
             del rollout["pilotCpu"]
 
 
-ENGINE_DOCS: Mapping[str, Callable[[dict[str, Any]], None]] = {"sglang": _on_sglang}
+def _on_trtllm(spec: dict[str, Any]) -> None:
+    """TensorRT-LLM: its image, and its host cache as the one tier (no file tier, no vLLM-only offload fields)."""
+    spec.setdefault("model", {})["image"] = TRTLLM_IMAGE
+    offload = spec.setdefault("offload", {})
+    for vllm_only in ("secondaryTiers", "evictionPolicy", "blockSize", "storeThreshold"):
+        offload.pop(vllm_only, None)
+
+
+ENGINE_DOCS: Mapping[str, Callable[[dict[str, Any]], None]] = {"sglang": _on_sglang, "trtllm": _on_trtllm}
 """How the demo policy (a vLLM one) is moved onto each other engine (``kvoffload demo --engine``)."""
 DEMO_ENGINES = ("vllm", *ENGINE_DOCS)
 

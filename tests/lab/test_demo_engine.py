@@ -1,4 +1,4 @@
-"""``kvoffload demo --engine``: the demo policy on SGLang, sized as HiCache takes it."""
+"""``kvoffload demo --engine``: the demo policy on SGLang, sized as HiCache takes it, or on TensorRT-LLM."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.renderable import check_renderable
 from kvoffload_lab.cluster.localcluster import LAB_TENANCY
 from kvoffload_lab.commands import demo as demo_command
-from kvoffload_lab.demo import DEMO_ENGINES, DemoError, default_policy_path, load_policy_doc, on_engine
+from kvoffload_lab.demo import DEMO_ENGINES, TRTLLM_IMAGE, DemoError, default_policy_path, load_policy_doc, on_engine
 
 
 def test_the_demo_policy_on_sglang_takes_whole_gigabytes_and_renders() -> None:
@@ -41,6 +41,18 @@ def test_an_sglang_policy_is_not_turned_back_into_vllm() -> None:
     doc = on_engine(load_policy_doc(default_policy_path()), "sglang")
     with pytest.raises(DemoError, match="give a policy for vllm"):
         on_engine(doc, "vllm")
+
+
+def test_the_demo_policy_on_trtllm_keeps_its_host_cache_and_drops_the_file_tier() -> None:
+    doc = load_policy_doc(default_policy_path())
+    out = on_engine(doc, "trtllm")
+    assert out["spec"]["engine"] == "trtllm"
+    assert out["spec"]["model"]["image"] == TRTLLM_IMAGE
+    assert "secondaryTiers" not in out["spec"]["offload"]
+    policy = parse_policy(out, tenancy=LAB_TENANCY)
+    assert check_renderable(policy) == []
+    assert [lv.name for lv in build_ladder(policy.spec)] == ["gpu-only", "cpu-pilot", "cpu"]
+    assert [lv.cpu_bytes for lv in build_ladder(policy.spec)][1:] == [1536 * 2**20, 2304 * 2**20]
 
 
 def test_the_demo_offers_every_engine_it_can_move_the_policy_onto() -> None:

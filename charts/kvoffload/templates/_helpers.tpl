@@ -86,7 +86,9 @@ kopf watches the policies and patches their finalizer (takes away the one an old
 with peering on, adds it for its daemons) and annotations, and posts Events;
 kvoffload.gateway reads and server-side applies (patch; create when the apply creates) the owned
 children and deletes a canary Deployment (the garbage collector removes the rest with the policy),
-lists the policy's pods, reads the ConfigMap a policy refers to, patches the policy's status, and
+writes the ConfigMap of a level's engine config files beside its Deployment and deletes it with it (an engine that
+reads its options from a file: TensorRT-LLM), lists the policy's pods, reads the ConfigMap a policy refers to,
+patches the policy's status, and
 creates or bumps its Events. No Secret: see "kvoffload.secretRoles" (prometheusAuth).
 Every rule is needed: tests/test_chart_rbac.py removes each verb in turn against the real API server.
 */}}
@@ -111,7 +113,7 @@ Every rule is needed: tests/test_chart_rbac.py removes each verb in turn against
   verbs: ["list", "watch"]
 - apiGroups: [""]
   resources: ["configmaps"]
-  verbs: ["get"]
+  verbs: ["get", "create", "patch", "delete"]
 - apiGroups: [""]
   resources: ["events"]
   verbs: ["get", "create", "patch"]

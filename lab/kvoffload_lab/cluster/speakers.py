@@ -2,7 +2,7 @@
 
 A speaker turns an engine container (its command, args and env, and the files mounted into it from ConfigMaps)
 into ``kvoffload emulate`` options, ending with ``--speak NAME`` where the engine is not vLLM, and says where its
-engine serves Prometheus' text. Each lives in a module of its own (``vllmargs``, ``sglangargs``),
+engine serves Prometheus' text. Each lives in a module of its own (``vllmargs``, ``sglangargs``, ``trtllmargs``),
 named as ``kvoffload.engines.ENGINES`` names the engine; a new engine adds its module and one line to
 :data:`SPEAKERS`, and nothing else in the lab changes.
 
@@ -19,7 +19,7 @@ from types import MappingProxyType
 from typing import Any, Final, Protocol
 
 from kvoffload.engines import DEFAULT_ENGINE, ENGINES
-from kvoffload_lab.cluster import sglangargs, vllmargs
+from kvoffload_lab.cluster import sglangargs, trtllmargs, vllmargs
 from kvoffload_lab.cluster.podengine import LocalClusterError
 
 LABEL_NAME: Final = "app.kubernetes.io/name"
@@ -51,7 +51,7 @@ class Speaker(Protocol):
 
 
 SPEAKERS: Final[Mapping[str, Speaker]] = MappingProxyType(
-    {speaker.name: speaker for speaker in (vllmargs.SPEAKER, sglangargs.SPEAKER)}
+    {speaker.name: speaker for speaker in (vllmargs.SPEAKER, sglangargs.SPEAKER, trtllmargs.SPEAKER)}
 )
 
 

@@ -20,9 +20,10 @@ DEFAULT_KV_BYTES_PER_TOKEN: Final = 114_688  # Qwen3-0.6B, bf16
 DEFAULT_VLLM_VERSION: Final = "0.32.0"
 SPEAK_VLLM: Final = "vllm"
 SPEAK_SGLANG: Final = "sglang"
-SPEAKS: Final = (SPEAK_VLLM, SPEAK_SGLANG)
-"""Whose metrics the engine speaks (``--speak``): vLLM's families (the default) or SGLang 0.5.23's, by the names of
-``kvoffload.engines.ENGINES``."""
+SPEAK_TRTLLM: Final = "trtllm"
+SPEAKS: Final = (SPEAK_VLLM, SPEAK_SGLANG, SPEAK_TRTLLM)
+"""Whose metrics the engine speaks (``--speak``): vLLM's families (the default), SGLang 0.5.23's, or TensorRT-LLM's
+(its collector at the commit ``trtllmmetrics`` names), by the names of ``kvoffload.engines.ENGINES``."""
 SGLANG_VERSION: Final = "0.5.23"
 """The SGLang release whose families ``--speak sglang`` exposes (tests/data/sglang-0.5.23-families.json)."""
 
@@ -74,7 +75,8 @@ class EngineConfig:
     kv_cache_dtype: str = "auto"
     vllm_version: str = DEFAULT_VLLM_VERSION
     speak: str = SPEAK_VLLM
-    """``vllm`` or ``sglang``: whose metric families the engine exposes (``metrics`` or ``sglangmetrics``)."""
+    """``vllm``, ``sglang`` or ``trtllm``: whose metric families the engine exposes (``metrics``, ``sglangmetrics``
+    or ``trtllmmetrics``)."""
     enable_metrics: bool = False
     """Whether an engine that serves its Prometheus metrics only when asked does: SGLang's ``--enable-metrics``,
     TensorRT-LLM's ``return_perf_metrics: true`` (vLLM always serves them)."""
@@ -381,3 +383,5 @@ def _apply_speak(cfg: EngineConfig, speak: str | None, enable_metrics: bool) -> 
         raise ConfigError(f"--kv-offloading-backend: lmcache is a vLLM connector; {who}")
     if cfg.eviction_policy != "lru":
         raise ConfigError(f"--kv-transfer-config: eviction_policy arc; {cfg.speak} evicts by LRU only")
+    if cfg.speak == SPEAK_TRTLLM and cfg.secondary_tiers:
+        raise ConfigError("--kv-transfer-config: secondary_tiers; TensorRT-LLM has no tier beyond its host cache")

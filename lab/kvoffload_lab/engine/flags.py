@@ -82,13 +82,15 @@ OPTIONS: Final[tuple[Callable[[Any], Any], ...]] = (
         "--speak",
         type=click.Choice(SPEAKS),
         default=None,
-        help="Whose metrics to expose: vllm (default) or sglang (SGLang 0.5.23's sglang: families). Not a vLLM flag.",
+        help="Whose metrics to expose: vllm (default), sglang (SGLang 0.5.23's sglang: families) or trtllm "
+        "(TensorRT-LLM's trtllm_ families at /prometheus/metrics). Not a vLLM flag.",
     ),
     click.option(
         "--enable-metrics",
         is_flag=True,
         default=False,
-        help="Speaking sglang (its flag), the Prometheus metrics are served only with it, as SGLang does.",
+        help="Speaking sglang (its flag) or trtllm (its return_perf_metrics), the Prometheus metrics are served only "
+        "with it, as those engines do.",
     ),
     click.option(
         "--startup-delay",

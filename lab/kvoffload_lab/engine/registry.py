@@ -3,7 +3,7 @@
 ``server`` reports each event of a request to it, the same for every personality: the admission (where
 the prompt's tokens came from, what was restored and stored), the finish or failure, the load of every
 engine step, and each HTTP request. ``metrics.EngineMetrics`` turns them into vLLM's families,
-``sglangmetrics.SGLangMetrics`` into SGLang 0.5.23's; the
+``sglangmetrics.SGLangMetrics`` into SGLang 0.5.23's and ``trtllmmetrics.TRTLLMMetrics`` into TensorRT-LLM's; the
 caches and prices behind them are the same. :data:`REGISTRIES` holds one per ``--speak`` name (the engines' names in
 ``kvoffload.engines.ENGINES``).
 """
@@ -14,10 +14,11 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
-from kvoffload_lab.engine.config import SPEAK_SGLANG, SPEAK_VLLM, EngineConfig
+from kvoffload_lab.engine.config import SPEAK_SGLANG, SPEAK_TRTLLM, SPEAK_VLLM, EngineConfig
 from kvoffload_lab.engine.kvengine import Admission, KVEngine
 from kvoffload_lab.engine.metrics import EngineMetrics
 from kvoffload_lab.engine.sglangmetrics import SGLangMetrics
+from kvoffload_lab.engine.trtllmmetrics import TRTLLMMetrics
 
 
 class Registry(Protocol):
@@ -96,6 +97,7 @@ REGISTRIES: Final[Mapping[str, Callable[[EngineConfig, KVEngine], Registry]]] = 
     {
         SPEAK_VLLM: lambda config, engine: EngineMetrics(config),
         SPEAK_SGLANG: SGLangMetrics,
+        SPEAK_TRTLLM: TRTLLMMetrics,
     }
 )
 """The registry of each ``--speak`` name, over an engine's caches."""

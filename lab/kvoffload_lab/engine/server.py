@@ -17,11 +17,12 @@ from typing import Any, Final
 
 from aiohttp import web
 
-from kvoffload_lab.engine.config import SGLANG_VERSION, SPEAK_SGLANG, EngineConfig
+from kvoffload_lab.engine.config import SGLANG_VERSION, SPEAK_SGLANG, SPEAK_TRTLLM, EngineConfig
 from kvoffload_lab.engine.faults import Faults, apply_faults
 from kvoffload_lab.engine.kvengine import KVEngine, tokenize
 from kvoffload_lab.engine.registry import registry_for
 from kvoffload_lab.engine.scheduler import Request, Scheduler
+from kvoffload_lab.engine.trtllmmetrics import COLLECTOR_COMMIT as TRTLLM_COMMIT
 
 log = logging.getLogger("kvoffload.emulate")
 
@@ -401,6 +402,7 @@ async def serve(emulator: Emulator, host: str, port: int, *, ready: asyncio.Even
     config = emulator.config
     speaks = {
         SPEAK_SGLANG: f"SGLang {SGLANG_VERSION}",
+        SPEAK_TRTLLM: f"TensorRT-LLM's metrics at {TRTLLM_COMMIT[:8]}",
     }.get(config.speak, f"vLLM {config.vllm_version}")
     log.info("emulated %s serving %s on http://%s:%d", speaks, config.name, host, port)
     if ready is not None:

@@ -1,2 +1,4 @@
-"""TensorRT-LLM (``trtllm-serve``): its option and field tables, read from its own sources, and the check of an
-``--extra_llm_api_options`` document against them. Not an engine of the seam yet (no ``Engine`` is registered)."""
+"""TensorRT-LLM (``trtllm-serve``): its ``Engine`` (``command.py``), option and field tables read from its own
+sources (``data/``, ``options.py``), the check of an ``--extra_llm_api_options`` document against them
+(``extra_options.py``) and its metric dialect (``dialect.py``). Registered in ``engines/__init__.py`` by the
+integrator, not here."""
