@@ -786,6 +786,11 @@ async def exercise_the_operator(cluster: EmulatedCluster, args: list[str], peeri
         child = cluster.emulator.read_object(api_version, kind, namespace, name)
         assert child is not None, f"the operator did not create {kind} {name}"
         await gateway.apply(child, policy)  # an update, as the next stage does
+    # An engine that reads its options from a file (TensorRT-LLM) gets a ConfigMap per level, applied with its
+    # Deployment and deleted with it.
+    files = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "chat-cpu", "namespace": namespace}}
+    await gateway.apply({**files, "data": {"extra-llm-api-options.yaml": "kv_cache_config: {}\n"}}, policy)
+    assert await gateway.delete_owned("ConfigMap", "chat-cpu", policy)
     # The operator deletes only a canary Deployment; the garbage collector removes the rest with the policy.
     assert await gateway.delete_owned("Deployment", "chat-gpu-only", policy)
 

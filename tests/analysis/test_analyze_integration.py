@@ -231,7 +231,7 @@ def test_a_canary_whose_ttft_triples_fails_within_sustained_for(fleet: Fleet) ->
     ratio = next(m for m in status.metrics if m.name == TTFT_RATIO)
     assert ratio.passed is False
     assert ratio.canary is not None
-    assert ratio.canary > 2.0
+    assert ratio.canary > 1.5  # well past maxRegression 1.2; the stable side's host overhead is not tripled
     scrape = fleet.prometheus.scrape_interval
     # sustainedFor, plus two scrapes for the slow requests to reach Prometheus, plus one polling step, plus the time
     # for the evidence to form: a breach counts once enough of the window holds slow requests for the rank test to

@@ -275,6 +275,9 @@ async def test_every_panel_variable_and_annotation_query_returns_data_from_the_l
                     'source="disk"}[20s])) > 0'
                 )
                 await eventually(lambda: asyncio.to_thread(query, url, disk_hits), "hits on the nvme tier", 60)
+                # The canary judged against the stable side at least once (on a loaded host, after its warm-up).
+                ratio = 'kvoffload_analysis_interval_low{policy="chat",metric=~".+Ratio"}'
+                await eventually(lambda: asyncio.to_thread(query, url, ratio), "a ratio's interval scraped", 60)
                 (canary,) = lab.pods("kvoffload.io/policy=chat,kvoffload.io/level=nvme")
                 await lab.oom_kill(canary.pod)
                 await eventually(lambda: in_phase(lab, "chat", "RolledBack"), "RolledBack", 60)

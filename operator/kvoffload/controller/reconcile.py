@@ -336,7 +336,8 @@ class Controller(InputReader, ChildWriter, StatusWriter, Measuring):
         if waiting is None:
             owned = await self._api("list", self.workloads.owned(ctx.ref), ctx.ref)
             for deployment in owned.deployments:
-                await self._delete(ctx, deployment.name)
+                # A taken-over Deployment's engine reads no config files (refused for an engine that does).
+                await self._delete(ctx, (deployment.name, False))
             await self._api("finalizer", self.gateway.set_finalizer(ctx.ref, meta, HAND_BACK_FINALIZER, False), ctx.ref)
             message = (
                 f"released by {RELEASE}: Deployment {name} serves at its own count and none of the operator's "
