@@ -9,7 +9,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from kvoffload.api.notifications import NotificationsSpec
 from kvoffload.api.status import KVOffloadPolicyStatus
@@ -21,6 +21,8 @@ from kvoffload.controller.settings import ControllerSettings
 from kvoffload.controller.workloads import Workloads
 from kvoffload.policy.sized import Sized
 from kvoffload.rollout.observations import WorkloadObservation
+
+_T = TypeVar("_T")
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +65,7 @@ class ControllerBase:
     workloads: Workloads
     _monotonic: Callable[[], float]
 
-    async def _api(self, operation: str, call: Awaitable[Any], ref: PolicyRef) -> Any:
+    async def _api(self, operation: str, call: Awaitable[_T], ref: PolicyRef) -> _T:
         """Await a gateway call; a failure is counted, told in an Event when a person can act, and re-raised typed."""
         try:
             return await call
