@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ast
 import dataclasses
-import random
 from collections.abc import Iterable
 from typing import Any
 
@@ -25,6 +24,9 @@ from kvoffload_lab.engine.flags import parse_argv
 from kvoffload_lab.engine.kvengine import KVEngine
 from kvoffload_lab.engine.server import Emulator
 from kvoffload_lab.engine.trtllmmetrics import COLLECTOR_COMMIT, TRTLLM_FAMILIES, TRTLLMMetrics
+
+# The SGLang emulator tests' prompts and small GPU (C evicts A from it), read the same way.
+from tests.lab.test_emulator_sglang import RESTORED, SMALL_GPU, A, B, C, config_of, sample
 from tests.support.paths import ROOT
 
 COLLECTOR = ROOT / "tools" / "trtllm-sources" / COLLECTOR_COMMIT[:8] / "tensorrt_llm" / "metrics"
@@ -33,16 +35,6 @@ SERVE_LABELS = ("model_name", "engine_type")
 # What lab/cluster/trtllmargs.py makes of a rendered level with a 1 GiB host cache on one rank.
 QWEN = ["--speak", "trtllm", "--enable-metrics", "--model", "Qwen/Qwen3-0.6B", "--max-model-len", "4096"]
 HOST_1GIB = [*QWEN, "--kv-offloading-size", "1", "--kv-offloading-backend", "native"]
-SMALL_GPU = ["--block-size", "16", "--gpu-kv-blocks", "184"]  # as the vLLM tests: C evicts A from the GPU
-RESTORED = 1472  # A's 92 whole blocks, less the last one a full hit recomputes
-
-
-def prompt(seed: int, n: int = 1480) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(1, 150_000) for _ in range(n)]
-
-
-A, B, C = prompt(1), prompt(2), prompt(3)
 
 
 # --- the collector's source -----------------------------------------------------------------
@@ -113,20 +105,6 @@ def exposed_name(name: str, type_: str) -> str:
 
 def families(text: str) -> dict[str, Any]:
     return {exposed_name(f.name, f.type): f for f in text_string_to_metric_families(text)}
-
-
-def sample(text: str, name: str, **labels: str) -> float | None:
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                return float(s.value)
-    return None
-
-
-def config_of(*options: str) -> EngineConfig:
-    config, _, ignored = parse_argv([*options, *SMALL_GPU])
-    assert ignored == []
-    return config
 
 
 def run_pattern(config: EngineConfig, prompts: Iterable[list[int]] = (A, A, B, C, A)) -> TRTLLMMetrics:
