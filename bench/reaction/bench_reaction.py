@@ -39,9 +39,11 @@ from typing import Any
 
 import aiohttp
 
+from kvoffload_lab.cluster.apis import lab_cluster
 from kvoffload_lab.cluster.kubeapi import KubeAPI, object_path
 from kvoffload_lab.cluster.kubecluster import KubeCluster
-from kvoffload_lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
+from kvoffload_lab.cluster.labcluster import LabCluster
+from kvoffload_lab.cluster.localcluster import start_operator, stop_operator
 from kvoffload_lab.load import TraceRequest, prompt_tokens, replay
 from kvoffload_lab.promserver import SCRAPE_INTERVAL_S
 
@@ -55,8 +57,6 @@ TTFT_FACTOR = 10.0
 SCALE = 0.5
 SLOW_BUCKET = "0.1"
 """A TTFT bucket bound above the canary's normal TTFT and below its slowed one: a slow request is one over it."""
-
-Cluster = LocalCluster | KubeCluster
 
 
 def policy(prometheus_url: str, *, interval: float, sustained_for: float) -> dict[str, Any]:
@@ -128,7 +128,7 @@ def epoch(stamp: str | None) -> float | None:
 
 
 @contextlib.asynccontextmanager
-async def api_client(cluster: Cluster) -> AsyncIterator[KubeAPI]:
+async def api_client(cluster: LabCluster) -> AsyncIterator[KubeAPI]:
     """An aiohttp client of the cluster's API: the real one's (TLS, admin certificate) or one on the emulator."""
     if isinstance(cluster, KubeCluster):
         yield cluster.api
@@ -210,7 +210,7 @@ class Watcher:
         return next((at for at, seen in self.phases if seen == phase), None)
 
 
-async def slow_scrapes(cluster: Cluster) -> list[tuple[float, float]]:
+async def slow_scrapes(cluster: LabCluster) -> list[tuple[float, float]]:
     """The canary's raw TTFT samples of the last two minutes: (scrape time, requests over ``SLOW_BUCKET``)."""
     selector = f'kvoffload_io_policy="{NAME}",kvoffload_io_level="{CANARY_LEVEL}"'
     count = await asyncio.to_thread(
@@ -226,16 +226,13 @@ async def slow_scrapes(cluster: Cluster) -> list[tuple[float, float]]:
 
 
 @contextlib.asynccontextmanager
-async def fresh_cluster(api: str, workdir: Path) -> AsyncIterator[Cluster]:
-    engine_args = ["--gpu-kv-blocks", "24"]
-    if api == "emulated":
-        async with LocalCluster(workdir, engine_args=engine_args) as cluster:
-            yield cluster
-    else:
-        # Engines priced as on the emulated cluster (the seed's laptop, not the Node's GPU class), so the two
-        # APIs' runs differ only in the API server and its controllers, as in the end-to-end tests.
-        async with KubeCluster(workdir, engine_args=engine_args, gpu_class_pricing=False) as kube:
-            yield kube
+async def fresh_cluster(api: str, workdir: Path) -> AsyncIterator[LabCluster]:
+    # On kube, engines priced as on the emulated cluster (the seed's laptop, not the Node's GPU class), so the
+    # two APIs' runs differ only in the API server and its controllers, as in the end-to-end tests.
+    async with lab_cluster(
+        api, workdir, engine_args=["--gpu-kv-blocks", "24"], kube={"gpu_class_pricing": False}
+    ) as cluster:
+        yield cluster
 
 
 async def one_run(

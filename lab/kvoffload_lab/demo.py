@@ -603,8 +603,8 @@ async def run_demo(
     from kvoffload.policy.ladder import build_ladder
     from kvoffload_lab import load as loadgen
     from kvoffload_lab.capacity import Capacity
-    from kvoffload_lab.cluster.kubecluster import KubeCluster
-    from kvoffload_lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
+    from kvoffload_lab.cluster.apis import lab_cluster
+    from kvoffload_lab.cluster.localcluster import start_operator, stop_operator
     from kvoffload_lab.report import Timeline, write_report
 
     prometheus_binary()
@@ -614,19 +614,17 @@ async def run_demo(
     trace = loadgen.read_trace()
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    engine_args = ["--gpu-kv-blocks", str(ENGINE_GPU_KV_BLOCKS)]
-    cluster: LocalCluster | KubeCluster
-    if api == "emulated":
-        cluster = LocalCluster(engine_args=engine_args)
-    else:
-        # Priced as on the emulated API (the seed's laptop, not the L4 the policy names): the demo's budgets
-        # and its story are set for those engines.
-        cluster = KubeCluster(
-            engine_args=engine_args,
-            gpu_class_pricing=False,
-            build=True,
-            progress=lambda line: progress.header(f"cluster: {line}"),
-        )
+    cluster = lab_cluster(
+        "kube" if api == "real" else api,  # `--api real` runs the lab cluster's kube API
+        engine_args=["--gpu-kv-blocks", str(ENGINE_GPU_KV_BLOCKS)],
+        # On kube-apiserver: built first if need be, and priced as on the emulated API (the seed's laptop, not
+        # the L4 the policy names): the demo's budgets and its story are set for those engines.
+        kube={
+            "gpu_class_pricing": False,
+            "build": True,
+            "progress": lambda line: progress.header(f"cluster: {line}"),
+        },
+    )
     async with cluster:
         doc = prepare_policy(raw, fast=fast, prometheus_url=cluster.prometheus.url)
         policy = KVOffloadPolicy.model_validate(doc)

@@ -27,6 +27,7 @@ import pytest_asyncio
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND
 from kvoffload_lab.cluster.kubecluster import KubeCluster
+from kvoffload_lab.cluster.labcluster import LabCluster
 from kvoffload_lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
 from kvoffload_lab.load import TraceRequest, replay
 from tests.support.prometheus import require_prometheus
@@ -51,8 +52,8 @@ async def eventually(check: Callable[[], Any], what: str, timeout: float = 30.0,
         await asyncio.sleep(poll)  # a poll interval; the loop keeps serving the emulator meanwhile
 
 
-Cluster = LocalCluster | KubeCluster
-"""Either local cluster: the emulated API or the real control plane, with the same surface."""
+Cluster = LabCluster
+"""Either local cluster: the emulated API or the real control plane, behind one interface."""
 
 APIS = ("emulated", pytest.param("kube", marks=pytest.mark.kube))
 """``params`` for a fixture that runs on both APIs (the real one marked ``kube``)."""

@@ -275,7 +275,7 @@ async def rolled_back(run: Runner) -> None:
     await run.cluster.apply(policy(name, run.cluster.prometheus.url))
     async with load_on(run.cluster, name):
         run.out["rolled-back"] = await run.until(name, phase_is("RolledBack"), "RolledBack")
-    run.cluster.kubelet.clear_sticky_faults()
+    run.cluster.kubelet.engines.clear_sticky_faults()
     await run.remove(name)
 
 

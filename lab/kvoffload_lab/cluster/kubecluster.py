@@ -1,9 +1,9 @@
 """A local cluster on the real control plane: kube-apiserver and its controllers, fake GPU Nodes, a kubelet
 stand-in that runs emulated engines, and a real Prometheus.
 
-:class:`KubeCluster` is :class:`kvoffload_lab.cluster.localcluster.LocalCluster`'s twin on a real API
-server, with the same surface (``apply``, ``get``, ``delete``, ``endpoints``, ``pods``, ``set_faults``,
-``oom_kill``, Prometheus stop and start), so the end-to-end scenarios and the demo run on either:
+:class:`KubeCluster` is the :class:`~kvoffload_lab.cluster.labcluster.LabCluster` of the ``kube`` API,
+:class:`kvoffload_lab.cluster.localcluster.LocalCluster`'s twin on a real API server, so the end-to-end
+scenarios and the demo run on either:
 
 - the control plane (:class:`kvoffload_lab.controlplane.ControlPlane`): its own, started here, or one
   that is shared (a test session's), in which case this cluster keeps to its own namespaces and
@@ -28,27 +28,25 @@ import contextlib
 import json
 import shutil
 import ssl
-import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, PLURAL
 from kvoffload.api.crd import crd_manifest, template_crd_manifest
 from kvoffload.api.webhook import WEBHOOK_PATH, validating_webhook_configuration
 from kvoffload_lab import promoperator
-from kvoffload_lab.cluster.controls import EngineControls
-from kvoffload_lab.cluster.engines import DEFAULT_TARGET_LABELS
 from kvoffload_lab.cluster.kubeapi import KubeAPI, KubeAPIError, Obj, object_path, tls_context
+from kvoffload_lab.cluster.labcluster import ClusterSettings, LabCluster
 from kvoffload_lab.cluster.nodekubelet import NodeKubelet
 from kvoffload_lab.cluster.podengine import LocalClusterError
 from kvoffload_lab.controlplane import ControlPlane, ensure_binaries
 from kvoffload_lab.promoperator import LAB_RELEASE, RELEASE_LABEL, ConfigSync, PrometheusOperator
-from kvoffload_lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer, free_port
+from kvoffload_lab.promserver import PrometheusServer, free_port
 
 PODMONITOR_CRD = "podmonitors.monitoring.coreos.com"
 
@@ -58,55 +56,57 @@ def _established(crd: Mapping[str, Any] | None) -> bool:
     return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
 
-class KubeCluster(EngineControls):
-    """The real control plane, fake Nodes, the kubelet stand-in and Prometheus, as one async context manager.
+class KubeOptions(TypedDict, total=False):
+    """:class:`KubeCluster`'s own settings by keyword, beside :class:`~kvoffload_lab.cluster.labcluster.LabCluster`'s
+    (:func:`kvoffload_lab.cluster.apis.lab_cluster` hands them on)."""
+
+    plane: ControlPlane | None
+    prometheus_port: int | None
+    gpu_class_pricing: bool
+    build: bool
+    progress: Callable[[str], None] | None
+    webhook_port: int | None
+
+
+class KubeCluster(LabCluster):
+    """The real control plane, fake Nodes, the kubelet stand-in and Prometheus: the lab cluster on the ``kube`` API.
 
     ``plane``: a started control plane to share (its owner stops it); then ``namespaces`` are this
     cluster's own: made on entry, and on exit their pods removed and the namespaces deleted. Without
     ``plane`` the cluster starts its own (building the binaries first when they are missing and
     ``build`` is set, with ``progress`` told each line) and stops it on exit; the kubelet then runs the
-    pods of every namespace.
+    pods of every namespace. Prometheus listens on ``prometheus_port`` (a free port if None); each engine
+    is priced as its Node's GPU class unless ``gpu_class_pricing`` is false (then as the emulated API
+    prices it); ``webhook_port`` registers the operator's admission webhook (:attr:`webhook_args`). The
+    other settings are :class:`~kvoffload_lab.cluster.labcluster.LabCluster`'s.
     """
+
+    workdir_prefix = "kvoffload-kube-cluster-"
 
     def __init__(
         self,
         workdir: Path | None = None,
         *,
         plane: ControlPlane | None = None,
-        engine_args: Sequence[str] = (),
-        engine_env: Mapping[str, str] | None = None,
-        namespaces: Sequence[str] = ("default",),
-        scrape_interval: float = SCRAPE_INTERVAL_S,
-        prometheus: bool = True,
         prometheus_port: int | None = None,
-        target_labels: Sequence[str] = DEFAULT_TARGET_LABELS,
         gpu_class_pricing: bool = True,
         build: bool = False,
         progress: Callable[[str], None] | None = None,
         webhook_port: int | None = None,
+        **settings: Unpack[ClusterSettings],
     ) -> None:
-        self._own_workdir = workdir is None
-        self.workdir = Path(tempfile.mkdtemp(prefix="kvoffload-kube-cluster-")) if workdir is None else workdir
+        super().__init__(workdir, **settings)
         self._shared_plane = plane
-        self.engine_args = list(engine_args)
-        self.engine_env = dict(engine_env or {})
-        self.namespaces = list(namespaces)
-        self.scrape_interval = scrape_interval
-        self.with_prometheus = prometheus
         self.prometheus_port = prometheus_port
-        self.target_labels = tuple(target_labels)
         self.gpu_class_pricing = gpu_class_pricing
         self.build = build
         self.progress = progress or (lambda line: None)
         self.webhook_port = webhook_port
         self.webhook_files: tuple[Path, Path] | None = None
         """The webhook's serving certificate and key, once registered."""
-        self._stack = contextlib.AsyncExitStack()
         self._plane: ControlPlane | None = None
         self._tls: ssl.SSLContext | None = None
         self._api: KubeAPI | None = None
-        self._prometheus: PrometheusServer | None = None
-        self._kubelet: NodeKubelet | None = None
         self.prometheus_operator: PrometheusOperator | None = None
         self.config_sync: ConfigSync | None = None
         self.version: dict[str, Any] = {}
@@ -135,26 +135,9 @@ class KubeCluster(EngineControls):
         return self._api
 
     @property
-    def prometheus(self) -> PrometheusServer:
-        if self._prometheus is None:
-            raise LocalClusterError("the cluster runs without Prometheus")
-        return self._prometheus
-
-    @property
-    def kubelet(self) -> NodeKubelet:
-        if self._kubelet is None:
-            raise LocalClusterError("the cluster is not running")
-        return self._kubelet
-
-    @property
     def api_server_version(self) -> str:
         """The server's ``gitVersion``, e.g. ``v1.37.2``."""
         return str(self.version.get("gitVersion", ""))
-
-    @property
-    def namespace(self) -> str:
-        """The first of the cluster's namespaces, where the tests and the demo put their objects."""
-        return self.namespaces[0]
 
     @property
     def operator_namespaces(self) -> list[str] | None:
@@ -164,21 +147,7 @@ class KubeCluster(EngineControls):
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    async def __aenter__(self) -> KubeCluster:
-        try:
-            await self._start()
-        except BaseException:
-            await self._stack.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
-
     async def _start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        if self._own_workdir:
-            self._stack.callback(shutil.rmtree, self.workdir, ignore_errors=True)
         if self.build:
             await asyncio.to_thread(promoperator.ensure_built, progress=self.progress)
         if gone := promoperator.missing():
@@ -221,28 +190,24 @@ class KubeCluster(EngineControls):
             await self._register_webhook(self.webhook_port)
         await self._wait_for_service_accounts()
         if self.with_prometheus:
-            server = PrometheusServer(self.workdir / "prometheus", scrape_interval=self.scrape_interval)
-            self._stack.callback(server.stop)
-            await asyncio.to_thread(server.start, port=self.prometheus_port)
-            self._prometheus = server
+            server = await self._run_prometheus(self.prometheus_port)
             await self._start_prometheus_operator(server)
             self.progress(f"Prometheus at {server.url}, running the Prometheus Operator's configuration")
         engines_dir = self.workdir / "engines"
         engines_dir.mkdir(exist_ok=True)
-        kubelet = NodeKubelet(
-            api,
-            engines_dir,
-            None,  # Prometheus finds the engines through the PodMonitors, by Kubernetes discovery
-            pod_addresses=True,
-            namespaces=self.namespaces if self._shared_plane is not None else None,
-            engine_args=self.engine_args,
-            engine_env=self.engine_env,
-            target_labels=self.target_labels,
-            gpu_class_pricing=self.gpu_class_pricing,
+        await self._run_kubelet(
+            NodeKubelet(
+                api,
+                engines_dir,
+                None,  # Prometheus finds the engines through the PodMonitors, by Kubernetes discovery
+                pod_addresses=True,
+                namespaces=self.namespaces if self._shared_plane is not None else None,
+                engine_args=self.engine_args,
+                engine_env=self.engine_env,
+                target_labels=self.target_labels,
+                gpu_class_pricing=self.gpu_class_pricing,
+            )
         )
-        self._stack.push_async_callback(kubelet.stop)
-        await kubelet.start()
-        self._kubelet = kubelet
 
     async def _start_prometheus_operator(self, server: PrometheusServer) -> None:
         """The Prometheus Operator, its ``Prometheus`` resource, and Prometheus kept on its configuration."""
@@ -458,4 +423,4 @@ async def serve_until_signalled(
     progress("stopped: nothing left running")
 
 
-__all__ = ("PODMONITOR_CRD", "KubeCluster", "serve_until_signalled", "usage_lines")
+__all__ = ("PODMONITOR_CRD", "KubeCluster", "KubeOptions", "serve_until_signalled", "usage_lines")

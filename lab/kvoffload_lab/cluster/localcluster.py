@@ -1,6 +1,7 @@
-"""A whole cluster on this machine, for ``kvoffload demo`` and the end-to-end tests.
+"""A whole cluster on this machine on the emulated API, for ``kvoffload demo --api emulated`` and the tests.
 
-:class:`LocalCluster` runs, in the caller's event loop and its child processes:
+:class:`LocalCluster`, the :class:`~kvoffload_lab.cluster.labcluster.LabCluster` of the ``emulated`` API,
+runs, in the caller's event loop and its child processes:
 
 - the emulated Kubernetes API (:class:`kvoffload_lab.cluster.kubeemu.KubeEmulator`) on a free
   loopback port, with the KVOffloadPolicy CRD posted and a kubeconfig written;
@@ -12,74 +13,43 @@
   and registers each engine with Prometheus under the labels the PodMonitor would give it.
 
 The operator is not part of it: :func:`start_operator` runs ``kvoffload run`` as a
-separate process (so it can be SIGKILLed and started again), pointed at the cluster
+separate process (so it can be SIGKILLed and started again), pointed at a lab cluster (either API)
 through ``$KUBECONFIG``.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import aiohttp
 
 from kvoffload.api.crd import crd_manifest, template_crd_manifest
 from kvoffload.policy.tenancy import Tenancy
-from kvoffload_lab.cluster.controls import EngineControls
-from kvoffload_lab.cluster.engines import DEFAULT_TARGET_LABELS
 from kvoffload_lab.cluster.kubeemu import KubeEmulator, Obj, serve, write_kubeconfig
 from kvoffload_lab.cluster.kubelet import Kubelet
+from kvoffload_lab.cluster.labcluster import LabCluster
 from kvoffload_lab.cluster.podengine import CLI, LocalClusterError, set_parent_death_signal
 from kvoffload_lab.processes import end_process_async
 from kvoffload_lab.promoperator import LAB_RELEASE, RELEASE_LABEL
-from kvoffload_lab.promserver import SCRAPE_INTERVAL_S, PrometheusServer
 
 # --- the cluster ------------------------------------------------------------------------------
 
 
-class LocalCluster(EngineControls):
-    """The emulated API, a real Prometheus and the kubelet stand-in, as one async context manager.
+class LocalCluster(LabCluster):
+    """The emulated API, a real Prometheus and the kubelet stand-in: the lab cluster on the ``emulated`` API.
 
-    ``async with LocalCluster(engine_args=["--gpu-kv-blocks", "64"]) as cluster:`` then
-    ``cluster.kubeconfig`` for the operator (:func:`start_operator`), ``cluster.prometheus.url``
-    for the policy's ``spec.prometheus.url``, and ``cluster.endpoints(policy)`` for load.
-    Everything it started is stopped on exit; the work directory (a temporary one unless
-    given) holds the kubeconfig, the Prometheus data and every engine's log.
+    ``async with LocalCluster(engine_args=["--gpu-kv-blocks", "64"]) as cluster:``; the work directory
+    holds the kubeconfig too. The settings are :class:`~kvoffload_lab.cluster.labcluster.LabCluster`'s.
     """
 
-    def __init__(
-        self,
-        workdir: Path | None = None,
-        *,
-        engine_args: Sequence[str] = (),
-        engine_env: Mapping[str, str] | None = None,
-        namespaces: Sequence[str] = ("default",),
-        scrape_interval: float = SCRAPE_INTERVAL_S,
-        prometheus: bool = True,
-        target_labels: Sequence[str] = DEFAULT_TARGET_LABELS,
-    ) -> None:
-        self._own_workdir = workdir is None
-        self.workdir = Path(tempfile.mkdtemp(prefix="kvoffload-cluster-")) if workdir is None else workdir
-        self.engine_args = list(engine_args)
-        self.engine_env = dict(engine_env or {})
-        self.namespaces = list(namespaces)
-        self.scrape_interval = scrape_interval
-        self.with_prometheus = prometheus
-        self.target_labels = tuple(target_labels)
-        self._stack = contextlib.AsyncExitStack()
-        self._emulator: KubeEmulator | None = None
-        self._url: str | None = None
-        self._prometheus: PrometheusServer | None = None
-        self._kubelet: Kubelet | None = None
-        self.kubeconfig = self.workdir / "kubeconfig"
+    _emulator: KubeEmulator | None = None
+    _url: str | None = None
 
     # --- parts ------------------------------------------------------------------------------
 
@@ -96,21 +66,8 @@ class LocalCluster(EngineControls):
         return self._url
 
     @property
-    def prometheus(self) -> PrometheusServer:
-        if self._prometheus is None:
-            raise LocalClusterError("the cluster runs without Prometheus")
-        return self._prometheus
-
-    @property
-    def kubelet(self) -> Kubelet:
-        if self._kubelet is None:
-            raise LocalClusterError("the cluster is not running")
-        return self._kubelet
-
-    @property
-    def namespace(self) -> str:
-        """The first of the cluster's namespaces, where the tests and the demo put their objects."""
-        return self.namespaces[0]
+    def kubeconfig(self) -> Path:
+        return self.workdir / "kubeconfig"
 
     @property
     def operator_namespaces(self) -> list[str] | None:
@@ -124,21 +81,7 @@ class LocalCluster(EngineControls):
 
     # --- lifecycle ------------------------------------------------------------------------
 
-    async def __aenter__(self) -> LocalCluster:
-        try:
-            await self._start()
-        except BaseException:
-            await self._stack.aclose()
-            raise
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self._stack.aclose()
-
     async def _start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        if self._own_workdir:
-            self._stack.callback(shutil.rmtree, self.workdir, ignore_errors=True)
         emulator, url = await self._stack.enter_async_context(serve(KubeEmulator()))
         self._emulator, self._url = emulator, url
         for namespace in self.namespaces:
@@ -147,24 +90,20 @@ class LocalCluster(EngineControls):
         await emulator.create_object(template_crd_manifest())  # and the cluster-scoped KVOffloadAnalysisTemplate
         write_kubeconfig(url, self.kubeconfig)
         if self.with_prometheus:
-            server = PrometheusServer(self.workdir / "prometheus", scrape_interval=self.scrape_interval)
-            self._stack.callback(server.stop)
-            await asyncio.to_thread(server.start)
-            self._prometheus = server
+            await self._run_prometheus()
         engines_dir = self.workdir / "engines"
         engines_dir.mkdir(exist_ok=True)
-        kubelet = Kubelet(
-            emulator,
-            url,
-            engines_dir,
-            self._prometheus,
-            engine_args=self.engine_args,
-            engine_env=self.engine_env,
-            target_labels=self.target_labels,
+        await self._run_kubelet(
+            Kubelet(
+                emulator,
+                url,
+                engines_dir,
+                self._prometheus,
+                engine_args=self.engine_args,
+                engine_env=self.engine_env,
+                target_labels=self.target_labels,
+            )
         )
-        self._stack.push_async_callback(kubelet.stop)
-        await kubelet.start()
-        self._kubelet = kubelet
 
     # --- objects ----------------------------------------------------------------------------
 
@@ -239,20 +178,8 @@ def operator_command(
     return command
 
 
-class OperatorHost(Protocol):
-    """What :func:`start_operator` needs of a cluster: :class:`LocalCluster` or the real one (``KubeCluster``)."""
-
-    @property
-    def kubeconfig(self) -> Path: ...
-
-    workdir: Path
-
-    @property
-    def operator_namespaces(self) -> list[str] | None: ...
-
-
 def start_operator(
-    cluster: OperatorHost,
+    cluster: LabCluster,
     *,
     standalone: bool = True,
     namespaces: Sequence[str] | None = None,
@@ -263,7 +190,7 @@ def start_operator(
     monitor_labels: Mapping[str, str] = LAB_MONITOR_LABELS,
 ) -> subprocess.Popen[bytes]:
     """Run ``kvoffload run -A --standalone`` against the cluster (``$KUBECONFIG``) and return the process;
-    ``-n`` for each of ``namespaces``, by default the cluster's :attr:`OperatorHost.operator_namespaces`.
+    ``-n`` for each of ``namespaces``, by default the cluster's :attr:`LabCluster.operator_namespaces`.
 
     Its output goes to ``log_path`` (default ``<workdir>/operator.log``, appended). The caller
     stops it (:func:`stop_operator`) or kills it; it also gets SIGTERM if the caller dies.
@@ -293,7 +220,7 @@ async def stop_operator(process: subprocess.Popen[bytes], grace: float = 10.0) -
 
 
 @contextlib.asynccontextmanager
-async def running_operator(cluster: OperatorHost, **kwargs: Any) -> AsyncIterator[subprocess.Popen[bytes]]:
+async def running_operator(cluster: LabCluster, **kwargs: Any) -> AsyncIterator[subprocess.Popen[bytes]]:
     """:func:`start_operator` for the length of a ``with`` block."""
     process = start_operator(cluster, **kwargs)
     try:
@@ -305,7 +232,6 @@ async def running_operator(cluster: OperatorHost, **kwargs: Any) -> AsyncIterato
 __all__ = (
     "LAB_MONITOR_LABELS",
     "LocalCluster",
-    "OperatorHost",
     "operator_command",
     "running_operator",
     "start_operator",
