@@ -229,8 +229,8 @@ async def test_a_new_image_in_the_team_deployment_starts_a_new_ladder_from_gpu_o
         await cluster.apply(team_deployment(cluster, image="vllm/vllm-openai:v0.32.1"))
 
         def restarted() -> dict[str, Any] | None:
-            status = status_of(cluster, "chat")
-            return status if "WorkloadChanged" in decisions(cluster, "chat") else None
+            status = status_of(cluster, "chat")  # one read: a second could see a newer status than this one
+            return status if any(e["decision"] == "WorkloadChanged" for e in status.get("history") or []) else None
 
         status = await eventually(restarted, "a WorkloadChanged ladder", 60)
 
