@@ -3,7 +3,6 @@
 pytest_plugins = [
     "tests.support.summary",  # first: the fixture modules below import it
     "tests.support.deadlines",
-    "tests.support.ordering",
     "tests.support.prometheus",
     "tests.support.vllm",
     "tests.support.kube",
