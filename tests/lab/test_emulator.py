@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -290,6 +292,38 @@ def test_an_error_share_flag_parses_and_a_share_over_one_is_refused() -> None:
     assert [faults.fails(102.0 + i) for i in range(20)].count(True) == 1
     with pytest.raises(ValueError, match="error_share: must be at most 1"):
         apply_faults(Faults(), {"error_share": 1.5}, 0.0)
+
+
+@pytest.mark.parametrize(
+    ("speak", "itl_sum", "engine_clock"),
+    [
+        ([], "vllm:inter_token_latency_seconds_sum", True),
+        (["--speak", "sglang", "--enable-metrics"], "sglang:inter_token_latency_seconds_sum", False),
+    ],
+    ids=["vllm", "sglang"],
+)
+def test_a_stalled_host_delays_the_tokens_but_only_a_frontend_clock_counts_it_in_itl(
+    engine_factory: EngineFactory, speak: list[str], itl_sum: str, engine_clock: bool
+) -> None:
+    """vLLM times ITL by its engine core's stamps, SGLang by its tokenizer manager's: stop the process mid-decode."""
+    gap, stall = 0.2, 1.0
+    (engine,) = engine_factory(1, [*SCENARIO, *speak, "--itl", str(gap)])
+    answer: dict[str, Any] = {}
+    sender = threading.Thread(target=lambda: answer.update(engine.complete(prompt(40, 64), max_tokens=3)))
+    started = time.monotonic()
+    sender.start()
+    time.sleep(gap / 2)  # the first token is out (a 64-token prefill is ~10 ms); two gaps of 0.2 s follow
+    engine.process.send_signal(signal.SIGSTOP)
+    time.sleep(stall)
+    engine.process.send_signal(signal.SIGCONT)
+    sender.join(timeout=10)
+    assert answer, "the request never finished"
+    assert time.monotonic() - started >= stall  # the client waited out the stall
+    itls = counter(engine, itl_sum)
+    if engine_clock:
+        assert itls == pytest.approx(2 * gap, rel=1e-6)
+    else:
+        assert itls > 2 * gap + stall / 2  # the sends resumed only after it: from the first token, at least 1.1 s
 
 
 def test_metrics_keep_their_colons_when_the_scraper_asks_for_openmetrics(engine_factory: EngineFactory) -> None:

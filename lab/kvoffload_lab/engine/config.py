@@ -7,7 +7,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, Literal
 
 from kvoffload.api.quantity import GIB
 from kvoffload.api.versions import parse_version
@@ -24,6 +24,9 @@ SPEAK_TRTLLM: Final = "trtllm"
 SPEAKS: Final = (SPEAK_VLLM, SPEAK_SGLANG, SPEAK_TRTLLM)
 """Whose metrics the engine speaks (``--speak``): vLLM's families (the default), SGLang 0.5.23's, or TensorRT-LLM's
 (its collector at the commit ``trtllmmetrics`` names), by the names of ``kvoffload.engines.ENGINES``."""
+ItlClock = Literal["engine", "frontend"]
+"""Whose clock times the gaps between output tokens in an engine's metrics: the engine's own step stamps
+(``engine``), or the API server's as it hands each token on (``frontend``), where a busy host's delays show."""
 SGLANG_VERSION: Final = "0.5.23"
 """The SGLang release whose families ``--speak sglang`` exposes (tests/data/sglang-0.5.23-families.json)."""
 

@@ -20,7 +20,7 @@ from prometheus_client import (
 from kvoffload.api.versions import VersionTuple, parse_version
 from kvoffload.engines import dialect as dialects
 from kvoffload.engines.vllm.dialect import dialect_for
-from kvoffload_lab.engine.config import EngineConfig
+from kvoffload_lab.engine.config import EngineConfig, ItlClock
 from kvoffload_lab.engine.families import (
     ALLOCATION_SIZE,
     CACHE_CONFIG_BEFORE_032,
@@ -436,6 +436,9 @@ class EngineMetrics:
 
     serves_metrics = True
     metrics_path = "/metrics"
+    # vLLM 0.32 (v1/metrics/stats.py, IterationStats.update_from_output): the ITL is the gap between the engine
+    # core's timestamps on its outputs; the TTFT is the frontend's, from the request's arrival.
+    itl_clock: Final[ItlClock] = "engine"
 
     def iteration_stats(self) -> list[dict[str, Any]] | None:
         return None  # vLLM's /metrics is Prometheus' text

@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import MappingProxyType
 from typing import Any, Final, Protocol
 
-from kvoffload_lab.engine.config import SPEAK_SGLANG, SPEAK_TRTLLM, SPEAK_VLLM, EngineConfig
+from kvoffload_lab.engine.config import SPEAK_SGLANG, SPEAK_TRTLLM, SPEAK_VLLM, EngineConfig, ItlClock
 from kvoffload_lab.engine.kvengine import Admission, KVEngine
 from kvoffload_lab.engine.metrics import EngineMetrics
 from kvoffload_lab.engine.sglangmetrics import SGLangMetrics
@@ -23,6 +23,11 @@ from kvoffload_lab.engine.trtllmmetrics import TRTLLMMetrics
 
 class Registry(Protocol):
     """What the server reports to the /metrics registry, and what it asks of it."""
+
+    @property
+    def itl_clock(self) -> ItlClock:
+        """Whose clock times the ``itls`` handed to :meth:`record_finish` (the TTFT is the frontend's for all)."""
+        ...
 
     @property
     def serves_metrics(self) -> bool:

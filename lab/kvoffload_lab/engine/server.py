@@ -287,7 +287,12 @@ class Emulator:
         assert adm is not None
         done = time.monotonic()
         ttft = sent_times[0] - arrived
-        itls = [b - a for a, b in itertools.pairwise(sent_times)]
+        if self.metrics.itl_clock == "engine":
+            # The engine's stamps are its modelled step ends, scaled as the faults scale the sends: a host busy
+            # elsewhere delays the sends, not the steps.
+            itls = [(b - a) * itl_factor for a, b in itertools.pairwise(req.token_times[:max_tokens])]
+        else:
+            itls = [b - a for a, b in itertools.pairwise(sent_times)]
         self.metrics.record_finish(
             ttft=ttft,
             itls=itls,

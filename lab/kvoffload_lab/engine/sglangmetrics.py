@@ -47,7 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from kvoffload_lab.engine.config import EngineConfig
+from kvoffload_lab.engine.config import EngineConfig, ItlClock
 from kvoffload_lab.engine.kvengine import Admission, KVEngine
 
 ENGINE_TYPE: Final = "unified"
@@ -417,6 +417,9 @@ class SGLangMetrics:
         ]
 
     metrics_path = "/metrics"
+    # SGLang 0.5.23 (managers/tokenizer_manager.py, collect_metrics): the tokenizer manager times each gap as the
+    # outputs reach it.
+    itl_clock: Final[ItlClock] = "frontend"
 
     @property
     def serves_metrics(self) -> bool:

@@ -53,7 +53,7 @@ from typing import Any, Final
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from kvoffload.engines.trtllm.dialect import COLLECTOR_COMMIT, LABEL_CACHE_TIER, METRICS_PATH, TIER_HOST
-from kvoffload_lab.engine.config import EngineConfig
+from kvoffload_lab.engine.config import EngineConfig, ItlClock
 from kvoffload_lab.engine.kvengine import Admission, KVEngine
 from kvoffload_lab.engine.sglangmetrics import AsMultiprocess
 
@@ -214,6 +214,8 @@ class TRTLLMMetrics:
     """The engine's Prometheus registry speaking TensorRT-LLM, over the engine's own caches."""
 
     metrics_path = METRICS_PATH
+    # Its TPOT's clock was not read in its sources; it has no ITL histogram to gate.
+    itl_clock: Final[ItlClock] = "frontend"
 
     def __init__(self, config: EngineConfig, engine: KVEngine) -> None:
         self.config = config
