@@ -108,10 +108,11 @@ lint: $(VENV)/.kvoffload-setup
 	$(VENV)/bin/ruff format --check $(LINT_PATHS)
 	$(VENV)/bin/mypy
 
-# Two workers (pytest-xdist), each taking a whole file at a time: the e2e tiers mostly wait on real processes, so two
-# of them share 2 cores well; the 25 slowest tests close the summary.
+# Three workers (pytest-xdist), each taking a whole file at a time, the longest files first (tests/support/ordering.py):
+# the e2e tiers mostly wait on real processes and timers (2 cores were 40 % idle while two of them ran), so three share
+# 2 cores well; the 25 slowest tests close the summary.
 test: setup lint
-	$(VENV)/bin/pytest -n 2 --dist loadfile --durations=25
+	$(VENV)/bin/pytest -n 3 --dist loadfile --no-loadscope-reorder --durations=25
 
 # The demo runs emulated engines, so it needs neither vLLM nor the tiny model; it runs on the real
 # control plane (`kvoffload demo --api emulated` does not need it).

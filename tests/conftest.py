@@ -3,6 +3,7 @@
 pytest_plugins = [
     "tests.support.summary",  # first: the fixture modules below import it
     "tests.support.deadlines",
+    "tests.support.ordering",
     "tests.support.prometheus",
     "tests.support.vllm",
     "tests.support.kube",
