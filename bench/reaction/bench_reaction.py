@@ -43,7 +43,7 @@ from kvoffload_lab.cluster.apis import lab_cluster
 from kvoffload_lab.cluster.kubeapi import KubeAPI, object_path
 from kvoffload_lab.cluster.kubecluster import KubeCluster
 from kvoffload_lab.cluster.labcluster import LabCluster
-from kvoffload_lab.cluster.localcluster import start_operator, stop_operator
+from kvoffload_lab.cluster.laboperator import start_operator, stop_operator
 from kvoffload_lab.load import TraceRequest, prompt_tokens, replay
 from kvoffload_lab.promserver import SCRAPE_INTERVAL_S
 

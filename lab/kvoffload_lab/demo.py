@@ -151,7 +151,7 @@ def on_engine(doc: Mapping[str, Any], engine: str) -> dict[str, Any]:
 def load_policy_doc(path: Path) -> dict[str, Any]:
     """The one KVOffloadPolicy document of a YAML file, validated (PolicyError names every bad field)."""
     from kvoffload.policy.loading import load_policy
-    from kvoffload_lab.cluster.localcluster import LAB_TENANCY
+    from kvoffload_lab.cluster.laboperator import LAB_TENANCY
 
     policy = load_policy(path, LAB_TENANCY)  # raises PolicyError
     docs = [d for d in yaml.safe_load_all(path.read_text()) if isinstance(d, dict) and d.get("kind") == KIND]
@@ -604,7 +604,7 @@ async def run_demo(
     from kvoffload_lab import load as loadgen
     from kvoffload_lab.capacity import Capacity
     from kvoffload_lab.cluster.apis import lab_cluster
-    from kvoffload_lab.cluster.localcluster import start_operator, stop_operator
+    from kvoffload_lab.cluster.laboperator import start_operator, stop_operator
     from kvoffload_lab.report import Timeline, write_report
 
     prometheus_binary()

@@ -31,7 +31,7 @@ from kvoffload.engines.vllm.dialect import NEWEST
 from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
-from kvoffload_lab.cluster.localcluster import LAB_TENANCY
+from kvoffload_lab.cluster.laboperator import LAB_TENANCY
 from tests.support.engines import Engine, start_engines, stop_engines
 from tests.support.prometheus import PrometheusServer, require_prometheus, synthetic_target, wait_until
 

@@ -9,7 +9,7 @@ from kvoffload.policy.engine_config import engine_args
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import parse_policy
 from kvoffload.policy.renderable import check_renderable
-from kvoffload_lab.cluster.localcluster import LAB_TENANCY
+from kvoffload_lab.cluster.laboperator import LAB_TENANCY
 from kvoffload_lab.commands import demo as demo_command
 from kvoffload_lab.demo import DEMO_ENGINES, TRTLLM_IMAGE, DemoError, default_policy_path, load_policy_doc, on_engine
 

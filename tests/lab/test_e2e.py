@@ -28,7 +28,7 @@ from kvoffload.api.conventions import LABEL_CONFIG_HASH, LABEL_LEVEL, LABEL_POLI
 from kvoffload.api.types import KVOffloadPolicy
 from kvoffload.policy.engine_config import config_hash
 from kvoffload.policy.ladder import build_ladder
-from kvoffload_lab.cluster.localcluster import stop_operator
+from kvoffload_lab.cluster.laboperator import stop_operator
 from kvoffload_lab.promserver import free_port
 from tests.support.cluster import (
     APIS,

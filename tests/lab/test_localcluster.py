@@ -17,7 +17,8 @@ from kvoffload.policy.ladder import build_ladder
 from kvoffload.policy.loading import load_policy
 from kvoffload.policy.render import render_deployment
 from kvoffload_lab.cluster.deployments import rolling_limits
-from kvoffload_lab.cluster.localcluster import LAB_TENANCY, LocalCluster
+from kvoffload_lab.cluster.laboperator import LAB_TENANCY
+from kvoffload_lab.cluster.localcluster import LocalCluster
 from kvoffload_lab.cluster.podengine import ANNOTATION_PORT
 from kvoffload_lab.cluster.speakers import emulate_options
 from tests.support import paths

@@ -21,7 +21,7 @@ import yaml
 
 from kvoffload.api.conventions import PODS_NOT_SCRAPED, Reason
 from kvoffload_lab import promoperator
-from kvoffload_lab.cluster.localcluster import running_operator
+from kvoffload_lab.cluster.laboperator import running_operator
 from kvoffload_lab.promoperator import LAB_RELEASE, RELEASE_LABEL, adapt_config, decode_secret, pod_targets
 from tests.lab.test_e2e import policy_doc
 from tests.support.cluster import Cluster, either_cluster, eventually, load_on, status_of

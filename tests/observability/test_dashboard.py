@@ -24,7 +24,8 @@ from kvoffload.api.conventions import ANNOTATION_TIER_CAPACITY, LABEL_LEVEL
 from kvoffload.cli.main import main
 from kvoffload.engines.dialect import HISTOGRAM_SUFFIXES
 from kvoffload.engines.vllm.dialect import NEWEST
-from kvoffload_lab.cluster.localcluster import LocalCluster, running_operator
+from kvoffload_lab.cluster.laboperator import running_operator
+from kvoffload_lab.cluster.localcluster import LocalCluster
 from kvoffload_lab.promserver import free_port
 from tests.lab.test_e2e import canary_on, in_phase, policy_doc
 from tests.support import paths

@@ -28,7 +28,8 @@ import pytest_asyncio
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND
 from kvoffload_lab.cluster.kubecluster import KubeCluster
 from kvoffload_lab.cluster.labcluster import LabCluster
-from kvoffload_lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
+from kvoffload_lab.cluster.laboperator import start_operator, stop_operator
+from kvoffload_lab.cluster.localcluster import LocalCluster
 from kvoffload_lab.load import TraceRequest, replay
 from tests.support.prometheus import require_prometheus
 

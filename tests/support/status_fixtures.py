@@ -25,7 +25,8 @@ from typing import Any
 
 from kvoffload.api.conventions import API_GROUP, API_VERSION, KIND
 from kvoffload.cli import control
-from kvoffload_lab.cluster.localcluster import LocalCluster, start_operator, stop_operator
+from kvoffload_lab.cluster.laboperator import start_operator, stop_operator
+from kvoffload_lab.cluster.localcluster import LocalCluster
 from tests.support.cluster import ENGINE_GPU_KV_BLOCKS, load_on
 from tests.support.paths import DATA
 

@@ -18,7 +18,7 @@ scenarios and the demo run on either:
   Kubernetes discovery, as in a cluster.
 
 Everything is reached over HTTPS with the admin's client certificate; the operator
-(:func:`kvoffload_lab.cluster.localcluster.start_operator`) gets the admin kubeconfig.
+(:func:`kvoffload_lab.cluster.laboperator.start_operator`) gets the admin kubeconfig.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ class LabCluster(ABC):
     """A lab cluster, as one async context manager: an API server, a real Prometheus and the kubelet stand-in.
 
     ``async with`` a subclass, then ``cluster.kubeconfig`` for the operator
-    (:func:`~kvoffload_lab.cluster.localcluster.start_operator`), ``cluster.prometheus.url`` for the policy's
+    (:func:`~kvoffload_lab.cluster.laboperator.start_operator`), ``cluster.prometheus.url`` for the policy's
     ``spec.prometheus.url``, and ``cluster.endpoints(policy)`` for load. Everything it started is stopped on
     exit; the work directory (a temporary one, removed on exit, unless given) holds the Prometheus data and
     every engine's log. Each engine runs ``engine_args`` with ``engine_env``; the cluster's objects go in the
