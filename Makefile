@@ -4,6 +4,7 @@
 PYTHON ?= python3
 VENV := .venv
 VLLM_VENV := .venv-vllm
+SBOM_VENV := .venv-sbom
 VLLM_033 := .vllm-033
 VLLM_034 := .vllm-034
 SGLANG_05 := .sglang-05
@@ -34,12 +35,12 @@ export KVOFFLOAD_TEST_DEADLINE
 help:
 	@echo "make demo    set up, then run 'kvoffload demo' (the whole loop on this machine)"
 	@echo "make test    set up, then ruff, mypy and the whole pytest suite, real vLLM tier included"
-	@echo "make setup   install what the two above need (apt packages, .venv, .venv-vllm, .vllm-033, .vllm-034, .sglang-05, .tiny-model, .kube-bin with the Prometheus Operator)"
+	@echo "make setup   install what the two above need (apt packages, .venv, .venv-sbom, .venv-vllm, .vllm-033, .vllm-034, .sglang-05, .tiny-model, .kube-bin with the Prometheus Operator)"
 	@echo "make lock    regenerate requirements/*.lock with uv"
 	@echo "make image   build the operator image with buildah (BASE=debian: a local Debian base; ARCHES=\"amd64 arm64\")"
 	@echo "make release write the release into dist/: wheel, sdist, chart, SBOMs, krew archive, SHA256SUMS, notes"
 
-setup: system-deps $(VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(VLLM_033)/.kvoffload-setup \
+setup: system-deps $(VENV)/.kvoffload-setup $(SBOM_VENV)/.kvoffload-setup $(VLLM_VENV)/.kvoffload-setup $(VLLM_033)/.kvoffload-setup \
 	$(VLLM_034)/.kvoffload-setup $(SGLANG_05)/.kvoffload-setup $(TINY_MODEL)/config.json kube
 
 # The real control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler), built from the Go
@@ -77,6 +78,13 @@ $(VENV)/.kvoffload-setup: requirements/test.lock pyproject.toml lab/pyproject.to
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements/test.lock
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	$(VENV)/bin/python -m pip install --quiet --disable-pip-version-check --no-deps -e ./lab
+	touch $@
+
+# The SBOM tool of `make release` (cyclonedx-py) in a venv of its own, from its hash-pinned lock (requirements/sbom.in
+# says why).
+$(SBOM_VENV)/.kvoffload-setup: requirements/sbom.lock
+	test -x $(SBOM_VENV)/bin/python || $(PYTHON) -m venv $(SBOM_VENV)
+	$(SBOM_VENV)/bin/python -m pip install --quiet --disable-pip-version-check --require-hashes -r requirements/sbom.lock
 	touch $@
 
 # vLLM for CPU in a venv of its own (its torch and transformers pins are not ours).
@@ -138,6 +146,8 @@ lock: $(UV)
 		-c requirements/runtime.lock -o requirements/test.lock
 	$(UV) pip compile --quiet requirements/build.in --generate-hashes --python-version 3.11 $(UV_FLAGS) \
 		-o requirements/build.lock
+	$(UV) pip compile --quiet requirements/sbom.in --generate-hashes --python-version 3.11 $(UV_FLAGS) \
+		-o requirements/sbom.lock
 	$(UV) pip compile --quiet requirements/vllm.in --generate-hashes --python-version 3.11 $(UV_FLAGS) \
 		--overrides requirements/vllm-overrides.txt $(addprefix --no-emit-package ,$(VLLM_NOT_LOCKED)) \
 		-o requirements/vllm.lock
@@ -150,5 +160,5 @@ image:
 
 # Every artifact of a release, reproducibly (SOURCE_DATE_EPOCH: the last commit's time), into dist/; the version
 # is pyproject.toml's, and the release stops if charts/kvoffload/Chart.yaml disagrees (scripts/release.py).
-release: $(VENV)/.kvoffload-setup
+release: $(VENV)/.kvoffload-setup $(SBOM_VENV)/.kvoffload-setup
 	$(VENV)/bin/python scripts/release.py --out dist

@@ -9,7 +9,7 @@ writes, for pyproject.toml's version V:
   the last commit's time: two builds of one tree give the same bytes;
 - ``kvoffload-V.tgz``, the chart ``charts/kvoffload`` packaged by Helm (helm-python-sdk). Helm stamps each
   member with its file's mtime, so it packs a copy whose mtimes are ``SOURCE_DATE_EPOCH``;
-- ``kvoffload-V-image.cdx.json``, the CycloneDX SBOM (cyclonedx-bom) of what the image installs
+- ``kvoffload-V-image.cdx.json``, the CycloneDX SBOM (cyclonedx-bom, from ``.venv-sbom``) of what the image installs
   (``requirements/runtime.lock``), and ``kvoffload-V-wheel.cdx.json``, the one of the wheel: the wheel itself
   (with its sha256) and the dependencies it declares, at the versions the runtime lock pins;
 - ``kubectl-kvoffload_vV.tar.gz`` and ``kvoffload.yaml``, the krew archive (launcher, wheel, lock) and its
@@ -56,6 +56,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CHART = Path("charts") / "kvoffload"
 RUNTIME_LOCK = Path("requirements") / "runtime.lock"
 BUILD_LOCK = Path("requirements") / "build.lock"
+SBOM_TOOL = ROOT / ".venv-sbom" / "bin" / "cyclonedx-py"
+"""cyclonedx-bom's CLI, in a venv of its own (`make setup` installs it from requirements/sbom.lock, which says why)."""
 CHANGELOG = "CHANGELOG.md"
 SUMS = "SHA256SUMS"
 NOTES = "RELEASE-NOTES.md"
@@ -186,7 +188,9 @@ def package_chart(src: Path, out: Path, version: str) -> Path:
 
 def cyclonedx(src: Path, requirements: str | Path, out: Path, env: dict[str, str]) -> dict[str, Any]:
     """cyclonedx-py over a requirements file (or text on stdin), the project as the root component."""
-    cli = Path(sys.executable).with_name("cyclonedx-py")
+    cli = SBOM_TOOL
+    if not cli.is_file():
+        raise ReleaseError(f"{cli} not found: `make setup` installs it from requirements/sbom.lock")
     stdin = requirements if isinstance(requirements, str) else None
     source = "-" if stdin is not None else requirements
     run(
