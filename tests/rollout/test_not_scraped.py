@@ -13,7 +13,7 @@ from typing import Any
 from kvoffload.analysis.assess import assess
 from kvoffload.analysis.measurements import Measurements, VariantSample, WorkloadSample, has_series, not_scraped
 from kvoffload.api.conventions import ANALYSIS_INCONCLUSIVE, PODS_NOT_SCRAPED, Reason
-from kvoffload.api.status import Phase
+from kvoffload.api.status import Phase, Verdict
 from kvoffload.policy.ladder import build_ladder
 from kvoffload.rollout import conditions as cond
 from kvoffload.rollout.decide import decide
@@ -70,6 +70,33 @@ def test_no_series_for_max_inconclusive_cycles_pauses_with_pods_not_scraped_nami
     world.run_for("2m", NOTHING)  # still nothing: the condition stays, with one Warning only
     assert world.reasons().count(Reason.NOT_SCRAPED) == 1
     assert "no Prometheus scrapes" in world.st.message
+
+
+def test_engines_slower_to_start_than_max_inconclusive_intervals_do_not_pause_the_baseline() -> None:
+    world = World.given(make_spec())
+
+    world.run_for("15m", NOTHING, stable_ready=0)  # 30 cycles: a large model loading, its pool pinning
+
+    assert world.phase is Phase.BASELINE
+    assert world.st.last_analysis.verdict is Verdict.INCONCLUSIVE  # recorded, with no streak
+    assert world.st.last_analysis.consecutive_inconclusive == 0
+    assert _not_scraped(world) is None
+
+    world.run_for("4m30s", NOTHING)  # Ready now: 9 cycles with no series, the first scrapes' time
+    assert world.phase is Phase.BASELINE
+    world.tick(NOTHING)  # the 10th since the pods were Ready
+    assert world.phase is Phase.PAUSED
+    assert _not_scraped(world).status == "True"
+
+
+def test_a_canary_slower_to_start_than_max_inconclusive_intervals_does_not_pause_its_step() -> None:
+    world = World.given(make_spec())
+    world.run_until(at_stage("cpu-pilot"))
+
+    world.run_for("10m", Traffic(canary=VariantSample(), stable=HEALTHY), canary_ready=0)
+
+    assert world.phase is not Phase.PAUSED
+    assert world.st.last_analysis.consecutive_inconclusive == 0
 
 
 def test_series_coming_back_clear_it_and_the_ladder_goes_on() -> None:

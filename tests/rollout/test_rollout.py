@@ -169,19 +169,21 @@ class World:
         *,
         canary_ready: int | None = None,
         canary_fault: Mapping[str, Any] | None = None,
+        stable_ready: int | None = None,
     ) -> Observations:
         variants = self.plan.variants if self.plan is not None else None
         stable = canary = VariantObservation()
         retiring: tuple[VariantObservation, ...] = ()
         if variants is not None:
             s = variants.stable
+            up = s.replicas if stable_ready is None else stable_ready
             stable = VariantObservation(
                 exists=True,
                 config_hash=s.config_hash,
                 level=s.level,
                 desired_replicas=s.replicas,
-                ready_replicas=s.replicas,
-                pods=tuple(PodObservation(f"stable-{i}", True, config_hash=s.config_hash) for i in range(s.replicas)),
+                ready_replicas=up,
+                pods=tuple(PodObservation(f"stable-{i}", i < up, config_hash=s.config_hash) for i in range(s.replicas)),
             )
             if (c := variants.canary) is not None:
                 ready = c.replicas if canary_ready is None else canary_ready

@@ -62,6 +62,7 @@ The rules (docs/design.md, "The ladder" and "Analysis"):
   halts and nothing moves on its own, so the guard does not run there.
 - **Inconclusive** holds; ``maxInconclusive`` in a row pause a baseline or a
   step (``AnalysisInconclusive``) until evidence returns or a person resumes.
+  A verdict while a role has no Ready pod yet starts no streak (``evidence_of``).
   The guard never pauses: a quiet night at the top is not a problem.
 - **Manual control** through annotations, each acted on once per change of
   value (``status.annotationsSeen``), one per cycle in the order abort, pause,
@@ -116,7 +117,7 @@ from kvoffload.rollout.manual import manual_action, next_manual
 from kvoffload.rollout.observations import Observations
 from kvoffload.rollout.observe import observed_roles, observing, switch_text, switched, without_roles
 from kvoffload.rollout.plan import Event, Plan
-from kvoffload.rollout.record import HISTORY_LIMIT, evidence_of, write_plan
+from kvoffload.rollout.record import HISTORY_LIMIT, evidence_of, roles_starting, write_plan
 from kvoffload.rollout.rollback import failure_of, roll_back
 from kvoffload.rollout.takeover import template_changed
 
@@ -148,7 +149,7 @@ def decide(
         status=current,
         obs=observations,
         now=now,
-        evidence=evidence_of(current, observations.assessment, now),
+        evidence=evidence_of(current, observations.assessment, now, starting=roles_starting(current, observations)),
         seen=_seen_still_set(current.annotations_seen, observations.annotations),
     )
 

@@ -50,7 +50,7 @@ from kvoffload.rollout.context import (
     ready_of,
     spec_digest,
 )
-from kvoffload.rollout.observations import VariantObservation
+from kvoffload.rollout.observations import Observations, VariantObservation
 from kvoffload.rollout.observe import observe_message, observe_status, observing_condition
 from kvoffload.rollout.pace import capacity_dip, observed_variant, pace
 from kvoffload.rollout.plan import Event, Plan, VariantPlan, Variants
@@ -320,12 +320,18 @@ def _variant_status(level: Level, plan: VariantPlan, seen: VariantObservation) -
     )
 
 
-def evidence_of(status: KVOffloadPolicyStatus, assessment: Assessment | None, now: datetime) -> AnalysisStatus | None:
+def evidence_of(
+    status: KVOffloadPolicyStatus, assessment: Assessment | None, now: datetime, *, starting: bool = False
+) -> AnalysisStatus | None:
     """The verdict's running record after this cycle's ``assessment`` (None: the record as it stands now).
 
     A streak never spans a step start. Nor does a Fail run (the verdict's and each custom metric's
     ``failingSince``) span the end of the step's warm-up: what was seen while the canary was cold does not count
-    once it is judged. The Inconclusive count does: missing evidence is missing either way."""
+    once it is judged. The Inconclusive count does: missing evidence is missing either way, except while
+    ``starting`` (a role has no Ready pod yet, :func:`roles_starting`): there is none to miss before an engine
+    serves, so an Inconclusive verdict then is recorded with no streak. An engine that takes longer to start than
+    ``maxInconclusive`` intervals (a large model, a large pinned pool) does not pause the ladder; a canary that is
+    never Ready is the progress deadline's."""
     previous = status.last_analysis
     started = status.stage.started_at if status.stage is not None else None
     if previous is not None and started is not None and previous.time <= started:
@@ -335,7 +341,16 @@ def evidence_of(status: KVOffloadPolicyStatus, assessment: Assessment | None, no
         previous = without_fail_run(previous)
     if assessment is None:
         return previous
-    return record_verdict(previous, assessment, now)
+    recorded = record_verdict(previous, assessment, now)
+    if starting and assessment.verdict is Verdict.INCONCLUSIVE:
+        return recorded.model_copy(update={"consecutive_inconclusive": 0})
+    return recorded
+
+
+def roles_starting(status: KVOffloadPolicyStatus, observations: Observations) -> bool:
+    """Whether a role the status names (stable, canary) has no Ready pod on its config yet."""
+    roles = ((status.stable, observations.stable), (status.canary, observations.canary))
+    return any(role is not None and ready_of(seen, role.config_hash) == 0 for role, seen in roles)
 
 
 def without_fail_run(analysis: AnalysisStatus) -> AnalysisStatus:
