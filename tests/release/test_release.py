@@ -204,7 +204,7 @@ print("" if error is None else error, end="")
 
 def cyclonedx_error(text: str) -> str:
     """What the validator says is wrong with a CycloneDX 1.6 JSON document; empty when it is valid."""
-    sbom_python = paths.ROOT / ".venv-sbom" / "bin" / "python"
+    sbom_python = release_script.SBOM_TOOL.with_name("python")  # the venv release.py runs cyclonedx-py from
     done = subprocess.run(
         [sbom_python, "-c", VALIDATE_SBOM], input=text, capture_output=True, text=True, check=False, timeout=120
     )
